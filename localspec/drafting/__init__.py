@@ -1,0 +1,1 @@
+"""Drafters: everything that proposes tokens for the target to verify."""

@@ -1,0 +1,46 @@
+"""One error hierarchy for everything a user can cause.
+
+Every error carries a single line that says what failed, why, and what to do.
+The CLI renders it once (``localspec: error: ...``) and exits with ``exit_code``;
+nothing below the CLI prints or exits on its own.
+"""
+
+from __future__ import annotations
+
+
+class LocalspecError(Exception):
+    """A failure the user can act on. ``str(err)`` is the whole one-line message."""
+
+    exit_code: int = 2
+
+
+class InvalidOptionError(LocalspecError):
+    """An option is out of range or inconsistent with another option."""
+
+
+class ModelFileError(LocalspecError):
+    """A model file is missing, is not GGUF, is truncated or cannot be loaded."""
+
+
+class IncompatibleDraftError(LocalspecError):
+    """The draft's vocabulary does not match the target's."""
+
+
+class ContextOverflowError(LocalspecError):
+    """The prompt (plus what must be generated) does not fit in the context window."""
+
+
+class UnsupportedModelError(LocalspecError):
+    """The model cannot do what was asked (e.g. roll back its cache for speculation)."""
+
+
+class RegistryError(LocalspecError):
+    """A model name cannot be resolved, or models.toml is malformed."""
+
+
+class DownloadError(LocalspecError):
+    """A model could not be fetched or verified."""
+
+
+class StoreError(LocalspecError):
+    """A drafting datastore is missing, corrupt, or built for another tokenizer."""
