@@ -1,0 +1,401 @@
+"""The llama.cpp backend: the only module that imports ``llama_cpp``.
+
+It speaks llama.cpp's low-level C API through ``llama-cpp-python``'s ctypes
+bindings and offers what the engine needs and nothing more:
+
+* ``Model``: load a GGUF (``n_gpu_layers`` for CUDA offload), tokenize and
+  detokenize, vocabulary facts, and whether the cache can be rolled back.
+* ``Context``: a KV cache with ``decode`` that asks logits only for chosen
+  rows (read back with ``llama_get_logits_ith``; there is never an
+  n_ctx x n_vocab buffer), ``rollback_to`` (``llama_memory_seq_rm``) and the
+  sequence copy/keep operations that multi-branch verification uses.
+
+Logits returned by ``Context.logits`` are views on llama.cpp's output buffer:
+valid until the next ``decode`` on that context, and read-only by contract.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import llama_cpp
+import numpy as np
+
+from localspec.errors import ModelFileError, UnsupportedModelError
+
+_init_lock = threading.Lock()
+_initialized = False
+# The last lines llama.cpp logged: when a load fails, its reason is in here.
+_log_tail: deque[str] = deque(maxlen=40)
+_log_echo = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))
+
+
+@llama_cpp.llama_log_callback
+def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _log_tail.append(line)
+    if _log_echo:
+        print(line, end="", flush=True)
+
+
+def _ensure_init() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _initialized = True
+
+
+def _last_error_line() -> str:
+    for line in reversed(_log_tail):
+        text = line.strip()
+        if text and ("error" in text.lower() or "failed" in text.lower()):
+            return text
+    return ""
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, Vulkan...)."""
+    _ensure_init()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    """llama.cpp's one-line description of the compiled backends and CPU features."""
+    _ensure_init()
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def default_threads() -> int:
+    """Threads for decoding: every core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = -1,
+                 vocab_only: bool = False, use_mmap: bool = True) -> None:
+        _ensure_init()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelFileError(f"model file not found: {self.path}; check the path")
+        params = llama_cpp.llama_model_default_params()
+        # -1 offloads every layer the build can offload; a CPU-only build ignores it.
+        params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
+        params.use_mmap = use_mmap
+        _log_tail.clear()
+        handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not handle:
+            reason = _last_error_line() or "llama.cpp could not read it"
+            raise ModelFileError(
+                f"cannot load {self.path.name}: {reason}; the file may be corrupt or of an "
+                "architecture this llama.cpp does not support (re-download it or upgrade llama-cpp-python)"
+            )
+        self._model = handle
+        self._vocab = llama_cpp.llama_model_get_vocab(handle)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
+        self.n_layers: int = llama_cpp.llama_model_n_layer(handle)
+        self.bos: int = llama_cpp.llama_vocab_bos(self._vocab)
+        self.eos: int = llama_cpp.llama_vocab_eos(self._vocab)
+        self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(handle))
+        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(handle))
+        self.name: str = self.metadata("general.name") or self.path.stem
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+
+    # --- facts -------------------------------------------------------------
+    @property
+    def can_rollback(self) -> bool:
+        """Whether the KV cache can drop a suffix of a sequence.
+
+        Recurrent and hybrid models (Mamba, RWKV, Jamba...) keep a state rather
+        than per-position entries, so rejected draft tokens cannot be undone:
+        speculative decoding is refused for them; plain decoding still works.
+        """
+        return not (self.is_recurrent or self.is_hybrid)
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry itself (e.g. ``<|im_end|>``), for templates and diagnostics."""
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        """End of generation: EOS, EOT, ``<|im_end|>`` and the like."""
+        hit = self._eog.get(token)
+        if hit is None:
+            hit = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return hit
+
+    # --- text <-> tokens ---------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids for ``text``. ``add_special`` adds BOS when the model wants it;
+        ``parse_special`` turns ``<|im_start|>``-style text into control tokens (chat templates)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+            if n < 0:
+                raise RuntimeError(f"llama_tokenize failed ({n})")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for in generated text (control tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        out = buf.raw[:n]
+        self._pieces[token] = out
+        return out
+
+    def detokenize(self, tokens: Iterable[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Context:
+    """One KV cache over a model, with up to ``n_seq`` parallel sequences.
+
+    ``tokens`` mirrors what sequence 0 holds, position by position, so callers
+    can find the prefix they share with a new request and keep it.
+    """
+
+    def __init__(self, model: Model, *, n_ctx: int, n_batch: int = 512, n_seq: int = 1,
+                 n_threads: int | None = None) -> None:
+        self.model = model
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = min(n_batch, 512)
+        params.n_seq_max = n_seq
+        threads = n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        # Only the rows a caller asks for are ever computed (see decode).
+        params.embeddings = False
+        ctx = llama_cpp.llama_init_from_model(model._model, params)
+        if not ctx:
+            reason = _last_error_line() or "out of memory?"
+            raise ModelFileError(
+                f"cannot create a context of {n_ctx} tokens for {model.path.name}: {reason}; "
+                "try a smaller --ctx"
+            )
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
+        self.n_batch = n_batch
+        self.n_seq = n_seq
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq)
+        self._n_vocab = model.n_vocab
+        self.tokens: list[int] = []
+        # Seconds spent inside llama_decode since construction: lets callers split
+        # a step into time in llama.cpp and time in Python.
+        self.decode_seconds = 0.0
+        self.decode_calls = 0
+
+    # --- decoding ----------------------------------------------------------
+    def decode(self, tokens: Sequence[int], positions: Sequence[int],
+               seq_ids: Sequence[Sequence[int]] | None = None,
+               outputs: Sequence[bool] | None = None) -> None:
+        """Run one forward pass over a batch of at most ``n_batch`` tokens.
+
+        ``positions[i]`` is where ``tokens[i]`` sits in its sequence(s);
+        ``seq_ids[i]`` lists the sequences it belongs to (default: sequence 0),
+        so tokens shared by several branches are computed once; ``outputs[i]``
+        asks for the logits of row i (default: the last row only). Read them
+        with ``logits(i)``. Does not touch ``tokens``; see ``append``.
+        """
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        b = self._batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = tokens[i]
+            b.pos[i] = positions[i]
+            ids = (0,) if seq_ids is None else seq_ids[i]
+            b.n_seq_id[i] = len(ids)
+            row = b.seq_id[i]
+            for j, s in enumerate(ids):
+                row[j] = s
+            b.logits[i] = (i == n - 1) if outputs is None else bool(outputs[i])
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ctx, b)
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc != 0:
+            # 1: no KV slot (context full); <0: hard error. Either way the cache
+            # may hold part of the batch, so our mirror can no longer be trusted.
+            self.clear()
+            if rc == 1:
+                raise UnsupportedModelError(
+                    f"the context of {self.n_ctx} tokens is full; start a new chat or raise --ctx"
+                )
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+
+    def logits(self, row: int) -> np.ndarray:
+        """Logits of batch row ``row`` from the last decode: a read-only float32 view."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, row)
+        if not ptr:
+            raise RuntimeError(f"no logits were requested for row {row}")
+        view = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+        view.flags.writeable = False
+        return view
+
+    def append(self, tokens: Sequence[int], *, outputs: str = "last") -> None:
+        """Decode ``tokens`` at the end of sequence 0, in chunks of ``n_batch``.
+
+        ``outputs`` is ``"last"`` (logits of the final token, row ``len(chunk)-1``
+        of the final chunk) or ``"all"`` (only allowed when one chunk suffices).
+        """
+        if not tokens:
+            return
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise UnsupportedModelError(
+                f"{len(self.tokens) + len(tokens)} tokens do not fit in the context of {self.n_ctx}; raise --ctx"
+            )
+        if outputs == "all" and len(tokens) > self.n_batch:
+            raise ValueError("outputs='all' needs the tokens to fit in one batch")
+        start = 0
+        while start < len(tokens):
+            chunk = tokens[start:start + self.n_batch]
+            pos0 = len(self.tokens)
+            out = None if outputs == "last" else [True] * len(chunk)
+            self.decode(chunk, range(pos0, pos0 + len(chunk)), None, out)
+            self.tokens.extend(chunk)
+            start += len(chunk)
+
+    # --- cache surgery -----------------------------------------------------
+    def rollback_to(self, n: int, seq_id: int = 0) -> None:
+        """Keep the first ``n`` positions of ``seq_id`` and drop the rest."""
+        if n >= len(self.tokens) and seq_id == 0:
+            return
+        ok = llama_cpp.llama_memory_seq_rm(self._mem, seq_id, n, -1)
+        if not ok:
+            raise UnsupportedModelError(
+                f"{self.model.path.name} cannot roll back its cache (recurrent or hybrid model); "
+                "use plain decoding (no --draft)"
+            )
+        if seq_id == 0:
+            del self.tokens[n:]
+
+    def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        """Drop positions [p0, p1) of ``seq_id`` (p1 = -1: to the end)."""
+        llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1)
+
+    def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Make positions [p0, p1) of ``src`` visible to ``dst`` as well (no copy of data)."""
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def keep_seq(self, seq_id: int) -> None:
+        """Drop every cache entry that does not belong to ``seq_id``."""
+        llama_cpp.llama_memory_seq_keep(self._mem, seq_id)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+
+    def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int:
+        """How many leading ``tokens`` the cache already holds.
+
+        The first ``start`` positions are taken as known to match (callers that
+        only ever extend a history need not compare it again).
+        """
+        n = min(start, len(self.tokens), len(tokens))
+        for a, b in zip(self.tokens[n:], tokens[n:]):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+_FTYPES = {
+    "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
+    "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "Q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "Q5_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0,
+    "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "Q6_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K,
+}
+
+
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str,
+             *, n_threads: int | None = None) -> Path:
+    """Requantize ``src`` into ``dst`` (written under a temporary name, then renamed)."""
+    _ensure_init()
+    if ftype not in _FTYPES:
+        raise ValueError(f"unknown quantization {ftype!r}; choose one of {', '.join(_FTYPES)}")
+    dst = Path(dst)
+    tmp = dst.with_name(dst.name + ".partial")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = _FTYPES[ftype]
+    params.nthread = n_threads or default_threads()
+    params.allow_requantize = True
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise ModelFileError(f"quantizing {src} to {ftype} failed (code {rc})")
+    os.replace(tmp, dst)
+    return dst
