@@ -1,0 +1,136 @@
+"""Events: the engine's only output.
+
+The CLI, the TUI and the Python API all consume the same stream:
+``TokenEvent`` for each generated token (with its provenance), ``StepEvent``
+after each speculative step, and one ``DoneEvent`` at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+TARGET = None
+"""Provenance of a token produced by the target itself (not accepted from a draft)."""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token.
+
+    ``text`` is the text this token releases: empty while a UTF-8 character is
+    incomplete or while the text may still turn out to be a stop string.
+    ``drafter`` names the drafter that proposed it and had it accepted, or is
+    None when the target produced it (a correction, a bonus, or plain decoding).
+    """
+
+    token: int
+    text: str
+    drafter: str | None = TARGET
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one speculative step did."""
+
+    index: int
+    drafter: str | None
+    drafted: int
+    accepted: int
+    emitted: int
+    draft_ms: float
+    verify_ms: float
+    python_ms: float
+
+
+@dataclass(frozen=True)
+class DrafterStats:
+    """Acceptance of one drafter over a generation."""
+
+    name: str
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Totals for one generation.
+
+    Acceptance by position: ``position_drafted[i]`` counts steps whose draft
+    had a token at position i and reached it (every earlier token accepted);
+    ``position_accepted[i]`` counts those where it was accepted. Their ratio is
+    the conditional acceptance at position i, the quantity the expected
+    tokens-per-step formula (1 - a^(g+1)) / (1 - a) assumes constant.
+    """
+
+    prompt_tokens: int = 0
+    tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    elapsed_s: float = 0.0
+    prefill_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    python_ms: float = 0.0
+    position_drafted: tuple[int, ...] = ()
+    position_accepted: tuple[int, ...] = ()
+    drafters: tuple[DrafterStats, ...] = field(default=())
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha: accepted draft tokens / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """tau: generated tokens per target forward pass."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generation speed after the prompt was processed."""
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def position_acceptance(self) -> tuple[float, ...]:
+        return tuple(a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able numbers; the keys scripts rely on are stable."""
+        out = asdict(self)
+        out.pop("drafters")
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_step=self.tokens_per_step,
+            tokens_per_second=self.tokens_per_second,
+            position_acceptance=list(self.position_acceptance),
+            position_drafted=list(self.position_drafted),
+            position_accepted=list(self.position_accepted),
+            drafters={d.name: {"steps": d.steps, "drafted": d.drafted, "accepted": d.accepted,
+                               "acceptance_rate": d.acceptance_rate} for d in self.drafters},
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """The end of a generation.
+
+    ``finish_reason``: ``stop`` (an end-of-generation token or a stop string),
+    ``length`` (max tokens), ``context`` (the context window is full),
+    ``cancelled`` (asked to stop) or ``interrupted`` (Ctrl-C).
+    """
+
+    finish_reason: str
+    text: str
+    tokens: tuple[int, ...]
+    stats: GenerationStats
+
+
+Event = Union[TokenEvent, StepEvent, DoneEvent]
