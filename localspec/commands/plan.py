@@ -1,0 +1,81 @@
+"""``localspec plan``: how a target and draft would sit on one GPU, from GGUF metadata alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from localspec.errors import InvalidOptionError
+from localspec.gguf_info import check_draft_compatible, read_info
+from localspec.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, format_plan, gib, parse_size, plan
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="plan GPU memory for a target and draft (reads metadata only)",
+        description="Show how much GPU memory the target and draft need, which context fits, and how "
+                    "many layers llama.cpp should offload. Reads GGUF headers only; loads no weights.",
+    )
+    p.add_argument("target", metavar="TARGET", help="target model: a path to a GGUF file")
+    p.add_argument("--draft", metavar="DRAFT", default=None,
+                   help="draft model: a GGUF path sharing the target's vocabulary")
+    p.add_argument("--vram", metavar="SIZE", default="24GiB",
+                   help="GPU memory, e.g. 24GiB, 24G, 24000MB or 24 (GiB); default 24GiB")
+    p.add_argument("--reserve", metavar="SIZE", default=None,
+                   help=f"GPU memory kept free for CUDA and the desktop (default {gib(DEFAULT_RESERVE)})")
+    p.add_argument("--ctx", metavar="N", default=None,
+                   help="context to plan for, e.g. 32768 or 32k (default: the target's training context); "
+                        f"reduced down to {CONTEXT_FLOOR} if it does not fit")
+    p.add_argument("--kv-type", metavar="TYPE", default="f16", help="KV cache type (default f16; q8_0 halves it)")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.set_defaults(func=run)
+
+
+def _resolve_model_arg(text: str) -> Path:
+    """A TARGET/DRAFT argument as a GGUF path (the model registry will resolve names here later).
+
+    The path is not checked here: ``read_info`` reports a missing or broken file in one line.
+    """
+    return Path(text).expanduser()
+
+
+def _gpu_offload_supported() -> bool | None:
+    """Whether the installed llama.cpp can offload to a GPU; None when llama.cpp cannot be loaded.
+
+    Imported here, not at the top: the command stays importable (and --help fast) without llama.cpp.
+    """
+    try:
+        from localspec.backend import gpu_offload_supported
+    except ImportError:
+        return None
+    return gpu_offload_supported()
+
+
+def _parse_ctx(text: str | None) -> int | None:
+    """``--ctx``: a token count, optionally with a ``k`` suffix (x1024)."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
+    if not m:
+        raise InvalidOptionError(f"--ctx {text!r} is not a token count; use e.g. 8192 or 8k")
+    return int(m.group(1)) * (1024 if m.group(2) else 1)
+
+
+def run(args: argparse.Namespace) -> int:
+    vram = parse_size(args.vram, "--vram")
+    reserve = parse_size(args.reserve, "--reserve") if args.reserve is not None else DEFAULT_RESERVE
+    n_ctx = _parse_ctx(args.ctx)
+    target = read_info(_resolve_model_arg(args.target))
+    draft = read_info(_resolve_model_arg(args.draft)) if args.draft else None
+    if draft is not None:
+        check_draft_compatible(target, draft)
+    result = plan(target, draft, vram, n_ctx, args.kv_type, reserve,
+                  gpu_offload_supported=_gpu_offload_supported())
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(format_plan(result))
+    return 0

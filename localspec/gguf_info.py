@@ -1,0 +1,529 @@
+"""What a GGUF file says about its model, read from the header alone (no weights are loaded).
+
+``read_info`` answers the planner and the CLI: shape, vocabulary, special tokens, chat
+template, quantization and where the tensor bytes sit. Token texts are read separately
+(``read_tokens``, ``tokenizer_fingerprint``) because a 262k vocabulary is most of a header.
+``check_draft_compatible`` applies llama.cpp's own rule for pairing a draft with a target.
+
+Why not ``gguf.GGUFReader``: it builds numpy views for every element of every array,
+which took 6 s for SmolLM2 (49k tokens) and 25 s for Gemma 3 (262k tokens, scores and
+types) on our 2-core dev box, against 0.03 s and 0.1 s here — and ``read_info`` runs on
+every ``plan`` and every model load. This module walks the same
+format (documented in ggml's ``docs/gguf.md``) with ``struct`` over an ``mmap`` and skips
+arrays it does not need; the ``gguf`` package still supplies the type tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from localspec.errors import IncompatibleDraftError, ModelFileError
+
+_VT = gguf.GGUFValueType
+_SCALARS: dict[int, struct.Struct] = {
+    _VT.UINT8: struct.Struct("<B"), _VT.INT8: struct.Struct("<b"), _VT.UINT16: struct.Struct("<H"),
+    _VT.INT16: struct.Struct("<h"), _VT.UINT32: struct.Struct("<I"), _VT.INT32: struct.Struct("<i"),
+    _VT.FLOAT32: struct.Struct("<f"), _VT.BOOL: struct.Struct("<?"), _VT.UINT64: struct.Struct("<Q"),
+    _VT.INT64: struct.Struct("<q"), _VT.FLOAT64: struct.Struct("<d"),
+}
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_SMALL_ARRAY = 1024  # arrays up to this many elements are kept even when not asked for
+_TOKENS, _TOKEN_TYPES = "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")
+
+
+class _Truncated(Exception):
+    """The header ends before the structure it describes (internal; becomes ModelFileError)."""
+
+
+@dataclass(frozen=True)
+class _SkippedArray:
+    """An array that was stepped over rather than decoded."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    n_elements: int
+    n_bytes: int
+    offset: int  # relative to the start of the tensor data section
+
+
+@dataclass(frozen=True)
+class _Header:
+    metadata: dict[str, Any]
+    tensors: tuple[_Tensor, ...]
+    data_offset: int
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """A model as its GGUF header describes it. Sizes are bytes; ids are token ids.
+
+    ``bos_id``/``eos_id``/``add_bos``/``add_eos`` are what the file states (None when it
+    states nothing; llama.cpp then applies per-tokenizer defaults). ``layer_bytes[i]`` is the
+    size of every ``blk.i.*`` tensor; the rest of the weights are ``token_embd_bytes`` (kept
+    on the CPU by llama.cpp), ``output_bytes`` (0 when the output projection is tied to the
+    token embedding) and ``other_bytes`` (norms and other non-layer tensors).
+    ``swa_layers[i]`` is True where layer i caches only a ``sliding_window`` of tokens.
+    """
+
+    path: Path
+    architecture: str
+    name: str
+    file_size: int
+    n_params: int
+    n_layers: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    kv_heads_by_layer: tuple[int, ...]
+    head_dim_k: int
+    head_dim_v: int
+    context_length: int
+    n_vocab: int
+    vocab_type: str
+    tokenizer_pre: str | None
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool | None
+    add_eos: bool | None
+    chat_template: str | None
+    file_type: str | None
+    bits_per_weight: float
+    sliding_window: int | None
+    swa_layers: tuple[bool, ...]
+    layer_bytes: tuple[int, ...]
+    token_embd_bytes: int
+    output_bytes: int
+    other_bytes: int
+
+    @property
+    def label(self) -> str:
+        """The short name used in messages: the file name without ``.gguf``."""
+        return self.path.name.removesuffix(".gguf")
+
+    @property
+    def tied_embeddings(self) -> bool:
+        """True when the output projection reuses the token embedding."""
+        return self.output_bytes == 0
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(self.layer_bytes) + self.token_embd_bytes + self.output_bytes + self.other_bytes
+
+
+# --- reading the header --------------------------------------------------------------------
+
+
+class _Parser:
+    """Sequential little-endian reader over the header bytes; raises _Truncated past the end."""
+
+    def __init__(self, buf: mmap.mmap, keep: frozenset[str]) -> None:
+        self.buf, self.keep, self.pos, self.size = buf, keep, 0, len(buf)
+        self.where = "the file header"
+
+    def _scalar(self, s: struct.Struct) -> Any:
+        if self.pos + s.size > self.size:
+            raise _Truncated(self.where)
+        (value,) = s.unpack_from(self.buf, self.pos)
+        self.pos += s.size
+        return value
+
+    def _bytes(self) -> bytes:
+        n = self._scalar(_U64)
+        if self.pos + n > self.size:
+            raise _Truncated(self.where)
+        value = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return value
+
+    def _array(self, key: str) -> Any:
+        elem_type, count = self._scalar(_U32), self._scalar(_U64)
+        wanted = key in self.keep or count <= _SMALL_ARRAY
+        if elem_type == _VT.STRING:
+            if key in self.keep:  # token texts stay bytes: llama.cpp compares them bytewise
+                return [self._bytes() for _ in range(count)]
+            if wanted:
+                return [self._bytes().decode("utf-8", errors="replace") for _ in range(count)]
+            unpack, pos, size = _U64.unpack_from, self.pos, self.size
+            for _ in range(count):  # step over each string by its length
+                if pos + 8 > size:
+                    raise _Truncated(self.where)
+                pos += 8 + unpack(self.buf, pos)[0]
+            if pos > size:
+                raise _Truncated(self.where)
+            self.pos = pos
+            return _SkippedArray(count)
+        if elem_type == _VT.ARRAY:
+            return [self._array(key) for _ in range(count)]
+        if elem_type not in _SCALARS:
+            raise ValueError(f"unknown metadata value type {elem_type} in key {key!r}")
+        item = _SCALARS[elem_type]
+        end = self.pos + count * item.size
+        if end > self.size:
+            raise _Truncated(self.where)
+        value: Any = _SkippedArray(count)
+        if wanted:
+            value = np.frombuffer(self.buf, np.dtype(item.format), count, self.pos).copy()
+            value = value if key in self.keep else value.tolist()
+        self.pos = end
+        return value
+
+    def _value(self, key: str, value_type: int) -> Any:
+        if value_type == _VT.STRING:
+            return self._bytes().decode("utf-8", errors="replace")
+        if value_type == _VT.ARRAY:
+            return self._array(key)
+        if value_type not in _SCALARS:
+            raise ValueError(f"unknown metadata value type {value_type} in key {key!r}")
+        return self._scalar(_SCALARS[value_type])
+
+    def parse(self) -> _Header:
+        self.pos = 4  # past the magic, checked by the caller
+        version = self._scalar(_U32)
+        if version & 0xFFFF == 0 and version:
+            raise ValueError("it is a big-endian GGUF, which llama.cpp on this machine cannot load")
+        if version not in (2, 3):
+            raise ValueError(f"it uses GGUF version {version}; only versions 2 and 3 are supported")
+        n_tensors, n_kv = self._scalar(_U64), self._scalar(_U64)
+        if n_tensors > self.size or n_kv > self.size:
+            raise ValueError(f"its header is corrupt (it claims {n_tensors:,} tensors and {n_kv:,} "
+                             f"metadata entries in a {self.size:,}-byte file)")
+        metadata: dict[str, Any] = {}
+        for i in range(n_kv):
+            self.where = f"metadata entry {i + 1} of {n_kv}"
+            key = self._bytes().decode("utf-8", errors="replace")
+            self.where = f"metadata key {key!r}"
+            metadata[key] = self._value(key, self._scalar(_U32))
+        raw: list[tuple[str, list[int], int, int]] = []
+        for i in range(n_tensors):
+            self.where = f"tensor description {i + 1} of {n_tensors}"
+            name = self._bytes().decode("utf-8", errors="replace")
+            n_dims = self._scalar(_U32)
+            if n_dims > 4:  # GGML_MAX_DIMS
+                raise ValueError(f"its header is corrupt (tensor {name!r} claims {n_dims} dimensions)")
+            dims = [self._scalar(_U64) for _ in range(n_dims)]
+            raw.append((name, dims, self._scalar(_U32), self._scalar(_U64)))
+        alignment = int(metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)) or 1
+        data_offset = -(-self.pos // alignment) * alignment
+        return _Header(metadata, tuple(_tensor(*r) for r in raw), data_offset)
+
+
+def _tensor(name: str, dims: list[int], ggml_type: int, offset: int) -> _Tensor:
+    n_elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    try:
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+    except (ValueError, KeyError):
+        raise ValueError(f"tensor {name!r} has ggml type {ggml_type}, which the installed gguf package "
+                         "does not know (upgrade it with `pip install -U gguf`)") from None
+    return _Tensor(name, n_elements, n_elements // block * type_size, offset)
+
+
+def _describe_non_gguf(head: bytes) -> tuple[str, str]:
+    """What a file that lacks the GGUF magic looks like, and what to do about it."""
+    again = "download the .gguf file again"
+    convert = "convert it with llama.cpp's convert_hf_to_gguf.py or download a .gguf build"
+    if head.startswith(b"version https://git-lfs"):
+        return "it is a Git LFS pointer, not the model itself", "fetch the real file with `git lfs pull`"
+    if head.lstrip().lower().startswith((b"<!doctype html", b"<html")):
+        return "it is an HTML page (an error or login page saved in place of the model)", again
+    if head.startswith(b"PK\x03\x04"):
+        return "it is a ZIP archive (a PyTorch checkpoint?)", convert
+    if len(head) > 8 and head[4:8] == b"\0\0\0\0" and head[8:9] == b"{":
+        return "it looks like a safetensors file", convert
+    text = head[:40].decode("utf-8", errors="replace")
+    if all(c.isprintable() or c in "\r\n\t" for c in text):
+        first_line = text.strip().splitlines()[0] if text.strip() else text
+        return f"it is a text file starting with {first_line!r}", f"pass a .gguf model file or {again}"
+    return f"it starts with bytes {head[:4].hex(' ')} instead of the magic 'GGUF'", again
+
+
+def _read_header(path: str | Path, keep: frozenset[str] = frozenset()) -> tuple[Path, int, _Header]:
+    """Validate ``path`` as a complete GGUF file and parse its header; ModelFileError otherwise."""
+    path = Path(path).expanduser()
+    again = "the download or copy was cut short — delete it and fetch it again"
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}; check the path, "
+                             "or download a registered model with `localspec pull NAME`")
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.gguf"))[:3]
+        hint = f" such as {', '.join(inside)}" if inside else ""
+        raise ModelFileError(f"model path {path} is a directory; pass a .gguf file inside it{hint}")
+    try:
+        with path.open("rb") as f:
+            size = path.stat().st_size
+            head = f.read(64)
+            if size == 0:
+                raise ModelFileError(f"model file {path} is empty (0 bytes); {again}")
+            if head[:4] != b"GGUF":
+                what, fix = _describe_non_gguf(head)
+                raise ModelFileError(f"{path} is not a GGUF model file: {what}; {fix}")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                parser = _Parser(buf, keep)
+                try:
+                    header = parser.parse()
+                except _Truncated as cut:
+                    raise ModelFileError(f"model file {path} is truncated: its GGUF header stops at byte {size} "
+                                         f"inside {cut}; {again}") from None
+                except ValueError as err:
+                    raise ModelFileError(f"cannot read model file {path}: {err}; download it again or "
+                                         "use another build of the model") from None
+    except OSError as err:
+        raise ModelFileError(f"cannot read model file {path}: {err.strerror or err}; "
+                             "check that it is a readable file") from None
+    needed = header.data_offset + max((t.offset + t.n_bytes for t in header.tensors), default=0)
+    if needed > size:
+        raise ModelFileError(f"model file {path} is truncated: it has {size:,} bytes but its "
+                             f"{len(header.tensors)} tensors need {needed:,} ({100 * size / needed:.0f}% "
+                             f"present); {again}")
+    return path, size, header
+
+
+# --- interpreting the metadata -------------------------------------------------------------
+
+
+def _array_len(value: Any) -> int:
+    return value.count if isinstance(value, _SkippedArray) else len(value)
+
+
+def _per_layer(value: Any, n_layers: int) -> tuple[int, ...]:
+    """A hyperparameter that is one number or one number per layer, as a per-layer tuple."""
+    if isinstance(value, (list, tuple)):
+        values = [int(v) for v in value][:n_layers]
+        return tuple(values + [values[-1] if values else 0] * (n_layers - len(values)))
+    return (int(value),) * n_layers
+
+
+# Architectures whose llama.cpp loader turns `<arch>.attention.sliding_window` into SWA
+# layers, with the default pattern period it uses when the GGUF gives none
+# (src/models/<arch>.cpp, load_swa_pattern(ml, N); is_swa(il) = il % N < N - 1).
+_SWA_PERIOD = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gpt-oss": 2, "olmo2": 4}
+
+
+def _swa_layers(meta: dict[str, Any], arch: str, n_layers: int) -> tuple[int | None, tuple[bool, ...]]:
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if arch not in _SWA_PERIOD or not isinstance(window, int) or window <= 0:
+        return None, (False,) * n_layers
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", _SWA_PERIOD[arch])
+    if isinstance(pattern, list):  # an explicit per-layer flag array wins (load_swa_pattern)
+        flags = [bool(v) for v in pattern][:n_layers]
+        return window, tuple(flags + [False] * (n_layers - len(flags)))
+    period = int(pattern)
+    return window, tuple(period == 0 or il % period < period - 1 for il in range(n_layers))
+
+
+def _file_type_name(value: Any) -> str | None:
+    if not isinstance(value, int):
+        return None
+    try:
+        name = gguf.LlamaFileType(value).name
+    except ValueError:
+        return f"type {value}"
+    return None if name == "GUESSED" else name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def read_info(path: str | Path) -> GGUFInfo:
+    """Read a GGUF model's header into a GGUFInfo, without loading weights or token texts.
+
+    Raises ModelFileError (one line naming the file, the problem and the fix) when the
+    path is missing, a directory, unreadable, not GGUF, or truncated.
+    """
+    path, size, header = _read_header(path)
+    meta = header.metadata
+    arch = str(meta.get("general.architecture", "unknown"))
+
+    def hp(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    n_layers = int(hp("block_count", 0))
+    layer_bytes = [0] * n_layers
+    token_embd = output = other = 0
+    for t in header.tensors:
+        m = _LAYER_TENSOR.match(t.name)
+        if m:
+            il = int(m.group(1))
+            layer_bytes.extend([0] * (il + 1 - len(layer_bytes)))
+            layer_bytes[il] += t.n_bytes
+        elif t.name == "token_embd.weight":
+            token_embd = t.n_bytes
+        elif t.name == "output.weight":
+            output = t.n_bytes
+        else:
+            other += t.n_bytes
+    n_params = sum(t.n_elements for t in header.tensors)
+    n_embd = int(hp("embedding_length", 0))
+    heads = _per_layer(hp("attention.head_count", 0), n_layers)
+    kv_heads = _per_layer(hp("attention.head_count_kv", max(heads, default=0)), n_layers)
+    n_head = max(heads, default=0)
+    head_dim = n_embd // n_head if n_head else 0
+    tokens = meta.get(_TOKENS)
+    n_vocab = _array_len(tokens) if tokens is not None else int(hp("vocab_size", 0))
+    window, swa = _swa_layers(meta, arch, n_layers)
+
+    def opt_int(key: str) -> int | None:
+        v = meta.get(key)
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+    def opt_bool(key: str) -> bool | None:
+        v = meta.get(key)
+        return bool(v) if isinstance(v, bool) else None
+
+    tensor_total = sum(layer_bytes) + token_embd + output + other
+    return GGUFInfo(
+        path=path, architecture=arch, name=str(meta.get("general.name") or path.stem), file_size=size,
+        n_params=n_params, n_layers=n_layers, n_embd=n_embd,
+        n_ff=max(_per_layer(hp("feed_forward_length", 0), max(n_layers, 1))),
+        n_head=n_head, n_head_kv=max(kv_heads, default=0), kv_heads_by_layer=kv_heads,
+        head_dim_k=int(hp("attention.key_length", head_dim)), head_dim_v=int(hp("attention.value_length", head_dim)),
+        context_length=int(hp("context_length", 0)), n_vocab=n_vocab,
+        vocab_type=str(meta.get("tokenizer.ggml.model", "none")),
+        tokenizer_pre=meta.get("tokenizer.ggml.pre"),
+        bos_id=opt_int("tokenizer.ggml.bos_token_id"), eos_id=opt_int("tokenizer.ggml.eos_token_id"),
+        add_bos=opt_bool("tokenizer.ggml.add_bos_token"), add_eos=opt_bool("tokenizer.ggml.add_eos_token"),
+        chat_template=meta.get("tokenizer.chat_template"),
+        file_type=_file_type_name(meta.get("general.file_type")),
+        bits_per_weight=8 * tensor_total / n_params if n_params else 0.0,
+        sliding_window=window, swa_layers=swa, layer_bytes=tuple(layer_bytes),
+        token_embd_bytes=token_embd, output_bytes=output, other_bytes=other,
+    )
+
+
+# --- vocabulary ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Vocab:
+    vocab_type: str
+    tokens: list[bytes]
+    token_types: np.ndarray | None
+
+
+def _read_vocab(path: str | Path) -> _Vocab:
+    _, _, header = _read_header(path, keep=frozenset({_TOKENS, _TOKEN_TYPES}))
+    meta = header.metadata
+    tokens = meta.get(_TOKENS, [])
+    types = meta.get(_TOKEN_TYPES)
+    return _Vocab(str(meta.get("tokenizer.ggml.model", "none")), list(tokens),
+                  np.asarray(types, dtype=np.int32) if types is not None else None)
+
+
+def read_tokens(path: str | Path) -> list[str]:
+    """Every token's text by id, as stored in the GGUF (invalid UTF-8 shown as U+FFFD)."""
+    return [t.decode("utf-8", errors="replace") for t in _read_vocab(path).tokens]
+
+
+def tokenizer_fingerprint(path: str | Path) -> str:
+    """SHA-256 hex over the vocabulary type, every token's bytes and the token types.
+
+    Two files share a fingerprint exactly when they tokenize alike by these fields, so a
+    datastore built for one tokenizer can refuse to serve another.
+    """
+    vocab = _read_vocab(path)
+    h = hashlib.sha256(b"localspec-tokenizer-v1\0" + vocab.vocab_type.encode() + b"\0")
+    # Length-prefixing each token keeps ["ab", "c"] and ["a", "bc"] apart.
+    h.update(b"".join(_U32.pack(len(t)) + t for t in vocab.tokens))
+    if vocab.token_types is None:
+        h.update(b"\0no-token-types")
+    else:
+        h.update(b"\0token-types\0" + vocab.token_types.astype("<i4").tobytes())
+    return h.hexdigest()
+
+
+# --- draft compatibility (llama.cpp common/speculative.cpp, common_speculative_are_compatible) ----
+
+_VOCAB_MAX_SIZE_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+_VOCAB_CHECK_START_TOKEN_ID = 5   # SPEC_VOCAB_CHECK_START_TOKEN_ID: ids below may be renamed specials
+
+# tokenizer.ggml.model -> llama_vocab_type, with the BOS/EOS ids and add-BOS/EOS flags llama.cpp
+# assumes when the GGUF states none (src/llama-vocab.cpp, llama_vocab::impl::load).
+_VOCAB_KINDS: dict[str, tuple[str, int | None, int | None, bool, bool]] = {
+    "llama": ("SPM", 1, 2, True, False),
+    "gpt2": ("BPE", 11, 11, False, False),
+    "hybriddna": ("BPE", 11, 11, False, False),
+    "whitespace": ("BPE", 11, 11, False, False),
+    "gemma4": ("BPE", None, None, True, False),
+    "bert": ("WPM", 101, None, True, False),
+    "t5": ("UGM", None, 1, False, True),
+    "rwkv": ("RWKV", None, None, False, False),
+    "plamo2": ("PLAMO2", 1, 2, False, False),
+    "none": ("NONE", None, None, False, False),
+    "no_vocab": ("NONE", None, None, False, False),
+}
+# BPE pre-tokenizers for which llama.cpp turns add_bos on by default.
+_BPE_PRE_ADDS_BOS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
+                     "lfm2", "jina-v5-nano", "tekken", "chameleon"}
+_BPE_PRE_NO_BOS = {"chatglm-bpe", "glm4", "glm5"}
+
+
+def _llama_specials(info: GGUFInfo) -> tuple[str, int | None, int | None, bool, bool]:
+    """(vocab kind, bos id, eos id, add_bos, add_eos) as llama.cpp resolves them for ``info``."""
+    kind, bos, eos, add_bos, add_eos = _VOCAB_KINDS.get(info.vocab_type, (info.vocab_type, 1, 2, False, False))
+    if kind == "BPE" and info.tokenizer_pre in _BPE_PRE_ADDS_BOS:
+        add_bos = True
+    if kind == "BPE" and info.tokenizer_pre in _BPE_PRE_NO_BOS:
+        bos = None
+    # Defaults outside the vocabulary are disabled; stated ids outside it are ignored.
+    bos = None if bos is not None and bos >= info.n_vocab else bos
+    eos = None if eos is not None and eos >= info.n_vocab else eos
+    bos = info.bos_id if info.bos_id is not None and info.bos_id < info.n_vocab else bos
+    eos = info.eos_id if info.eos_id is not None and info.eos_id < info.n_vocab else eos
+    add_bos = info.add_bos if info.add_bos is not None else add_bos
+    add_eos = info.add_eos if info.add_eos is not None else add_eos
+    if info.vocab_type == "gemma4":
+        add_bos = True  # llama.cpp overrides it for Gemma 4
+    return kind, bos, eos, add_bos, add_eos
+
+
+def _as_info(model: GGUFInfo | str | Path) -> GGUFInfo:
+    return model if isinstance(model, GGUFInfo) else read_info(model)
+
+
+def check_draft_compatible(target: GGUFInfo | str | Path, draft: GGUFInfo | str | Path) -> None:
+    """Raise IncompatibleDraftError unless llama.cpp would accept ``draft`` for ``target``.
+
+    The rules, in llama.cpp's order: same vocabulary type; same add-BOS flag and, when BOS
+    is added, the same BOS id; likewise for EOS; vocabulary sizes within 128; identical
+    token text for every id from 5 up to the smaller vocabulary. The message names the
+    rule that failed and both values.
+    """
+    t, d = _as_info(target), _as_info(draft)
+
+    def fail(problem: str, fix: str = "pick a draft from the same model family") -> IncompatibleDraftError:
+        return IncompatibleDraftError(f"draft {d.label} is incompatible with target {t.label}: {problem}; {fix}")
+
+    t_kind, t_bos, t_eos, t_add_bos, t_add_eos = _llama_specials(t)
+    d_kind, d_bos, d_eos, d_add_bos, d_add_eos = _llama_specials(d)
+    if t_kind != d_kind:
+        raise fail(f"vocabulary type differs (target {t.vocab_type!r}, draft {d.vocab_type!r})")
+    for what, t_add, d_add, t_id, d_id in (("BOS", t_add_bos, d_add_bos, t_bos, d_bos),
+                                           ("EOS", t_add_eos, d_add_eos, t_eos, d_eos)):
+        if t_add != d_add:
+            raise fail(f"one adds {what} to the prompt and the other does not "
+                       f"(target add_{what.lower()}={t_add}, draft add_{what.lower()}={d_add})")
+        if t_add and t_id != d_id:
+            raise fail(f"{what} token id differs (target {t_id}, draft {d_id})")
+    if abs(t.n_vocab - d.n_vocab) > _VOCAB_MAX_SIZE_DIFFERENCE:
+        raise fail(f"vocabulary size differs by more than {_VOCAB_MAX_SIZE_DIFFERENCE} "
+                   f"(target {t.n_vocab}, draft {d.n_vocab})")
+    if t.path.resolve() == d.path.resolve():
+        return  # the same file: its tokens match themselves
+    t_tokens, d_tokens = _read_vocab(t.path).tokens, _read_vocab(d.path).tokens
+    for i in range(_VOCAB_CHECK_START_TOKEN_ID, min(len(t_tokens), len(d_tokens))):
+        if t_tokens[i] != d_tokens[i]:
+            t_text = t_tokens[i].decode("utf-8", errors="replace")
+            d_text = d_tokens[i].decode("utf-8", errors="replace")
+            raise fail(f"token {i} differs (target {t_text!r}, draft {d_text!r})")

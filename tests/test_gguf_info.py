@@ -1,0 +1,317 @@
+"""GGUF metadata, validation and draft compatibility, on the real small models and crafted files."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from localspec.errors import IncompatibleDraftError, ModelFileError
+from localspec.gguf_info import (
+    GGUFInfo,
+    check_draft_compatible,
+    read_info,
+    read_tokens,
+    tokenizer_fingerprint,
+)
+
+# A small vocabulary whose ids 0-4 are "specials" (llama.cpp skips them when comparing texts).
+VOCAB = ["<unk>", "<s>", "</s>", "<pad>", "<mask>"] + [f"tok{i}" for i in range(5, 300)]
+
+
+def write_vocab_gguf(path: Path, tokens: list[str] = VOCAB, *, model: str = "gpt2", pre: str | None = None,
+                     bos: int | None = 1, eos: int | None = 2, add_bos: bool | None = None,
+                     add_eos: bool | None = None) -> Path:
+    """A vocabulary-only GGUF: tokenizer metadata, a few hyperparameters and one tiny tensor."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(path.stem)
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_tokenizer_model(model)
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(tokens))
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    if add_eos is not None:
+        w.add_add_eos_token(add_eos)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path: Path) -> GGUFInfo:
+    return read_info(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path: Path) -> GGUFInfo:
+    return read_info(gemma_path)
+
+
+# --- metadata of the real models ----------------------------------------------------------------
+
+
+def test_smollm2_metadata(smollm2: GGUFInfo) -> None:
+    i = smollm2
+    assert (i.architecture, i.n_layers, i.n_embd, i.n_ff) == ("llama", 30, 576, 1536)
+    assert (i.n_head, i.n_head_kv, i.head_dim_k, i.head_dim_v) == (9, 3, 64, 64)  # 576 / 9 = 64
+    assert (i.context_length, i.n_vocab, i.vocab_type, i.tokenizer_pre) == (8192, 49152, "gpt2", "smollm")
+    assert (i.bos_id, i.eos_id, i.add_bos, i.add_eos) == (1, 2, False, None)
+    assert i.chat_template is not None and "<|im_start|>" in i.chat_template
+    assert i.file_type == "Q4_1"
+    assert i.n_params == 134_515_008
+    assert i.sliding_window is None and not any(i.swa_layers)
+    assert i.kv_heads_by_layer == (3,) * 30
+    assert i.tied_embeddings and i.output_bytes == 0
+    assert len(i.layer_bytes) == 30 and len(set(i.layer_bytes)) == 1
+    # Tensor data runs to the end of the file: the header is all that is left.
+    assert 0 < i.file_size - i.tensor_bytes < 2_000_000
+    assert i.bits_per_weight == pytest.approx(8 * i.tensor_bytes / i.n_params)
+    assert 5 < i.bits_per_weight < 6  # Q4_1 is 5 bits per weight; the Q8_0 embedding adds some
+
+
+def test_gemma_metadata_with_sliding_window(gemma: GGUFInfo) -> None:
+    i = gemma
+    assert (i.architecture, i.n_layers, i.n_embd, i.n_head, i.n_head_kv) == ("gemma3", 18, 640, 4, 1)
+    assert (i.head_dim_k, i.head_dim_v) == (256, 256)  # key_length/value_length, not 640 / 4
+    assert (i.context_length, i.n_vocab, i.vocab_type) == (32768, 262144, "llama")
+    assert (i.bos_id, i.eos_id, i.add_bos, i.add_eos) == (2, 1, True, False)
+    assert i.chat_template is None
+    assert i.file_type == "Q4_K_M"
+    assert i.sliding_window == 512
+    # Gemma 3's default pattern period is 6: every sixth layer (5, 11, 17) attends globally.
+    assert [il for il, swa in enumerate(i.swa_layers) if not swa] == [5, 11, 17]
+    assert i.tied_embeddings
+    assert i.label == "gemma-3-270m-q4_k_m"
+
+
+def test_read_tokens_and_fingerprint(smollm2_path: Path, gemma_path: Path, tmp_path: Path) -> None:
+    tokens = read_tokens(smollm2_path)
+    assert len(tokens) == 49152 and tokens[:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    gemma_tokens = read_tokens(gemma_path)
+    assert len(gemma_tokens) == 262144 and gemma_tokens[:3] == ["<pad>", "<eos>", "<bos>"]
+
+    fp = tokenizer_fingerprint(smollm2_path)
+    assert len(fp) == 64 and fp == tokenizer_fingerprint(smollm2_path)
+    assert fp != tokenizer_fingerprint(gemma_path)
+    # The fingerprint covers the tokenizer only: other metadata may differ, any token may not.
+    a = write_vocab_gguf(tmp_path / "a.gguf", bos=1)
+    b = write_vocab_gguf(tmp_path / "b.gguf", bos=3)
+    c = write_vocab_gguf(tmp_path / "c.gguf", VOCAB[:100] + ["changed"] + VOCAB[101:])
+    assert tokenizer_fingerprint(a) == tokenizer_fingerprint(b) != tokenizer_fingerprint(c)
+
+
+def test_agrees_with_gguf_reader(tmp_path: Path) -> None:
+    path = write_vocab_gguf(tmp_path / "v.gguf", add_bos=True)
+    info = read_info(path)
+    reader = gguf.GGUFReader(path)
+    assert info.tensor_bytes == sum(int(t.n_bytes) for t in reader.tensors)
+    assert info.n_params == sum(int(t.n_elements) for t in reader.tensors)
+    assert info.n_vocab == len(reader.fields["tokenizer.ggml.tokens"].data)
+    assert info.add_bos is True and info.bos_id == reader.fields["tokenizer.ggml.bos_token_id"].contents()
+    assert read_tokens(path) == VOCAB
+
+
+# --- files that are not whole GGUF models -------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match=r"model file not found: .*nope\.gguf; check the path.*localspec pull"):
+        read_info(tmp_path / "nope.gguf")
+
+
+def test_directory(tmp_path: Path) -> None:
+    write_vocab_gguf(tmp_path / "inside.gguf")
+    with pytest.raises(ModelFileError, match=r"is a directory; pass a \.gguf file inside it such as inside\.gguf"):
+        read_info(tmp_path)
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.gguf"
+    path.touch()
+    with pytest.raises(ModelFileError, match=r"empty\.gguf is empty \(0 bytes\); .*fetch it again"):
+        read_info(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"just some notes about a model\n", r"not a GGUF model file: it is a text file starting with "
+                                             r"'just some notes about a model'"),
+        (b"<!DOCTYPE html><html><body>404</body></html>", r"it is an HTML page"),
+        (b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 42\n", r"Git LFS pointer.*git lfs pull"),
+        (b"\x00\x01\x02\x03\xff\xfe\xfd\xfc", r"starts with bytes 00 01 02 03 instead of the magic 'GGUF'"),
+    ],
+)
+def test_not_gguf(tmp_path: Path, content: bytes, expected: str) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content)
+    with pytest.raises(ModelFileError, match=expected) as err:
+        read_info(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (struct.pack("<IQQ", 1, 0, 0), r"it uses GGUF version 1; only versions 2 and 3 are supported"),
+        (struct.pack(">IQQ", 3, 0, 0), r"it is a big-endian GGUF"),
+        (struct.pack("<IQQ", 3, 1 << 40, 0), r"its header is corrupt \(it claims 1,099,511,627,776 tensors"),
+    ],
+)
+def test_unsupported_or_corrupt_header(tmp_path: Path, header: bytes, expected: str) -> None:
+    path = tmp_path / "odd.gguf"
+    path.write_bytes(b"GGUF" + header)
+    with pytest.raises(ModelFileError, match=rf"cannot read model file .*odd\.gguf: {expected}"):
+        read_info(path)
+
+
+def test_per_layer_heads_and_explicit_swa_pattern(tmp_path: Path) -> None:
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "gemma3")
+    w.add_block_count(3)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv([2, 0, 1])  # a layer without attention has no KV heads
+    w.add_sliding_window(128)
+    w.add_sliding_window_pattern([True, False, True])
+    w.add_tensor("blk.2.attn_norm.weight", np.ones(64, dtype=np.float32))
+    w.add_tensor("output.weight", np.ones((4, 64), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    info = read_info(tmp_path / "m.gguf")
+    assert info.kv_heads_by_layer == (2, 0, 1) and info.n_head_kv == 2
+    assert (info.head_dim_k, info.sliding_window, info.swa_layers) == (16, 128, (True, False, True))
+    assert info.layer_bytes == (0, 0, 256) and info.output_bytes == 512 and not info.tied_embeddings
+    assert (info.n_vocab, info.vocab_type, info.bos_id, info.chat_template) == (0, "none", None, None)
+
+
+def test_truncated_to_half(smollm2_path: Path, tmp_path: Path) -> None:
+    size = smollm2_path.stat().st_size
+    path = tmp_path / "half.gguf"
+    with smollm2_path.open("rb") as src, path.open("wb") as dst:
+        dst.write(src.read(size // 2))
+    with pytest.raises(ModelFileError, match=rf"half\.gguf is truncated: it has {size // 2:,} bytes but its 272 "
+                                             rf"tensors need {size:,} \(50% present\); .*fetch it again"):
+        read_info(path)
+
+
+def test_truncated_header(smollm2_path: Path, tmp_path: Path) -> None:
+    path = tmp_path / "cut.gguf"
+    with smollm2_path.open("rb") as src, path.open("wb") as dst:
+        dst.write(src.read(1024))
+    with pytest.raises(ModelFileError, match=r"cut\.gguf is truncated: its GGUF header stops at byte 1024 inside "
+                                             r"metadata entry 24 of 33; .*fetch it again"):
+        read_info(path)
+    with pytest.raises(ModelFileError, match="truncated"):
+        read_tokens(path)
+    with smollm2_path.open("rb") as src, path.open("wb") as dst:
+        dst.write(src.read(100_000))  # inside the 49k-token list, which read_info steps over
+    with pytest.raises(ModelFileError, match=r"stops at byte 100000 inside metadata key 'tokenizer\.ggml\.tokens'"):
+        read_info(path)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    path = write_vocab_gguf(tmp_path / "locked.gguf")
+    path.chmod(0)
+    try:
+        try:
+            path.open("rb").close()
+        except PermissionError:
+            with pytest.raises(ModelFileError, match=r"cannot read model file .*locked\.gguf: Permission denied"):
+                read_info(path)
+        else:
+            pytest.skip("file permissions are not enforced for this user (root)")
+    finally:
+        path.chmod(0o644)
+
+
+# --- draft compatibility (llama.cpp's rules) ----------------------------------------------------
+
+
+def test_real_pair_is_incompatible(smollm2_path: Path, gemma_path: Path) -> None:
+    with pytest.raises(IncompatibleDraftError) as err:
+        check_draft_compatible(smollm2_path, gemma_path)
+    assert str(err.value) == (
+        "draft gemma-3-270m-q4_k_m is incompatible with target SmolLM2-135M-Instruct.Q4_1: vocabulary type "
+        "differs (target 'gpt2', draft 'llama'); pick a draft from the same model family"
+    )
+
+
+def test_model_is_compatible_with_itself(smollm2: GGUFInfo, smollm2_path: Path, tmp_path: Path) -> None:
+    check_draft_compatible(smollm2, smollm2_path)
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(smollm2_path, copy)
+    check_draft_compatible(smollm2, copy)  # a second file: the token texts are really compared
+
+
+def test_vocabulary_type_differs(tmp_path: Path) -> None:
+    t = write_vocab_gguf(tmp_path / "t.gguf", model="gpt2")
+    d = write_vocab_gguf(tmp_path / "d.gguf", model="llama")
+    with pytest.raises(IncompatibleDraftError, match=r"draft d is incompatible with target t: vocabulary type "
+                                                     r"differs \(target 'gpt2', draft 'llama'\)"):
+        check_draft_compatible(t, d)
+
+
+def test_bos_rules(tmp_path: Path) -> None:
+    t = write_vocab_gguf(tmp_path / "t.gguf", add_bos=True, bos=1)
+    with pytest.raises(IncompatibleDraftError, match=r"one adds BOS .*\(target add_bos=True, draft add_bos=False\)"):
+        check_draft_compatible(t, write_vocab_gguf(tmp_path / "d1.gguf", add_bos=False, bos=1))
+    with pytest.raises(IncompatibleDraftError, match=r"BOS token id differs \(target 1, draft 3\)"):
+        check_draft_compatible(t, write_vocab_gguf(tmp_path / "d2.gguf", add_bos=True, bos=3))
+    # llama.cpp compares BOS ids only when BOS is added.
+    check_draft_compatible(write_vocab_gguf(tmp_path / "t3.gguf", add_bos=False, bos=1),
+                           write_vocab_gguf(tmp_path / "d3.gguf", add_bos=False, bos=3))
+
+
+def test_bos_default_follows_llama_cpp(tmp_path: Path) -> None:
+    # With no add_bos_token key, llama.cpp adds BOS for Llama-3-style BPE ("llama-bpe"), not for plain gpt2.
+    t = write_vocab_gguf(tmp_path / "t.gguf", pre="llama-bpe")
+    d = write_vocab_gguf(tmp_path / "d.gguf", pre="llama-bpe", add_bos=False)
+    with pytest.raises(IncompatibleDraftError, match=r"target add_bos=True, draft add_bos=False"):
+        check_draft_compatible(t, d)
+    check_draft_compatible(t, write_vocab_gguf(tmp_path / "d2.gguf", pre="llama-bpe", add_bos=True))
+
+
+def test_eos_rules(tmp_path: Path) -> None:
+    t = write_vocab_gguf(tmp_path / "t.gguf", add_eos=True, eos=2)
+    with pytest.raises(IncompatibleDraftError, match=r"EOS token id differs \(target 2, draft 4\)"):
+        check_draft_compatible(t, write_vocab_gguf(tmp_path / "d.gguf", add_eos=True, eos=4))
+    check_draft_compatible(write_vocab_gguf(tmp_path / "t2.gguf", eos=2),
+                           write_vocab_gguf(tmp_path / "d2.gguf", eos=4))
+
+
+def test_vocabulary_size_within_128(tmp_path: Path) -> None:
+    t = write_vocab_gguf(tmp_path / "t.gguf", VOCAB)
+    check_draft_compatible(t, write_vocab_gguf(tmp_path / "d128.gguf", VOCAB[:-128]))
+    with pytest.raises(IncompatibleDraftError, match=r"vocabulary size differs by more than 128 "
+                                                     r"\(target 300, draft 171\)"):
+        check_draft_compatible(t, write_vocab_gguf(tmp_path / "d129.gguf", VOCAB[:-129]))
+
+
+def test_token_text_from_id_5(tmp_path: Path) -> None:
+    t = write_vocab_gguf(tmp_path / "t.gguf")
+    renamed_special = ["<other>"] + VOCAB[1:]  # id 0 may differ: llama.cpp starts at id 5
+    check_draft_compatible(t, write_vocab_gguf(tmp_path / "d0.gguf", renamed_special))
+    changed = VOCAB[:7] + ["Ω"] + VOCAB[8:]
+    with pytest.raises(IncompatibleDraftError, match=r"token 7 differs \(target 'tok7', draft 'Ω'\)"):
+        check_draft_compatible(t, write_vocab_gguf(tmp_path / "d7.gguf", changed))

@@ -1,0 +1,285 @@
+"""GPU memory planning, checked against byte counts worked out by hand, and the `plan` command."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from localspec import cli
+from localspec.commands import plan as plan_command
+from localspec.errors import IncompatibleDraftError, InvalidOptionError
+from localspec.gguf_info import GGUFInfo, read_info
+from localspec.planner import (
+    GIB,
+    compute_buffer_bytes,
+    format_plan,
+    kv_cache_bytes,
+    parse_size,
+    place,
+    plan,
+)
+
+
+def synthetic(label: str, *, n_layers: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
+              n_vocab: int, context_length: int, layer_bytes: int, token_embd_bytes: int, output_bytes: int,
+              other_bytes: int, n_params: int, file_type: str) -> GGUFInfo:
+    """A GGUFInfo for a model we do not have on disk, shaped like its real GGUF."""
+    tensor_bytes = n_layers * layer_bytes + token_embd_bytes + output_bytes + other_bytes
+    return GGUFInfo(
+        path=Path(f"/models/{label}.gguf"), architecture="qwen3", name=label, file_size=tensor_bytes + 8_000_000,
+        n_params=n_params, n_layers=n_layers, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+        kv_heads_by_layer=(n_head_kv,) * n_layers, head_dim_k=head_dim, head_dim_v=head_dim,
+        context_length=context_length, n_vocab=n_vocab, vocab_type="gpt2", tokenizer_pre="qwen2", bos_id=None,
+        eos_id=151645, add_bos=False, add_eos=False, chat_template=None, file_type=file_type,
+        bits_per_weight=8 * tensor_bytes / n_params, sliding_window=None, swa_layers=(False,) * n_layers,
+        layer_bytes=(layer_bytes,) * n_layers, token_embd_bytes=token_embd_bytes, output_bytes=output_bytes,
+        other_bytes=other_bytes,
+    )
+
+
+# Qwen3-14B-class target at Q4_K_M: 151936 x 5120 = 777,912,320 embedding weights;
+# token_embd Q4_K (4.5 bits): 437,575,680 B; output Q6_K (6.5625 bits): 638,131,200 B;
+# 40 layers of 180,000,000 B and 1,000,000 B of norms: 8,276,706,880 B in all (~8.3 GB).
+QWEN3_14B = synthetic("qwen3-14b-q4_k_m", n_layers=40, n_embd=5120, n_head=40, n_head_kv=8, head_dim=128,
+                      n_ff=17408, n_vocab=151936, context_length=40960, layer_bytes=180_000_000,
+                      token_embd_bytes=437_575_680, output_bytes=638_131_200, other_bytes=1_000_000,
+                      n_params=14_768_307_200, file_type="Q4_K_M")
+# Qwen3-0.6B-class draft at Q8_0 (34 bytes per 32 weights), output tied to the embedding:
+# per layer q 1024x2048 + k 1024x1024 + v 1024x1024 + o 2048x1024 + ffn 3 x 1024x3072 = 15,728,640 weights
+# -> 16,711,680 B; embedding 151936 x 1024 = 155,582,464 weights -> 165,306,368 B.
+QWEN3_06B = synthetic("qwen3-0.6b-q8_0", n_layers=28, n_embd=1024, n_head=16, n_head_kv=8, head_dim=128,
+                      n_ff=3072, n_vocab=151936, context_length=40960, layer_bytes=16_711_680,
+                      token_embd_bytes=165_306_368, output_bytes=0, other_bytes=0,
+                      n_params=28 * 15_728_640 + 155_582_464, file_type="Q8_0")
+# Llama-3-70B-class target (~42 GB at Q4_K_M) and a Llama-3.2-1B-class draft (Q8_0, tied).
+LLAMA_70B = synthetic("llama-70b-q4_k_m", n_layers=80, n_embd=8192, n_head=64, n_head_kv=8, head_dim=128,
+                      n_ff=28672, n_vocab=128256, context_length=8192, layer_bytes=500_000_000,
+                      token_embd_bytes=590_000_000, output_bytes=860_000_000, other_bytes=2_000_000,
+                      n_params=70_553_706_496, file_type="Q4_K_M")
+LLAMA_1B = synthetic("llama-1b-q8_0", n_layers=16, n_embd=2048, n_head=32, n_head_kv=8, head_dim=64,
+                     n_ff=8192, n_vocab=128256, context_length=131072, layer_bytes=60_000_000,
+                     token_embd_bytes=279_085_056, output_bytes=0, other_bytes=0,
+                     n_params=1_235_814_400, file_type="Q8_0")
+
+
+# --- hand-checked byte counts -------------------------------------------------------------------
+
+
+def test_qwen3_14b_with_0_6b_draft_fits_fully_at_40960() -> None:
+    p = plan(QWEN3_14B, QWEN3_06B, vram_bytes=24 * GIB)
+    assert p.n_ctx == p.requested_ctx == 40960  # the target's training context, a multiple of 256
+    t, d = p.target, p.draft
+    assert d is not None
+    # KV per cell: layers x (K + V) x n_head_kv x head_dim x 2 bytes (f16).
+    # target 40 x 2 x 8 x 128 x 2 = 163,840 B/cell; x 40960 cells = 6,710,886,400 B (6.25 GiB)
+    assert t.kv_gpu_bytes == 6_710_886_400
+    # draft  28 x 2 x 8 x 128 x 2 = 114,688 B/cell; x 40960 cells = 4,697,620,480 B (4.375 GiB)
+    assert d.kv_gpu_bytes == 4_697_620_480
+    # GPU weights: everything but the token embedding, which llama.cpp keeps on the CPU.
+    # target 40 x 180,000,000 + output 638,131,200 + norms 1,000,000 = 7,839,131,200
+    assert (t.weights_gpu_bytes, t.weights_cpu_bytes) == (7_839_131_200, 437_575_680)
+    # draft 28 x 16,711,680 + a GPU copy of the tied embedding 165,306,368 = 633,233,408
+    assert (d.weights_gpu_bytes, d.weights_cpu_bytes) == (633_233_408, 165_306_368)
+    # Compute: the logits stage is largest: 4 B x 512 tokens x (n_vocab + n_embd) + 4 MiB.
+    # target 2048 x (151936 + 5120) = 321,650,688 + 4,194,304 = 325,844,992
+    # draft  2048 x (151936 + 1024) = 313,262,080 + 4,194,304 = 317,456,384
+    assert (t.compute_bytes, d.compute_bytes) == (325_844_992, 317_456_384)
+    # Sum: 7,839,131,200 + 6,710,886,400 + 325,844,992 + 633,233,408 + 4,697,620,480 + 317,456,384
+    assert p.gpu_bytes == 20_524_172_864  # 19.1 GiB of the 23 GiB left after the 1 GiB reserve
+    assert (t.n_gpu_layers, d.n_gpu_layers) == (-1, -1) and t.full_offload
+    assert p.notes == () and p.advice == ()  # Q8_0, 4% of the target, same training context
+
+
+def test_context_shrinks_to_fit_16_gib() -> None:
+    p = plan(QWEN3_14B, QWEN3_06B, vram_bytes=16 * GIB)
+    # Independent of context: weights 7,839,131,200 + 633,233,408 and compute 325,844,992 + 317,456,384
+    # = 9,115,665,984. Usable: 15 GiB = 16,106,127,360, leaving 6,990,461,376 for the KV caches at
+    # 163,840 + 114,688 = 278,528 B per cell: 25,097.9 cells, on llama.cpp's 256 grid 98 x 256 = 25,088.
+    assert p.n_ctx == 25_088
+    assert p.target.kv_gpu_bytes + p.draft.kv_gpu_bytes == 25_088 * 278_528  # 6,987,710,464
+    assert p.target.full_offload and p.draft.full_offload
+    assert p.notes[0].startswith("context reduced from 40960 to 25088 so both models fit on the GPU")
+    assert plan(QWEN3_14B, QWEN3_06B, vram_bytes=16 * GIB, n_ctx=25_344).n_ctx == 25_088  # one step more fails
+
+
+def test_70b_target_is_partially_offloaded() -> None:
+    p = plan(LLAMA_70B, LLAMA_1B, vram_bytes=24 * GIB)
+    assert (p.requested_ctx, p.n_ctx) == (8192, 4096)  # even the floor does not fit everything
+    d, t = p.draft, p.target
+    assert d is not None and d.full_offload
+    # Draft at 4096 cells: weights 16 x 60,000,000 + tied copy 279,085,056 = 1,239,085,056;
+    # KV 16 x 4096 x (2 x 8 x 64 x 2 = 2048 B) = 134,217,728; compute 2048 x (128256 + 2048) + 4 MiB
+    # = 271,056,896; total 1,644,359,680.
+    assert d.gpu_bytes == 1_644_359_680
+    # Target with the output layer and k layers: output 860,000,000 + norms 2,000,000 + compute
+    # 2048 x (128256 + 8192) + 4 MiB = 283,639,808 -> 1,145,639,808, plus per layer 500,000,000 +
+    # KV 4096 x (2 x 8 x 128 x 2 = 4096 B) = 516,777,216. Left after the draft: 24,696,061,952 -
+    # 1,644,359,680 = 23,051,702,272; (23,051,702,272 - 1,145,639,808) / 516,777,216 = 42.4 -> 42.
+    assert (t.gpu_layers, t.output_on_gpu, t.n_gpu_layers) == (42, True, 43)
+    assert t.gpu_bytes == 1_145_639_808 + 42 * 516_777_216
+    assert t.kv_cpu_bytes == 38 * 4096 * 4096
+    assert t.weights_cpu_bytes == 590_000_000 + 38 * 500_000_000
+    notes = "\n".join(p.notes)
+    assert "context reduced from 8192 to the 4096-token floor" in notes
+    assert "draft kept fully on the GPU first" in notes
+    assert "partial offload of the target: 42/80 layers and the output layer on the GPU (n_gpu_layers=43)" in notes
+    table = format_plan(p)
+    assert "42/80 +out" in table and " 43 " in table
+
+
+def test_nothing_of_the_target_fits() -> None:
+    p = plan(LLAMA_70B, LLAMA_1B, vram_bytes=2 * GIB)  # 1 GiB usable: less than the draft alone
+    assert (p.target.gpu_layers, p.target.output_on_gpu, p.target.n_gpu_layers) == (0, False, 0)
+    assert p.target.gpu_bytes == 0
+    # Draft: output layer (the tied embedding copy) 279,085,056 + compute 271,056,896 = 550,141,952;
+    # per layer 60,000,000 + KV 4096 x 2048 = 68,388,608; (1,073,741,824 - 550,141,952) / 68,388,608 = 7.7 -> 7.
+    assert (p.draft.gpu_layers, p.draft.n_gpu_layers) == (7, 8)
+    assert any("runs entirely on the CPU" in n for n in p.notes)
+
+
+def test_quantized_kv_cache() -> None:
+    # q8_0 rows: 1024 elements -> 32 blocks x 34 B = 1088 B; target 40 x 2 x 1088 = 87,040 B per cell.
+    assert kv_cache_bytes(QWEN3_14B, 40960, "q8_0") == 87_040 * 40960
+    assert plan(QWEN3_14B, QWEN3_06B, kv_type="Q8_0").kv_type == "q8_0"
+
+
+def test_compute_without_flash_attention_grows_with_context() -> None:
+    # KQ scores of 40 heads x 40960 cells outgrow the logits: 4 x 512 x (40960 x 41 + 4 x 5120) + 4 MiB.
+    assert compute_buffer_bytes(QWEN3_14B, 40960, flash_attn=False) == 2048 * (40960 * 41 + 20480) + 4_194_304
+    assert compute_buffer_bytes(QWEN3_14B, 40960) == compute_buffer_bytes(QWEN3_14B, 4096)
+
+
+def test_advice_for_a_poor_draft() -> None:
+    q4 = dataclasses.replace(QWEN3_06B, file_type="Q4_K_M", bits_per_weight=4.85, context_length=4096)
+    p = plan(QWEN3_14B, q4, n_ctx=8192)
+    assert any("4.8 bits per weight (Q4_K_M, below 8)" in a and "Q8_0" in a for a in p.advice)
+    assert any("trained on contexts up to 4096 tokens, shorter than the chosen 8192" in a for a in p.advice)
+    big = dataclasses.replace(QWEN3_06B, n_params=4_000_000_000)
+    assert any("27% of the target's" in a for a in plan(QWEN3_14B, big).advice)
+
+
+def test_invalid_options() -> None:
+    with pytest.raises(InvalidOptionError, match="unknown KV cache type 'q3'"):
+        plan(QWEN3_14B, kv_type="q3")
+    with pytest.raises(InvalidOptionError, match="leaves nothing after the 1.00 GiB reserve"):
+        plan(QWEN3_14B, vram_bytes=GIB)
+    with pytest.raises(InvalidOptionError, match="too small"):
+        plan(QWEN3_14B, n_ctx=8)
+    with pytest.raises(InvalidOptionError, match="a q8_0 KV cache needs flash attention"):
+        plan(QWEN3_14B, kv_type="q8_0", flash_attn=False)
+
+
+# --- the real models' metadata ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path: Path) -> GGUFInfo:
+    return read_info(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path: Path) -> GGUFInfo:
+    return read_info(gemma_path)
+
+
+def test_smollm2_drafting_for_itself(smollm2: GGUFInfo) -> None:
+    p = plan(smollm2, smollm2)
+    assert p.n_ctx == 8192 and p.target.n_gpu_layers == p.draft.n_gpu_layers == -1
+    # 30 layers x 2 x 3 KV heads x 64 x 2 B = 23,040 B/cell x 8192 = 188,743,680 (llama.cpp logs 90 MiB at 4096).
+    assert p.target.kv_gpu_bytes == 188_743_680 and kv_cache_bytes(smollm2, 4096) == 90 << 20
+    # Tied embedding: the GPU holds every tensor (the output copy), the CPU the embedding itself.
+    assert p.target.weights_gpu_bytes == smollm2.tensor_bytes
+    assert p.target.weights_cpu_bytes == smollm2.token_embd_bytes
+    # llama.cpp logs a 98.25 MiB compute buffer: 2048 x (49152 + 576) + 4 MiB = 101.1 MiB.
+    assert p.target.compute_bytes == 2048 * (49152 + 576) + (4 << 20)
+    assert any("100% of the target" in a for a in p.advice)
+
+
+def test_gemma_sliding_window_cache(gemma: GGUFInfo) -> None:
+    # llama.cpp's default swa_full caches every cell in all 18 layers: 1 KV head x 256 x 2 x 2 B =
+    # 1024 B/cell, so 18 x 4096 x 1024 = 72 MiB at 4096 (what llama.cpp logs: 12 + 60 MiB).
+    assert kv_cache_bytes(gemma, 4096) == 72 << 20
+    # Without it the 15 window layers keep pad256(512 + 512) = 1024 cells: 3 x 32768 x 1024 + 15 x 1024 x 1024.
+    assert kv_cache_bytes(gemma, 32768, swa_full=False) == 100_663_296 + 15_728_640
+    p = plan(gemma, None)
+    assert p.n_ctx == 32768 and p.target.kv_gpu_bytes == 18 * 32768 * 1024
+    assert len(p.notes) == 1 and "15 of 18 layers use a 512-token sliding window" in p.notes[0]
+    assert "(swa_full off would save 0.45 GiB)" in p.notes[0]
+    lean = plan(gemma, None, swa_full=False)
+    assert lean.target.kv_gpu_bytes == 116_391_936 and "caches only 1024 cells" in lean.notes[0]
+
+
+def test_partial_placement_of_a_real_model(gemma: GGUFInfo) -> None:
+    # The last layers go first: 3 layers on the GPU are 15, 16 and 17 (17 is a global layer).
+    placed = place(gemma, 32768, 3, True)
+    assert placed.n_gpu_layers == 4
+    assert placed.kv_gpu_bytes == kv_cache_bytes(gemma, 32768, layers=range(15, 18))
+    assert placed.weights_gpu_bytes == sum(gemma.layer_bytes[15:]) + gemma.token_embd_bytes + gemma.other_bytes
+
+
+# --- sizes ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("24GiB", 24 * GIB), ("24G", 24 * GIB), ("24", 24 * GIB), ("24gib", 24 * GIB), (" 24 GiB ", 24 * GIB),
+    ("24000MB", 24_000_000_000), ("24GB", 24_000_000_000), ("512MiB", 512 << 20), ("1.5G", 3 * GIB // 2),
+    ("1T", 1 << 40), ("4096b", 4096),
+])
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "lots", "24XB", "-1", "24 G B", "0", "0.0000001b"])
+def test_parse_size_rejects_junk(text: str) -> None:
+    with pytest.raises(InvalidOptionError, match=r"^--vram '.*' (is not a size|must be more than zero)"):
+        parse_size(text)
+
+
+# --- the `plan` command --------------------------------------------------------------------------
+
+
+def run_plan(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="localspec")
+    plan_command.register(parser.add_subparsers())
+    args = parser.parse_args(["plan", *argv])
+    return args.func(args)
+
+
+def test_plan_command_json(smollm2_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_plan([str(smollm2_path), "--draft", str(smollm2_path), "--vram", "8G", "--ctx", "2k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_ctx"] == out["requested_ctx"] == 2048 and out["vram_bytes"] == 8 * GIB
+    assert out["target"]["n_gpu_layers"] == -1 and out["draft"]["label"] == "SmolLM2-135M-Instruct.Q4_1"
+    assert out["gpu_offload_supported"] is None
+    assert out["gpu_bytes"] == out["target"]["gpu_bytes"] + out["draft"]["gpu_bytes"]
+
+
+def test_plan_command_table(gemma_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_plan([str(gemma_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("model") and "target gemma-3-270m-q4_k_m" in out and "context 32768 tokens" in out
+
+
+def test_plan_command_errors_through_the_cli(smollm2_path: Path, gemma_path: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "COMMANDS", ("plan",))  # until the lead registers "plan" in cli.py
+    assert cli.main(["plan", str(smollm2_path), "--draft", str(gemma_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("localspec: error: draft gemma-3-270m-q4_k_m is incompatible with target")
+    assert cli.main(["plan", str(tmp_path / "missing.gguf")]) == 2
+    assert "model file not found" in capsys.readouterr().err
+    assert cli.main(["plan", str(smollm2_path), "--vram", "lots"]) == 2
+    assert "--vram 'lots' is not a size" in capsys.readouterr().err
+    assert cli.main(["plan", str(smollm2_path), "--ctx", "many"]) == 2
+    assert "--ctx 'many' is not a token count" in capsys.readouterr().err
+
+
+def test_plan_command_raises_for_incompatible_pair(smollm2_path: Path, gemma_path: Path) -> None:
+    with pytest.raises(IncompatibleDraftError, match="vocabulary type differs"):
+        run_plan([str(gemma_path), "--draft", str(smollm2_path)])
