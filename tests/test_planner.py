@@ -254,7 +254,7 @@ def test_plan_command_json(smollm2_path: Path, capsys: pytest.CaptureFixture[str
     out = json.loads(capsys.readouterr().out)
     assert out["n_ctx"] == out["requested_ctx"] == 2048 and out["vram_bytes"] == 8 * GIB
     assert out["target"]["n_gpu_layers"] == -1 and out["draft"]["label"] == "SmolLM2-135M-Instruct.Q4_1"
-    assert out["gpu_offload_supported"] is None
+    assert out["gpu_offload_supported"] in (True, False)  # what the installed llama.cpp says
     assert out["gpu_bytes"] == out["target"]["gpu_bytes"] + out["draft"]["gpu_bytes"]
 
 
