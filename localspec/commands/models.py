@@ -1,0 +1,74 @@
+"""``localspec models``: the registry as one table (or JSON with ``--json``).
+
+Columns: name, vocabulary family, parameter count, file size, recommended drafts
+and whether a copy is on disk. Looking for copies touches no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from localspec import hub
+from localspec.registry import ModelSpec, Registry, load_registry
+
+_COLUMNS = ("NAME", "FAMILY", "PARAMS", "SIZE", "DRAFTS", "ON DISK")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``models`` subcommand."""
+    parser = subparsers.add_parser(
+        "models",
+        help="list the models localspec knows",
+        description="List the registry: shipped models.toml plus your own "
+        "(~/.config/localspec/models.toml, or $LOCALSPEC_CONFIG_DIR/models.toml).",
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    registry = load_registry()
+    if args.json:
+        json.dump([_record(registry, spec) for spec in registry], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_table(registry))
+    return 0
+
+
+def render_table(registry: Registry) -> str:
+    """The registry as aligned text columns, one model per line, header first."""
+    rows = [_COLUMNS]
+    for spec in registry:
+        on_disk = "yes" if hub.cached_path(spec) is not None else "-"
+        rows.append(
+            (spec.name, spec.family, spec.params, hub.human_size(spec.size), ", ".join(spec.drafts) or "-", on_disk)
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _record(registry: Registry, spec: ModelSpec) -> dict[str, Any]:
+    local = hub.cached_path(spec)
+    return {
+        "name": spec.name,
+        "family": spec.family,
+        "params": spec.params,
+        "context": spec.context,
+        "size": spec.size,
+        "repo": spec.repo,
+        "file": spec.file,
+        "revision": spec.revision,
+        "sha256": spec.sha256,
+        "pypi": [{"requirement": c.requirement, "path": c.member} for c in spec.pypi],
+        "drafts": list(spec.drafts),
+        "aliases": list(spec.aliases),
+        "on_disk": local is not None,
+        "path": str(local) if local is not None else None,
+        "default": spec.name == registry.default_name,
+        "origin": str(spec.origin) if spec.origin else None,
+    }

