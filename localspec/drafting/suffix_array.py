@@ -1,0 +1,432 @@
+"""The REST datastore (He et al. 2024): a token corpus with its suffix array.
+
+Drafting retrieves: find the longest suffix of the context that occurs in the
+corpus (binary search over the suffix array), then propose what followed its
+occurrences. The store is one file, memory-mapped, so opening a 10M-token
+store costs no reading.
+
+File layout (all integers little-endian)::
+
+    magic      8 bytes   b"LSPSTORE"
+    version    uint32    FORMAT_VERSION
+    header_len uint32    bytes of the JSON header that follows (space padded
+                         so the arrays start 64-byte aligned)
+    crc32      uint32    of the header bytes, padding included
+    header     JSON      fingerprint, counts, array offsets and crc32s, file size
+    arrays     tokens int32[n_tokens], suffixes int32|int64[n_suffixes],
+               doc_starts int64[n_docs]
+
+Each document is followed by a separator ``-(doc_index + 1)`` in the token
+array. No context contains a negative token, so no match spans a separator,
+and continuations stop at one. Separators are left out of the suffix array.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from localspec.drafting.ngram import Candidate, Lookup, cut_at_separator, rank_continuations
+from localspec.errors import StoreError
+
+MAGIC = b"LSPSTORE"
+FORMAT_VERSION = 1
+_PRELUDE = struct.Struct("<8sIII")  # magic, version, header_len, crc32
+_ALIGN = 64
+_REBUILD = "rebuild it with `localspec index ... --model MODEL`"
+_SAMPLE = 32  # stride of the sampled pair keys that narrow each binary search
+
+
+def build_suffix_array(tokens: np.ndarray) -> np.ndarray:
+    """Positions of all suffixes of ``tokens`` in lexicographic order.
+
+    A suffix that is a prefix of another sorts first. Prefix doubling: after
+    the round with step h, suffixes are sorted by their first 2h tokens; each
+    round re-sorts only the groups still tied, by (group, rank of the suffix
+    h further on), so data with few long repeats finishes in a few cheap
+    rounds. Returns int32 positions when they fit, else int64.
+    """
+    tokens = np.asarray(tokens)
+    n = len(tokens)
+    out_dtype = np.int32 if n < 2**31 else np.int64
+    if n == 0:
+        return np.zeros(0, dtype=out_dtype)
+    sa = np.argsort(tokens).astype(np.int64)  # ties are re-sorted later; no need for stability
+    # rank[i]: the slot in sa where the group of suffix i starts, so ranks
+    # compare like the prefixes sorted so far.
+    sorted_tokens = tokens[sa]
+    starts = np.flatnonzero(np.r_[True, sorted_tokens[1:] != sorted_tokens[:-1]])
+    rank = np.empty(n + 1, dtype=np.int64)
+    rank[n] = -1  # past the end: shorter suffixes sort first
+    rank[sa] = np.repeat(starts, np.diff(np.r_[starts, n]))
+    todo = _tied_slots(starts, n)
+    h = 1
+    while len(todo):
+        group = rank[sa[todo]]
+        after = rank[np.minimum(sa[todo] + h, n)]
+        # One int64 key sorts by (group, after): group < n and -1 <= after < n.
+        order = np.argsort(group * (n + 1) + (after + 1))
+        moved = sa[todo][order]
+        sa[todo] = moved
+        group, after = group[order], after[order]
+        boundary = np.r_[True, (group[1:] != group[:-1]) | (after[1:] != after[:-1])]
+        first = np.flatnonzero(boundary)
+        new_rank = todo[first]  # slot where each new group starts
+        rank[moved] = np.repeat(new_rank, np.diff(np.r_[first, len(todo)]))
+        sizes = np.diff(np.r_[first, len(todo)])
+        tied = np.repeat(sizes > 1, sizes)
+        todo = todo[tied]
+        h *= 2
+    return sa.astype(out_dtype)
+
+
+def _tied_slots(starts: np.ndarray, n: int) -> np.ndarray:
+    """Slots of sa that belong to groups of more than one suffix."""
+    sizes = np.diff(np.r_[starts, n])
+    return np.flatnonzero(np.repeat(sizes > 1, sizes))
+
+
+def write_store(path: str | os.PathLike[str], docs: Iterable[np.ndarray], fingerprint: str) -> int:
+    """Write the store for ``docs`` (token arrays) to ``path`` atomically.
+
+    The file appears complete or not at all (temp file in the same folder,
+    fsync, rename). Empty documents are dropped. Returns the number of
+    document tokens written (separators not included).
+    """
+    chunks: list[np.ndarray] = []
+    doc_starts: list[int] = []
+    n = 0
+    for doc in docs:
+        arr = np.asarray(doc, dtype=np.int64)
+        if not len(arr):
+            continue
+        if arr.min() < 0 or arr.max() >= 2**31:
+            raise ValueError("token ids must be in [0, 2**31)")
+        doc_starts.append(n)
+        chunks.append(arr.astype(np.int32))
+        chunks.append(np.array([-len(doc_starts)], dtype=np.int32))
+        n += len(arr) + 1
+    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
+    sa = build_suffix_array(tokens)
+    sa = sa[tokens[sa] >= 0]  # separators never start a match
+    starts = np.asarray(doc_starts, dtype=np.int64)
+
+    arrays = {"tokens": tokens, "suffixes": sa, "doc_starts": starts}
+    header = {
+        "fingerprint": fingerprint,
+        "n_tokens": int(len(tokens)),
+        "n_suffixes": int(len(sa)),
+        "n_docs": int(len(starts)),
+        "suffix_dtype": sa.dtype.str,
+        # Checked by Store.verify(), not on open: reading 10M tokens is not free.
+        "crc32": {name: zlib.crc32(np.ascontiguousarray(arr).data) for name, arr in arrays.items()},
+    }
+    # The header holds the offsets, and its length decides where the arrays
+    # start: grow the reserved space until the header fits in it.
+    data_start = _ALIGN
+    while True:
+        offsets, pos = {}, data_start
+        for name, arr in arrays.items():
+            offsets[name] = pos
+            pos = _round_up(pos + arr.nbytes, _ALIGN)
+        blob = json.dumps({**header, "offsets": offsets, "file_size": pos}).encode()
+        if _PRELUDE.size + len(blob) <= data_start:
+            break
+        data_start = _round_up(_PRELUDE.size + len(blob), _ALIGN)
+    size = pos
+    blob += b" " * (data_start - _PRELUDE.size - len(blob))
+    prelude = _PRELUDE.pack(MAGIC, FORMAT_VERSION, len(blob), zlib.crc32(blob))
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(prelude + blob)
+            for name, arr in arrays.items():
+                f.seek(offsets[name])
+                f.write(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).data)
+            f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return int(len(tokens) - len(starts))
+
+
+def _round_up(x: int, align: int) -> int:
+    return -(-x // align) * align
+
+
+def _short(fp: str) -> str:
+    return fp[:8] + "…" if len(fp) > 8 else fp
+
+
+def open_store(path: str | os.PathLike[str], expected_fingerprint: str) -> Store:
+    """Memory-map the store at ``path`` after checking it is whole and ours.
+
+    Raises StoreError (one line saying what to do) for a missing file, a bad
+    magic, an unknown version, a header that fails its checksum, sizes that do
+    not match the file, or a store built for another tokenizer.
+    """
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except OSError as err:
+        raise StoreError(f"cannot open store {path}: {err.strerror or err}") from None
+    with f:
+        file_size = os.fstat(f.fileno()).st_size
+        raw = f.read(_PRELUDE.size)
+        if len(raw) < _PRELUDE.size or raw[:8] != MAGIC:
+            raise StoreError(f"{path} is not a localspec store (bad magic); {_REBUILD}")
+        _, version, header_len, crc = _PRELUDE.unpack(raw)
+        if version != FORMAT_VERSION:
+            raise StoreError(
+                f"store {path} has format version {version}, this localspec reads {FORMAT_VERSION}; {_REBUILD}"
+            )
+        blob = f.read(header_len) if header_len <= file_size else b""
+        if len(blob) != header_len or zlib.crc32(blob) != crc:
+            raise _corrupt(path, "header checksum mismatch or truncated")
+        try:
+            header = json.loads(blob)
+            fp, offsets, checksums = header["fingerprint"], header["offsets"], header["crc32"]
+            suffix_dtype = np.dtype(header["suffix_dtype"])
+            layout = {
+                "tokens": (np.dtype("<i4"), int(header["n_tokens"])),
+                "suffixes": (suffix_dtype, int(header["n_suffixes"])),
+                "doc_starts": (np.dtype("<i8"), int(header["n_docs"])),
+            }
+            if suffix_dtype.str not in ("<i4", "<i8") or not isinstance(offsets, dict):
+                raise ValueError("unknown suffix dtype or offsets")
+        except (ValueError, KeyError, TypeError) as err:
+            raise _corrupt(path, f"unreadable header: {err}") from None
+        if header["file_size"] != file_size:
+            raise _corrupt(path, f"{file_size} bytes, the header says {header['file_size']}")
+        if fp != expected_fingerprint:
+            raise StoreError(
+                f"store {path} was built for another tokenizer (fingerprint {_short(fp)} vs "
+                f"{_short(expected_fingerprint)}); {_REBUILD}"
+            )
+        for name, (dtype, count) in layout.items():
+            off = offsets.get(name, -1)
+            if not (isinstance(off, int) and 0 <= off and off % dtype.itemsize == 0
+                    and off + count * dtype.itemsize <= file_size):  # fmt: skip
+                raise _corrupt(path, f"array {name} lies outside the file")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # never empty: the header is in it
+    arrays = {
+        name: np.frombuffer(mm, dtype=dtype, count=count, offset=offsets[name]) if count else np.zeros(0, dtype)
+        for name, (dtype, count) in layout.items()
+    }
+    store = Store(path, fp, arrays["tokens"], arrays["suffixes"], arrays["doc_starts"], mm)
+    store.checksums = dict(checksums)
+    return store
+
+
+def _corrupt(path: Path, why: str) -> StoreError:
+    return StoreError(f"store {path} is truncated or corrupt ({why}); {_REBUILD}")
+
+
+class Store:
+    """An open datastore: read-only token, suffix and document arrays.
+
+    Queries look at the last ``max_len`` tokens of the context only.
+    Up to ``python_rows`` occurrences are ranked in plain Python, more with
+    numpy (the same ranking: score, then the latest position).
+    ``max_occurrences`` bounds the work per query: when a match occurs more
+    often, continuations are gathered from an evenly spaced sample of its
+    occurrences (the suffix-array range is sorted by continuation, so the
+    sample keeps the proportions).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        fingerprint: str,
+        tokens: np.ndarray,
+        suffixes: np.ndarray,
+        doc_starts: np.ndarray,
+        mm: mmap.mmap | None = None,
+        *,
+        max_len: int = 16,
+        max_occurrences: int = 1024,
+        python_rows: int = 48,
+    ) -> None:
+        self.path, self.fingerprint = path, fingerprint
+        self.tokens, self.suffixes, self.doc_starts = tokens, suffixes, doc_starts
+        self.max_len, self.max_occurrences, self.python_rows = max_len, max_occurrences, python_rows
+        self._mm = mm
+        self._keys: np.ndarray | None = None
+        self.checksums: dict[str, int] = {}  # crc32 per array, from the header
+
+    def verify(self) -> None:
+        """Check every array against its checksum (reads the whole file);
+        raises StoreError naming the damaged array."""
+        arrays = {"tokens": self.tokens, "suffixes": self.suffixes, "doc_starts": self.doc_starts}
+        for name, arr in arrays.items():
+            if name in self.checksums and zlib.crc32(arr.data) != self.checksums[name]:
+                raise _corrupt(self.path, f"its {name} fail their checksum")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the arrays and unmap the file (left to the GC if views survive)."""
+        self.tokens = self.suffixes = self.doc_starts = np.zeros(0, np.int32)
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # someone still holds a view; unmapped when it goes
+            self._mm = None
+
+    def _sample_keys(self) -> np.ndarray:
+        """Every ``_SAMPLE``-th suffix's first two tokens as one sortable int64,
+        built on first use (a strided read of the arrays, not a scan)."""
+        if self._keys is None:
+            pos = self.suffixes[::_SAMPLE].astype(np.int64)
+            # pos + 1 exists: the array ends with a separator, which starts no suffix.
+            self._keys = _pair_key(self.tokens[pos], self.tokens[pos + 1])
+        return self._keys
+
+    def _bound(self, pattern: list[int], lo: int, hi: int, upper: bool) -> int:
+        """First SA slot in [lo, hi) whose suffix, cut to len(pattern), is >=
+        (or, with ``upper``, >) ``pattern``. Python list comparison orders
+        like the suffix array: lexicographic, a proper prefix first, and
+        separators (negative) before every token."""
+        toks, sa, m = self.tokens, self.suffixes, len(pattern)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            p = int(sa[mid])
+            probe = toks[p : p + m].tolist()
+            if probe < pattern or (upper and probe == pattern):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _range(self, pattern: list[int]) -> tuple[int, int]:
+        """The SA slots ``[lo, hi)`` of the suffixes that start with ``pattern``."""
+        n = len(self.suffixes)
+        if n == 0:
+            return 0, 0
+        # The sampled pair keys bracket the pair's range to within _SAMPLE
+        # slots at each end; the Python binary search runs inside that window.
+        key_lo = pattern[0] << 32  # _pair_key in Python ints: numpy scalars cost more here
+        key_hi = key_lo + (1 << 32)
+        if len(pattern) > 1:
+            key_lo += pattern[1] + (1 << 31)
+            key_hi = key_lo + 1
+        i_lo, i_hi = np.searchsorted(self._sample_keys(), (key_lo, key_hi)).tolist()
+        window_lo, window_hi = max(0, (i_lo - 1) * _SAMPLE + 1), min(n, i_hi * _SAMPLE)
+        lo = self._bound(pattern, window_lo, window_hi, upper=False)
+        if lo == window_hi:
+            return lo, lo
+        p = int(self.suffixes[lo])
+        if self.tokens[p : p + len(pattern)].tolist() != pattern:
+            return lo, lo
+        return lo, self._bound(pattern, lo + 1, window_hi, upper=True)
+
+    def longest_suffix_match(self, context: Sequence[int], max_len: int | None = None) -> tuple[int, int, int]:
+        """``(m, lo, hi)``: the longest suffix of ``context`` (at most ``max_len``
+        tokens) that occurs in the store has ``m`` tokens, and ``suffixes[lo:hi]``
+        are its occurrences. ``m == 0`` (and lo == hi) when not even the last
+        token occurs. A match that ends a document counts, though nothing
+        follows it there."""
+        max_len = self.max_len if max_len is None else max_len
+        tail = [int(t) for t in context[len(context) - min(max_len, len(context)) :]]
+        if not tail:
+            return (0, 0, 0)
+        # Long matches are what REST lives on, so try the longest first.
+        lo, hi = self._range(tail)
+        if hi > lo:
+            return (len(tail), lo, hi)
+        best = (0, 0, 0)
+        # Occurrence is monotone in m (a suffix of a match matches), so
+        # binary-search the length: O(log max_len) range searches.
+        lo_m, hi_m = 1, len(tail) - 1
+        while lo_m <= hi_m:
+            m = (lo_m + hi_m) // 2
+            lo, hi = self._range(tail[len(tail) - m :])
+            if hi > lo:
+                best, lo_m = (m, lo, hi), m + 1
+            else:
+                hi_m = m - 1
+        return best
+
+    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8) -> Lookup | None:
+        """Continuations of the longest match of ``context``, ranked like the
+        n-gram index's (score, i.e. expected shared prefix; then the latest
+        position in the store). None when nothing matches or nothing follows."""
+        m, lo, hi = self.longest_suffix_match(context)
+        if m == 0 or max_tokens < 1:
+            return None
+        step = -(-(hi - lo) // self.max_occurrences)
+        starts = self.suffixes[lo:hi:step].astype(np.int64) + m
+        if len(starts) <= self.python_rows:
+            # Few occurrences: plain Python beats two dozen tiny numpy calls.
+            toks, where = self.tokens, starts.tolist()
+            conts = [cut_at_separator(toks[p : p + max_tokens].tolist()) for p in where]
+            found = rank_continuations(m, hi - lo, conts, where, [1.0] * len(where), max_candidates)
+            return found if found.candidates else None
+        return self._rank_many(m, hi - lo, starts, max_tokens, max_candidates)
+
+    def _rank_many(
+        self, m: int, occurrences: int, starts: np.ndarray, max_tokens: int, max_candidates: int
+    ) -> Lookup | None:
+        """rank_continuations, vectorized for many occurrences."""
+        rows = len(starts)
+        # The array ends with a separator, so clipped reads land on one: dead.
+        conts = self.tokens[np.minimum(starts[:, None] + np.arange(max_tokens), len(self.tokens) - 1)]
+        dead = np.logical_or.accumulate(conts < 0, axis=1)  # from the first separator on
+        conts[dead] = -1
+        # Rows are in suffix-array order, so rows sharing a prefix of length d
+        # are contiguous: a new group starts at depth d where a row departs
+        # from the previous one at or before d.
+        departs = np.zeros(rows, dtype=np.int64)
+        ne = conts[1:] != conts[:-1]
+        departs[1:] = np.where(ne.any(axis=1), ne.argmax(axis=1), max_tokens)
+        starts_group = departs[:, None] <= np.arange(max_tokens)
+        gid = np.cumsum(starts_group, axis=0) + np.arange(max_tokens) * (rows + 1)  # distinct per depth
+        support = np.where(dead, 0.0, np.bincount(gid.ravel())[gid] / rows)
+        first = np.flatnonzero(departs < max_tokens)  # first row of each distinct continuation
+        counts = np.diff(first, append=rows)
+        last_seen = np.maximum.reduceat(starts, first)
+        lengths = max_tokens - dead[first].sum(axis=1)
+        scores = support[first].sum(axis=1)
+        order = np.lexsort((-last_seen, -np.round(scores, 9)))
+        order = order[lengths[order] > 0][:max_candidates]
+        if not len(order):
+            return None
+        candidates = tuple(
+            Candidate(tuple(conts[r, :k].tolist()), c, tuple(support[r, :k].tolist()), s)
+            for r, k, c, s in zip(
+                first[order].tolist(), lengths[order].tolist(), counts[order].tolist(), last_seen[order].tolist()
+            )
+        )
+        return Lookup(m, occurrences, rows, candidates)
+
+    def continuations(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8) -> list[Candidate]:
+        """The candidates of ``lookup`` (tokens with counts), best first."""
+        found = self.lookup(context, max_tokens, max_candidates)
+        return list(found.candidates) if found else []
+
+
+def _pair_key(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Two tokens as one int64 ordered like the pair: the first token is >= 0
+    (no suffix starts with a separator) and the second fits in 32 bits."""
+    return (first.astype(np.int64) << 32) + (second.astype(np.int64) + (1 << 31))

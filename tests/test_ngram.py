@@ -1,0 +1,238 @@
+"""The context n-gram index, the draft-length policy and the n-gram drafter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localspec.drafting.base import Drafter, Proposal
+from localspec.drafting.ngram import (
+    Candidate,
+    DraftPolicy,
+    Lookup,
+    NgramDrafter,
+    NgramIndex,
+    draft_length,
+)
+
+tokens = st.lists(st.integers(0, 3), max_size=80)
+
+
+def brute_lookup(hist: list[int], context: list[int], n_min: int, n_max: int, max_tokens: int, max_occ: int):
+    """Longest suffix of ``context`` (n_max..n_min) ending before the end of
+    ``hist``; the most recent ``max_occ`` continuations of it."""
+    L = len(hist)
+    for n in range(min(n_max, len(context)), n_min - 1, -1):
+        pattern = context[len(context) - n :]
+        ends = [p for p in range(n, L) if hist[p - n : p] == pattern]
+        if ends:
+            recent = ends[::-1][:max_occ]
+            return n, len(ends), recent, [tuple(hist[p : p + max_tokens]) for p in recent]
+    return None
+
+
+def check_against_brute(found: Lookup | None, expected, max_tokens: int) -> None:
+    if expected is None:
+        assert found is None
+        return
+    n, occurrences, recent, conts = expected
+    assert found is not None
+    assert (found.match_len, found.occurrences, found.considered) == (n, occurrences, len(recent))
+    assert {c.tokens: c.count for c in found.candidates} == Counter(conts)
+    for cand in found.candidates:
+        agree = [sum(c[: d + 1] == cand.tokens[: d + 1] for c in conts) / len(conts) for d in range(len(cand.tokens))]
+        assert cand.support == pytest.approx(agree)
+        assert cand.last_seen == max(p for p, c in zip(recent, conts) if c == cand.tokens)
+    ranks = [(-round(c.score, 9), -c.last_seen) for c in found.candidates]
+    assert ranks == sorted(ranks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    hist=tokens,
+    n_min=st.integers(1, 2),
+    extra=st.integers(0, 3),
+    max_tokens=st.integers(1, 6),
+    max_occ=st.integers(1, 8),
+)
+def test_query_matches_brute_force(hist: list[int], n_min: int, extra: int, max_tokens: int, max_occ: int) -> None:
+    index = NgramIndex(n_min, n_min + extra, max_occurrences=max_occ, recency_decay=1.0)
+    index.extend(hist)
+    found = index.query(max_tokens, max_candidates=100)
+    check_against_brute(found, brute_lookup(hist, hist, n_min, n_min + extra, max_tokens, max_occ), max_tokens)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hist=tokens, context=tokens, max_tokens=st.integers(1, 5))
+def test_lookup_of_another_context_matches_brute_force(hist: list[int], context: list[int], max_tokens: int) -> None:
+    index = NgramIndex(1, 4, max_occurrences=6, recency_decay=1.0)
+    index.extend(np.array(hist, dtype=np.int32))
+    found = index.lookup(context, max_tokens, max_candidates=100)
+    check_against_brute(found, brute_lookup(hist, context, 1, 4, max_tokens, 6), max_tokens)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.one_of(tokens, st.integers(0, 90)), max_size=12))
+def test_incremental_extend_and_truncate_equal_a_fresh_build(ops: list) -> None:
+    index = NgramIndex(1, 3)
+    hist: list[int] = []
+    for op in ops:
+        if isinstance(op, int):
+            index.truncate(op)
+            del hist[op:]
+        else:
+            index.extend(op)
+            hist += op
+    fresh = NgramIndex(1, 3)
+    fresh.extend(hist)
+    assert len(index) == len(hist)
+    assert index._index == fresh._index  # the invariant itself, not just its consequences
+
+
+def test_recency_breaks_ties_and_decay_prefers_recent() -> None:
+    # "1" was followed by 2 (long ago) and by 3 (recently).
+    index = NgramIndex(1, 1, recency_decay=1.0)
+    index.extend([1, 2, 0, 0, 1, 3, 0, 1])
+    assert index.query(1).candidates[0].tokens == (3,)
+    index = NgramIndex(1, 1, recency_decay=0.5)
+    index.extend([1, 2, 0, 1, 2, 0, 1, 3, 0, 1])
+    # Frequency alone says 2 (twice); recency weighting 1 : 0.5 + 0.25 still says 3.
+    best = index.query(1).candidates[0]
+    assert best.tokens == (3,) and best.support == pytest.approx((1 / 1.75,))
+
+
+def test_separators_cut_continuations() -> None:
+    index = NgramIndex(1, 2, recency_decay=1.0)
+    index.extend([5, 6, 7, -1, 5, 6])
+    found = index.query(4)
+    assert found is not None and found.candidates[0].tokens == (7,)
+
+
+def test_lookup_needs_n_min_tokens() -> None:
+    index = NgramIndex(2, 4)
+    index.extend([1, 1, 1])
+    assert index.lookup([1], 3) is None
+    assert index.query(3) is not None
+
+
+def _lookup(match_len: int, considered: int, support: Sequence[float]) -> Lookup:
+    return Lookup(match_len, considered, considered, (Candidate(tuple(range(len(support))), 1, tuple(support)),))
+
+
+@pytest.mark.parametrize(
+    ("match_len", "considered", "support", "expected"),
+    [
+        (1, 1, [1.0] * 16, 1),  # one shared token, seen once: at most a token
+        (4, 1, [1.0] * 16, 8),
+        (4, 5, [1.0] * 16, 11),
+        (1, 4, [0.25] * 16, 0),  # four different continuations: nothing worth drafting
+        (4, 5, [1.0, 1.0, 0.2, 0.2], 2),  # agreement stops after two tokens
+    ],
+)
+def test_policy_by_hand(match_len: int, considered: int, support: list[float], expected: int) -> None:
+    assert draft_length(_lookup(match_len, considered, support), 16) == expected
+
+
+def test_policy_edges() -> None:
+    assert draft_length(None, 8) == 0
+    assert draft_length(_lookup(4, 5, [1.0] * 16), 3) == 3
+    assert draft_length(_lookup(4, 5, [1.0] * 16), 16, DraftPolicy(max_draft=4)) == 4
+    assert draft_length(_lookup(4, 5, [1.0] * 16), 16, DraftPolicy(threshold=0.99)) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 8),
+    k=st.integers(1, 30),
+    support=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=10).map(lambda s: sorted(s, reverse=True)),
+)
+def test_more_evidence_never_drafts_less(n: int, k: int, support: list[float]) -> None:
+    base = draft_length(_lookup(n, k, support), 16)
+    assert draft_length(_lookup(n + 1, k, support), 16) >= base
+    assert draft_length(_lookup(n, k + 1, support), 16) >= base
+    assert draft_length(_lookup(n, k, [min(1.0, s * 1.5) for s in support]), 16) >= base
+
+
+def test_drafter_follows_the_protocol_and_drafts_a_repeat() -> None:
+    drafter = NgramDrafter()
+    assert isinstance(drafter, Drafter)
+    hist = [10, 11, 12, 13, 14, 15, 16, 17, 9, 10, 11, 12]
+    proposal = drafter.propose(hist, 4)
+    assert proposal == Proposal(tokens=(13, 14, 15, 16), probs=None, drafter="ngram")
+    assert drafter.propose([1, 2, 3], 4).tokens == ()  # nothing repeats
+
+
+def test_drafter_tree_has_bounded_branches() -> None:
+    drafter = NgramDrafter()
+    hist = [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3, 4, 5, 1, 2, 3, 4]
+    tree = drafter.propose_tree(hist, 3, 2)
+    assert set(tree.branches) == {(5, 1, 2), (6, 1, 2)}
+    assert tree.scores[0] >= tree.scores[1]
+    assert drafter.propose_tree([1, 2, 3], 3, 2).branches == ()
+
+
+class _FixedSource:
+    def __init__(self, lookup: Lookup | None):
+        self.result = lookup
+        self.contexts: list[list[int]] = []
+
+    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int) -> Lookup | None:
+        self.contexts.append(list(context))
+        return self.result
+
+
+def test_a_stronger_second_source_wins() -> None:
+    strong = _FixedSource(Lookup(6, 9, 9, (Candidate((7, 7, 7), 9, (1.0, 1.0, 1.0)),)))
+    drafter = NgramDrafter(sources=[strong])
+    assert drafter.propose([1, 2, 3, 1], 3).tokens == (7, 7, 7)
+    assert strong.contexts[-1] == [1, 2, 3, 1]
+    weak = NgramDrafter(sources=[_FixedSource(None)])
+    assert weak.propose([1, 2, 3, 1, 2, 3, 1, 2], 1).tokens == (3,)
+
+
+histories = st.lists(st.tuples(st.integers(0, 60), st.lists(st.integers(0, 3), max_size=15)), max_size=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=histories, as_array=st.booleans())
+def test_drafter_keeps_its_index_in_sync(steps: list, as_array: bool) -> None:
+    """Appends, rollbacks and edits: after every call the index equals a fresh
+    index of the history passed (edits are kept within the checked tail)."""
+    drafter = NgramDrafter(n_min=1, n_max=3, sync_check=1000)
+    hist: list[int] = []
+    for keep, new in steps:
+        hist = hist[:keep] + new
+        passed = np.array(hist, dtype=np.int32) if as_array else tuple(hist)
+        drafter.propose(passed, 4)
+        fresh = NgramIndex(1, 3)
+        fresh.extend(hist)
+        assert drafter._index._index == fresh._index
+        drafter.accepted(passed, 0)
+    drafter.reset()
+    assert len(drafter._index) == 0
+
+
+def test_drafter_counts_what_was_kept() -> None:
+    drafter = NgramDrafter()
+    hist = [1, 2, 3, 4, 1, 2, 3]
+    drafter.propose(hist, 2)
+    drafter.accepted(hist + [4, 9], 1)
+    assert drafter.stats.proposals == 1 and drafter.stats.accepted == 1
+
+
+def test_model_free_drafting_never_imports_llama_cpp() -> None:
+    code = (
+        "import sys, localspec.drafting.ngram, localspec.drafting.suffix_array, "
+        "localspec.drafting.tree, localspec.drafting.corpus; "
+        "sys.exit('llama_cpp' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
