@@ -1,0 +1,153 @@
+"""Deciding how many drafted tokens the target keeps (Leviathan et al. 2023, Chen et al. 2023).
+
+Two verifiers, both exact: the tokens they emit are distributed as if the target had generated
+them one at a time on its own.
+
+* :func:`accept_greedy` for greedy decoding: keep drafted tokens while they equal the target's
+  argmax; the first mismatch is replaced by the target's argmax.
+* :func:`accept_sampled` for sampling: modified rejection sampling against the target
+  distributions p (and the draft distributions q the tokens were sampled from).
+
+Both return a :class:`Verdict`. Every round emits ``n_accepted + 1`` tokens: the accepted draft
+prefix, then ``next_token`` (a correction, or the bonus token if everything was accepted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from localspec.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one draft."""
+
+    n_accepted: int
+    """How many draft tokens were kept, left to right."""
+    next_token: int
+    """The target's token after them: the correction on rejection, or the bonus token when all
+    were accepted."""
+
+
+def accept_greedy(draft: Sequence[int], target_choice: Sequence[int]) -> Verdict:
+    """Verify a draft against the target's greedy choices.
+
+    ``target_choice[i]`` is the target's argmax at the position of ``draft[i]`` (i.e. given the
+    context and ``draft[:i]``); it has ``len(draft) + 1`` entries, the last being the bonus.
+    Drafted tokens are accepted while they equal the target's choice; ``next_token`` is
+    ``target_choice[n_accepted]``. The emitted tokens are exactly what greedy decoding with the
+    target alone would produce. Raises ValueError if the lengths do not fit.
+    """
+    if len(target_choice) != len(draft) + 1:
+        raise ValueError(
+            f"target_choice needs len(draft) + 1 = {len(draft) + 1} entries, "
+            f"got {len(target_choice)}"
+        )
+    n = 0
+    while n < len(draft) and int(draft[n]) == int(target_choice[n]):
+        n += 1
+    return Verdict(n_accepted=n, next_token=int(target_choice[n]))
+
+
+def accept_sampled(
+    draft: Sequence[int],
+    q: Sequence[np.ndarray] | None,
+    p: Sequence[np.ndarray],
+    rng: np.random.Generator,
+) -> Verdict:
+    """Verify a sampled (or deterministic) draft by exact rejection sampling.
+
+    ``p`` holds ``len(draft) + 1`` target distributions (as returned by
+    :func:`localspec.sampling.distribution`): ``p[i]`` is the target's distribution at the
+    position of ``draft[i]``, and ``p[len(draft)]`` the one after the whole draft. ``q`` holds
+    the ``len(draft)`` draft distributions the tokens were sampled from, or is None for
+    deterministic drafts, which are treated as sampled from a one-hot q at the drafted token.
+
+    For i in order, with x = draft[i]: accept x with probability min(1, p_i(x) / q_i(x)); a
+    token with p_i(x) >= q_i(x) is accepted without drawing. On the first rejection, draw
+    ``next_token`` from the residual norm(max(0, p_i - q_i)) and stop. If every token was
+    accepted, draw the bonus ``next_token`` from ``p[len(draft)]``. Each draw is one
+    ``rng.random()`` (acceptance tests) or one :func:`localspec.sampling.sample`.
+
+    Guarantee: the emitted sequence (accepted tokens, then ``next_token``) has exactly the
+    distribution of sampling each token from the target's p in turn.
+
+    ``p`` may be a lazy sequence: it is indexed in order and only as far as needed (up to the
+    first rejection, or the bonus), so target rows after a rejection are never computed.
+
+    Raises ValueError (a programming error) when the lengths or shapes do not fit, a token id
+    is out of range, or a drafted token has probability 0 under the q it was drawn from.
+    """
+    n_draft = len(draft)
+    if len(p) != n_draft + 1:
+        raise ValueError(f"p needs len(draft) + 1 = {n_draft + 1} distributions, got {len(p)}")
+    if q is not None and len(q) != n_draft:
+        raise ValueError(f"q needs len(draft) = {n_draft} distributions, got {len(q)}")
+    vocab = -1  # fixed by the first distribution we look at
+
+    def target(i: int) -> np.ndarray:
+        nonlocal vocab
+        d = _as_dist(p[i], "p", i)
+        if vocab < 0:
+            vocab = d.size
+        elif d.size != vocab:
+            raise ValueError(f"p[{i}] has {d.size} entries, p[0] has {vocab}")
+        return d
+
+    for i in range(n_draft):
+        p_i = target(i)
+        q_i = None if q is None else _as_dist(q[i], "q", i)
+        if q_i is not None and q_i.size != vocab:
+            raise ValueError(f"q[{i}] has {q_i.size} entries, p[0] has {vocab}")
+        x = int(draft[i])
+        if not 0 <= x < vocab:
+            raise ValueError(f"draft[{i}] = {x} is not a token id for a vocabulary of {vocab}")
+        px = float(p_i[x])
+        qx = 1.0 if q_i is None else float(q_i[x])
+        if not qx > 0.0:
+            raise ValueError(
+                f"draft[{i}] = {x} has probability {qx} under q[{i}], "
+                "so it cannot have been sampled from it"
+            )
+
+        # Why this is exact. x arrives with probability q(x) and survives with probability
+        # min(1, p(x)/q(x)), so token y is emitted here through acceptance with probability
+        # q(y) * min(1, p(y)/q(y)) = min(p(y), q(y)). The rejection probability is
+        # 1 - sum_y min(p(y), q(y)) = sum_y max(0, p(y) - q(y)), and the residual below is
+        # max(0, p - q) divided by exactly that mass, so y is emitted through rejection with
+        # probability max(0, p(y) - q(y)). Together: min(p, q) + max(0, p - q) = p(y).
+        # Accepting makes the position's token draft[i] and moves on to p[i+1], which is the
+        # target's distribution given it, so the argument repeats position by position.
+        if px >= qx:
+            continue  # min(1, p/q) = 1: accepted with certainty, no draw needed
+        if rng.random() < px / qx:  # P(u < a) = a for u ~ U[0, 1)
+            continue
+
+        if q_i is None:
+            # One-hot q at x: max(0, p - q) is p with x removed (p(x) < 1 = q(x) here), i.e.
+            # resampling from the target conditioned on not drawing x.
+            residual = p_i.copy()
+            residual[x] = 0.0
+        else:
+            residual = p_i - q_i
+            np.maximum(residual, 0.0, out=residual)
+        if not residual.sum() > 0.0:
+            # Rejection implies p(x) < q(x), so the residual has mass >= q(x) - p(x) > 0 in
+            # exact arithmetic; it can only vanish through rounding (p, q each summing to 1
+            # only approximately). Falling back to p keeps the output a valid target draw.
+            residual = p_i
+        return Verdict(n_accepted=i, next_token=sample(residual, rng))
+
+    # Everything accepted: the bonus token comes straight from the target.
+    return Verdict(n_accepted=n_draft, next_token=sample(target(n_draft), rng))
+
+
+def _as_dist(d: np.ndarray, name: str, i: int) -> np.ndarray:
+    a = np.asarray(d, dtype=np.float64)
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"{name}[{i}] must be a non-empty 1-D array, got shape {a.shape}")
+    return a
