@@ -229,8 +229,9 @@ class Context:
             )
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
+        # llama.cpp may round n_ctx up and clamp n_batch to it: use what it chose.
         self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
-        self.n_batch = n_batch
+        self.n_batch: int = min(n_batch, llama_cpp.llama_n_batch(ctx))
         self.n_seq = n_seq
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq)
         self._n_vocab = model.n_vocab

@@ -1,0 +1,5 @@
+import sys
+
+from localspec.cli import main
+
+sys.exit(main())

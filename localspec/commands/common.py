@@ -1,0 +1,105 @@
+"""Options shared by every subcommand, so models, drafts and sampling are named alike everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from localspec.errors import InvalidOptionError, ModelFileError
+
+
+def add_model_options(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+    p.add_argument("model", metavar="MODEL", nargs=None if model_required else "?",
+                   help="target model: a name from `localspec models` (downloaded on first use) or a "
+                        "GGUF path" + ("" if model_required else "; default: the embedded SmolLM2-135M"))
+    p.add_argument("--draft", metavar="DRAFT", default=None,
+                   help="draft model for speculative decoding: a name or GGUF path sharing the target's vocabulary")
+    p.add_argument("--offline", action="store_true",
+                   help="never download: use only models already on disk")
+    p.add_argument("--ctx", type=int, default=4096, metavar="N", help="context window in tokens (default 4096)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for llama.cpp (default: all cores)")
+    p.add_argument("--gpu-layers", type=int, default=-1, metavar="N",
+                   help="layers to offload to the GPU in a CUDA build (-1: all, 0: none; default -1)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (the target's distribution; speculation never changes it)")
+    g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens to generate (default 256)")
+    g.add_argument("--temp", type=float, default=0.0, metavar="T",
+                   help="temperature; 0 is greedy and deterministic (default 0)")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0: off)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (1: off)")
+    g.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                   help="drop tokens below P times the top probability (0: off)")
+    g.add_argument("--seed", type=int, default=None, metavar="S", help="random seed for reproducible sampling")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when this text appears (repeatable)")
+    s = p.add_argument_group("speculation")
+    s.add_argument("--draft-max", type=int, default=5, metavar="G",
+                   help="most tokens drafted per step, gamma (default 5; 0 turns speculation off)")
+    s.add_argument("--p-min", type=float, default=0.0, metavar="P",
+                   help="stop drafting when the draft's top probability falls below P (default 0)")
+
+
+def sampling_params(args: argparse.Namespace):
+    from localspec.sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, seed=args.seed)
+
+
+def generate_options(args: argparse.Namespace):
+    from localspec.engine import GenerateOptions
+
+    opts = GenerateOptions(max_tokens=args.max_tokens, sampling=sampling_params(args), stop=tuple(args.stop),
+                           draft_max=args.draft_max, p_min=args.p_min)
+    opts.validate()
+    return opts
+
+
+def check_engine_options(args: argparse.Namespace) -> None:
+    if args.ctx < 16:
+        raise InvalidOptionError(f"--ctx {args.ctx} is too small: use at least 16 tokens")
+    if args.threads is not None and args.threads < 1:
+        raise InvalidOptionError(f"--threads {args.threads} is out of range: use at least 1")
+    for name in ("temp", "top_p", "min_p"):
+        value = getattr(args, name, 0.0)
+        if isinstance(value, float) and math.isnan(value):
+            raise InvalidOptionError(f"--{name.replace('_', '-')} must be a number, not NaN")
+
+
+def resolve_model(text: str | None, *, offline: bool = False) -> Path:
+    """A model argument (registry name, alias or path; None: the default) as a local GGUF path.
+
+    Names are downloaded on first use (progress on stderr); a notice about how a
+    name was resolved (``qwen3-0.5b`` -> ``qwen3-0.6b``) goes to stderr.
+    """
+    from localspec import hub
+    from localspec.registry import load_registry
+
+    registry = load_registry()
+    if text is None:
+        spec = registry.default
+        if spec is None:
+            raise InvalidOptionError("no model given and models.toml names no default; pass MODEL")
+        return hub.pull(spec, offline=offline)
+    resolved = registry.resolve(text)
+    if resolved.notice:
+        print(f"localspec: {resolved.notice}", file=sys.stderr)
+    if resolved.spec is None:
+        assert resolved.path is not None
+        if not resolved.path.exists():
+            raise ModelFileError(f"model file not found: {text}; check the path or use a name from `localspec models`")
+        return resolved.path
+    return hub.pull(resolved.spec, offline=offline)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InvalidOptionError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
+    return sys.stdin.read()

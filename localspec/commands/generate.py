@@ -1,0 +1,106 @@
+"""``localspec generate``: one prompt in, text out (streamed, or one JSON object)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from localspec.commands.common import (
+    add_model_options,
+    add_sampling_options,
+    check_engine_options,
+    generate_options,
+    read_prompt,
+    resolve_model,
+)
+from localspec.events import DoneEvent, GenerationStats, TokenEvent
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text for one prompt (non-interactive)",
+        description="Generate a continuation of one prompt. The text streams to stdout and the "
+                    "statistics go to stderr; --json prints one JSON object on stdout instead.",
+    )
+    add_model_options(p, model_required=False)
+    p.add_argument("--prompt", "-p", default=None, metavar="TEXT", help="the prompt (default: read stdin)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as one user turn in the model's own chat template")
+    p.add_argument("--system", default=None, metavar="TEXT", help="system prompt (with --chat)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with text, finish_reason, stats")
+    p.add_argument("--quiet", "-q", action="store_true", help="no statistics on stderr")
+    add_sampling_options(p)
+    p.set_defaults(func=run)
+
+
+def format_stats(stats: GenerationStats, finish_reason: str) -> str:
+    """Two human lines: speed and acceptance, then where the time went."""
+    line = (f"{stats.tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_second:.1f} tok/s), "
+            f"{stats.steps} steps, finish: {finish_reason}")
+    if stats.drafted:
+        alpha = stats.acceptance_rate
+        ceiling = f"{1 / (1 - alpha):.2f}" if alpha < 1 else "inf"
+        line += (f"\nacceptance α {alpha:.2f} ({stats.accepted}/{stats.drafted}), "
+                 f"τ {stats.tokens_per_step:.2f} tokens/step (ceiling {ceiling}); by position: "
+                 + " ".join(f"{a:.2f}" for a in stats.position_acceptance))
+    total = stats.draft_ms + stats.verify_ms + stats.python_ms
+    if total > 0:
+        line += (f"\ntime: prefill {stats.prefill_ms:.0f} ms; steps {total:.0f} ms = draft "
+                 f"{100 * stats.draft_ms / total:.0f}% / verify {100 * stats.verify_ms / total:.0f}% / "
+                 f"python {100 * stats.python_ms / total:.0f}%")
+    return line
+
+
+def result_json(done: DoneEvent) -> dict:
+    stats = done.stats.to_dict()
+    return {
+        "text": done.text,
+        "finish_reason": done.finish_reason,
+        "tokens": len(done.tokens),
+        "token_ids": list(done.tokens),
+        "stats": stats,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    check_engine_options(args)
+    opts = generate_options(args)
+    target = resolve_model(args.model, offline=args.offline)
+    draft = resolve_model(args.draft, offline=args.offline) if args.draft else None
+    prompt = read_prompt(args)
+
+    from localspec.engine import Engine
+
+    engine = Engine.load(target, draft, n_ctx=args.ctx, n_threads=args.threads,
+                         n_gpu_layers=args.gpu_layers, draft_n_gpu_layers=args.gpu_layers)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": prompt})
+        tokens = engine.chat_tokens(messages)
+    else:
+        tokens = engine.tokenize(prompt)
+    gen = engine.generate(tokens, opts)
+    done: DoneEvent | None = None
+    code = 0
+    try:
+        for event in gen:
+            if isinstance(event, TokenEvent) and not args.json and event.text:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, DoneEvent):
+                done = event
+    except KeyboardInterrupt:
+        done = gen.interrupted()
+        code = 130
+    assert done is not None
+    if args.json:
+        json.dump(result_json(done), sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    if not args.quiet:
+        print(format_stats(done.stats, done.finish_reason), file=sys.stderr)
+    return code

@@ -1,0 +1,81 @@
+"""A small GGUF model as the drafter.
+
+The draft keeps its own KV cache. Before drafting it brings that cache in
+line with the history: it keeps the longest prefix it already holds, drops
+the rest and decodes what is missing in one batch (the "catch-up": after a
+fully accepted step this is the last draft token plus the target's bonus
+token). Then it drafts one token per decode, sampling from the same sampling
+settings as the target, so rejection sampling can use q exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from localspec.backend import Context
+from localspec.drafting.base import Proposal
+from localspec.sampling import Sampler, sample
+
+
+class ModelDrafter:
+    """Drafts with a GGUF model that shares the target's vocabulary.
+
+    ``p_min``: stop drafting when the draft's own top probability falls below
+    it (a token the draft itself doubts is rarely accepted, and each drafted
+    token costs a draft forward pass and a verification row).
+    """
+
+    def __init__(self, ctx: Context, sampler: Sampler, *, p_min: float = 0.0, name: str = "draft") -> None:
+        self.ctx = ctx
+        self.sampler = sampler
+        self.p_min = p_min
+        self.name = name
+        # Positions of ctx.tokens known to equal the history: the history only
+        # grows within a generation, so those never need comparing again.
+        self._valid = 0
+
+    def _sync(self, history: Sequence[int]) -> None:
+        n = self.ctx.common_prefix(history, start=self._valid)
+        # The last history token must be (re)decoded: its logits start the draft.
+        n = min(n, len(history) - 1)
+        self.ctx.rollback_to(n)
+        self.ctx.append(history[n:])
+        self._valid = len(history)
+
+    def propose(self, history: Sequence[int], max_tokens: int) -> Proposal:
+        self._sync(history)
+        greedy = self.sampler.params.greedy
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
+        for i in range(max_tokens):
+            logits = self.ctx.logits(-1)
+            if greedy:
+                tok = int(np.argmax(logits))
+                if self.p_min > 0.0 and _top_probability(logits) < self.p_min:
+                    break
+            else:
+                q = self.sampler.distribution(logits)
+                if self.p_min > 0.0 and float(q.max()) < self.p_min:
+                    break
+                tok = sample(q, self.sampler.rng)
+                probs.append(q)
+            tokens.append(tok)
+            if i + 1 < max_tokens:
+                self.ctx.append([tok])
+        return Proposal(tuple(tokens), tuple(probs) if not greedy else None, self.name)
+
+    def accepted(self, history: Sequence[int], n_accepted: int) -> None:
+        # Nothing to do eagerly: the next propose() keeps what matches the history.
+        pass
+
+    def reset(self) -> None:
+        # Keep the cache (a new request often shares its prefix) but trust none of it.
+        self._valid = 0
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """max softmax(logits) without materialising the distribution's normalised form."""
+    m = float(logits.max())
+    return 1.0 / float(np.exp(logits - m, dtype=np.float64).sum()) if np.isfinite(m) else 0.0

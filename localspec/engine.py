@@ -1,0 +1,292 @@
+"""The engine: a target model, an optional drafter, and the generation loop.
+
+Everything the front ends (CLI, TUI, Python API) need goes through
+``Engine.generate``, which returns a ``Generation``: an iterator of events
+(``TokenEvent``, ``StepEvent``, ``DoneEvent``) that also exposes the running
+statistics, so a caller interrupted midway can still report them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+from localspec.backend import Context, Model
+from localspec.chat import Message, render_chat
+from localspec.drafting.base import Drafter
+from localspec.drafting.model import ModelDrafter
+from localspec.errors import ContextOverflowError, InvalidOptionError, UnsupportedModelError
+from localspec.events import DoneEvent, DrafterStats, Event, GenerationStats, StepEvent, TokenEvent
+from localspec.sampling import Sampler, SamplingParams
+from localspec.speculative import StepResult, speculative_step
+from localspec.textstream import TokenReleaser
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """How to generate. ``draft_max`` is gamma, the most tokens drafted per step."""
+
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    draft_max: int = 5
+    p_min: float = 0.0
+    speculative: bool = True
+    drafter: str | None = None  # a name from Engine.drafter_names(); None: the engine's first
+
+    def validate(self) -> None:
+        self.sampling.validate()
+        if self.max_tokens < 1:
+            raise InvalidOptionError(f"--max-tokens {self.max_tokens} is out of range: it must be at least 1")
+        if not 0 <= self.draft_max <= 64:
+            raise InvalidOptionError(f"--draft-max {self.draft_max} is out of range: it must be in 0..64")
+        if not 0.0 <= self.p_min < 1.0:
+            raise InvalidOptionError(f"--p-min {self.p_min} is out of range: it must be in [0, 1)")
+
+
+class Engine:
+    """A loaded target (and draft) ready to generate. Not thread-safe: one generation at a time."""
+
+    def __init__(self, target: Model, *, draft: Model | None = None, n_ctx: int = 4096,
+                 n_threads: int | None = None, n_batch: int = 512) -> None:
+        if n_ctx < 16:
+            raise InvalidOptionError(f"--ctx {n_ctx} is too small: use at least 16 tokens")
+        if draft is not None and not target.can_rollback:
+            raise UnsupportedModelError(
+                f"{target.name} is a recurrent/hybrid model whose cache cannot roll back rejected "
+                "draft tokens, so speculative decoding is impossible; run it without --draft"
+            )
+        self.target = target
+        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        self.draft = draft
+        self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+                          if draft is not None else None)
+
+    @classmethod
+    def load(cls, target: str | Path, draft: str | Path | None = None, *, n_ctx: int = 4096,
+             n_threads: int | None = None, n_gpu_layers: int = -1,
+             draft_n_gpu_layers: int = -1) -> "Engine":
+        """Check the files from their GGUF metadata first (no weights read), then load."""
+        from localspec.gguf_info import check_draft_compatible, read_info
+
+        target_info = read_info(target)
+        draft_info = read_info(draft) if draft is not None else None
+        if draft_info is not None:
+            check_draft_compatible(target_info, draft_info)
+        target_model = Model(target, n_gpu_layers=n_gpu_layers)
+        draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers) if draft is not None else None
+        return cls(target_model, draft=draft_model, n_ctx=n_ctx, n_threads=n_threads)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    # --- prompts -----------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        return self.target.tokenize(text, add_special=True, parse_special=False)
+
+    def chat_tokens(self, messages: Sequence[Message | Mapping[str, str]]) -> list[int]:
+        """Messages rendered with the model's own template, then tokenized (special tokens parsed)."""
+        bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
+        eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
+        text = render_chat(self.target.chat_template(), messages, bos_token=bos, eos_token=eos,
+                           model_name=self.target.name)
+        # The template may already begin with BOS; never add a second one.
+        add_bos = not (bos and text.startswith(bos))
+        return self.target.tokenize(text, add_special=add_bos, parse_special=True)
+
+    # --- generation --------------------------------------------------------
+    def drafter_names(self) -> list[str]:
+        """The drafters this engine can use, in order of preference."""
+        return ["draft"] if self.draft_ctx is not None else []
+
+    def make_drafter(self, sampler: Sampler, opts: GenerateOptions) -> Drafter | None:
+        names = self.drafter_names()
+        if not opts.speculative or opts.draft_max == 0 or not names:
+            return None
+        name = opts.drafter or names[0]
+        if name not in names:
+            raise InvalidOptionError(
+                f"unknown drafter {name!r}; this engine has: {', '.join(names) or 'none'}"
+            )
+        assert self.draft_ctx is not None
+        return ModelDrafter(self.draft_ctx, sampler, p_min=opts.p_min, name=name)
+
+    def generate(self, prompt: str | Sequence[int], opts: GenerateOptions | None = None) -> "Generation":
+        opts = opts or GenerateOptions()
+        opts.validate()
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not tokens:
+            raise InvalidOptionError("the prompt is empty; give some text to continue")
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt is {len(tokens)} tokens but the context holds {self.n_ctx}; "
+                "shorten the prompt or raise --ctx"
+            )
+        return Generation(self, tokens, opts)
+
+    def invalidate(self) -> None:
+        """Forget cache contents after an interruption left them in an unknown state."""
+        self.ctx.clear()
+        if self.draft_ctx is not None:
+            self.draft_ctx.clear()
+
+    def close(self) -> None:
+        for obj in (self.ctx, self.draft_ctx, self.target, self.draft):
+            if obj is not None:
+                obj.close()
+
+
+class _Tally:
+    """Running counts behind GenerationStats."""
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.tokens = self.steps = self.drafted = self.accepted = 0
+        self.prefill_s = self.draft_s = self.verify_s = self.python_s = 0.0
+        self.start = self.end = 0.0
+        self.pos_drafted: list[int] = []
+        self.pos_accepted: list[int] = []
+        self.by_drafter: dict[str, list[int]] = {}
+
+    def add(self, step: StepResult) -> None:
+        self.steps += 1
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.draft_s += step.draft_s
+        self.verify_s += step.verify_s
+        self.python_s += step.python_s
+        if step.drafted:
+            reached = min(step.drafted, step.accepted + 1)
+            while len(self.pos_drafted) < step.drafted:
+                self.pos_drafted.append(0)
+                self.pos_accepted.append(0)
+            for i in range(reached):
+                self.pos_drafted[i] += 1
+            for i in range(step.accepted):
+                self.pos_accepted[i] += 1
+            row = self.by_drafter.setdefault(step.drafter or "draft", [0, 0, 0])
+            row[0] += 1
+            row[1] += step.drafted
+            row[2] += step.accepted
+
+    def snapshot(self) -> GenerationStats:
+        end = self.end or time.perf_counter()
+        return GenerationStats(
+            prompt_tokens=self.prompt_tokens, tokens=self.tokens, steps=self.steps,
+            drafted=self.drafted, accepted=self.accepted,
+            elapsed_s=max(0.0, end - self.start) if self.start else 0.0,
+            prefill_ms=self.prefill_s * 1e3, draft_ms=self.draft_s * 1e3,
+            verify_ms=self.verify_s * 1e3, python_ms=self.python_s * 1e3,
+            position_drafted=tuple(self.pos_drafted), position_accepted=tuple(self.pos_accepted),
+            drafters=tuple(DrafterStats(name, *row) for name, row in self.by_drafter.items()),
+        )
+
+
+class Generation(Iterator[Event]):
+    """One generation in progress: iterate it for events.
+
+    ``cancel()`` (from another thread, e.g. the TUI's Esc) ends it after the
+    current step with ``finish_reason == "cancelled"``. If iteration is broken
+    by an exception (Ctrl-C), ``interrupted()`` still returns a DoneEvent with
+    everything generated and measured so far.
+    """
+
+    def __init__(self, engine: Engine, prompt: list[int], opts: GenerateOptions) -> None:
+        self.engine = engine
+        self.prompt = prompt
+        self.opts = opts
+        self.sampler = Sampler(opts.sampling)
+        self.drafter = engine.make_drafter(self.sampler, opts)
+        self.tally = _Tally(len(prompt))
+        self.tokens: list[int] = []
+        self.text_parts: list[str] = []
+        self.result: DoneEvent | None = None
+        self._cancel = False
+        self._events = self._run()
+
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._events)
+
+    def cancel(self) -> None:
+        self._cancel = True
+
+    def stats(self) -> GenerationStats:
+        return self.tally.snapshot()
+
+    def interrupted(self) -> DoneEvent:
+        """The DoneEvent for a generation stopped by an exception (Ctrl-C)."""
+        if self.result is None:
+            self.tally.end = self.tally.end or time.perf_counter()
+            self.result = DoneEvent("interrupted", "".join(self.text_parts), tuple(self.tokens), self.stats())
+        return self.result
+
+    def _prefill(self) -> list[int]:
+        ctx = self.engine.ctx
+        history = list(self.prompt)
+        # Keep whatever prefix the cache already holds (the previous chat turn).
+        keep = ctx.common_prefix(history[:-1])
+        ctx.rollback_to(keep)
+        ctx.append(history[keep:-1])
+        if self.drafter is not None:
+            self.drafter.reset()
+        return history
+
+    def _run(self) -> Iterator[Event]:
+        engine, opts, tally = self.engine, self.opts, self.tally
+        model, ctx = engine.target, engine.ctx
+        releaser = TokenReleaser(opts.stop)
+        try:
+            t0 = time.perf_counter()
+            history = self._prefill()
+            tally.start = time.perf_counter()
+            tally.prefill_s = tally.start - t0
+            reason = ""
+            while not reason:
+                if self._cancel:
+                    reason = "cancelled"
+                    break
+                remaining = opts.max_tokens - len(self.tokens)
+                room = ctx.n_ctx - len(ctx.tokens) - 1  # draft tokens that still fit after `last`
+                if room < 0:
+                    reason = "context"
+                    break
+                k = min(opts.draft_max, remaining - 1, room) if self.drafter is not None else 0
+                step = speculative_step(ctx, history, self.drafter, self.sampler, max(k, 0))
+                tally.add(step)
+                for i, tok in enumerate(step.tokens):
+                    if model.is_eog(tok):
+                        reason = "stop"
+                        break
+                    self.tokens.append(tok)
+                    tally.tokens += 1
+                    source = step.drafter if i < step.accepted else None
+                    for t, text, src in releaser.push(tok, model.piece(tok), source):
+                        self.text_parts.append(text)
+                        yield TokenEvent(t, text, src)
+                    if releaser.stopped:
+                        reason = "stop"
+                        break
+                    if len(self.tokens) >= opts.max_tokens:
+                        reason = "length"
+                        break
+                yield StepEvent(tally.steps, step.drafter, step.drafted, step.accepted, len(step.tokens),
+                                step.draft_s * 1e3, step.verify_s * 1e3, step.python_s * 1e3)
+            for t, text, src in releaser.finish():
+                self.text_parts.append(text)
+                yield TokenEvent(t, text, src)
+            tally.end = time.perf_counter()
+            self.result = DoneEvent(reason, "".join(self.text_parts), tuple(self.tokens), self.stats())
+            yield self.result
+        except GeneratorExit:
+            # The consumer stopped listening between steps: the caches are consistent.
+            raise
+        except BaseException:
+            # The caches may be mid-step; the next generation starts from scratch.
+            engine.invalidate()
+            raise

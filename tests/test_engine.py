@@ -1,0 +1,172 @@
+"""The real engine on real GGUF models: exactness of speculative decoding."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from localspec.backend import Context, Model
+from localspec.drafting.model import ModelDrafter
+from localspec.engine import Engine, GenerateOptions
+from localspec.events import DoneEvent, StepEvent, TokenEvent
+from localspec.sampling import Sampler, SamplingParams
+from localspec.speculative import speculative_step
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "List the planets of the solar system in order from the sun:\n1.",
+    "Once upon a time, in a small village by the sea,",
+    "Translate to French: 'The cat sleeps on the warm windowsill.'\nFrench:",
+    "import numpy as np\n\n# Compute the mean of each column of a matrix\n",
+    "Q: What is 17 times 23?\nA: Let's think step by step.",
+    "<html>\n<head>\n<title>My page</title>\n</head>\n<body>\n<ul>\n<li>One</li>\n<li>Two</li>\n",
+]
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_path):
+    model = Model(smollm2_path)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def plain_engine(target):
+    return Engine(target, n_ctx=1024)
+
+
+@pytest.fixture(scope="module")
+def q4_0_engine(target, smollm2_q4_0_path):
+    return Engine(target, draft=Model(smollm2_q4_0_path), n_ctx=1024)
+
+
+@pytest.fixture(scope="module")
+def self_engine(target, smollm2_path):
+    return Engine(target, draft=Model(smollm2_path), n_ctx=1024)
+
+
+def run(engine: Engine, prompt: str, **kw) -> DoneEvent:
+    events = list(engine.generate(prompt, GenerateOptions(**kw)))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    return done
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(plain_engine):
+    return [run(plain_engine, p, max_tokens=200) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("i", range(len(PROMPTS)))
+def test_greedy_speculative_matches_plain_with_q4_0_draft(q4_0_engine, plain_outputs, i):
+    plain = plain_outputs[i]
+    spec = run(q4_0_engine, PROMPTS[i], max_tokens=200, draft_max=5)
+    assert spec.tokens == plain.tokens
+    assert spec.text == plain.text
+    assert spec.finish_reason == plain.finish_reason
+    assert spec.stats.drafted > 0
+
+
+def test_q4_0_draft_is_rejected_sometimes(q4_0_engine):
+    stats = [run(q4_0_engine, p, max_tokens=100).stats for p in PROMPTS[:4]]
+    drafted = sum(s.drafted for s in stats)
+    accepted = sum(s.accepted for s in stats)
+    # A realistic draft: most tokens agree, some are rejected (so the rejection path ran).
+    assert 0 < accepted < drafted
+
+
+@pytest.mark.parametrize("i", range(len(PROMPTS)))
+def test_target_as_its_own_draft_is_exact_and_always_accepted(self_engine, plain_outputs, i):
+    spec = run(self_engine, PROMPTS[i], max_tokens=200, draft_max=4)
+    assert spec.tokens == plain_outputs[i].tokens
+    assert spec.stats.acceptance_rate == 1.0
+    assert spec.stats.tokens_per_step > 4.0 or spec.finish_reason == "stop"
+
+
+def test_events_carry_provenance_and_consistent_stats(q4_0_engine):
+    events = list(q4_0_engine.generate(PROMPTS[3], GenerateOptions(max_tokens=60)))
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert "".join(e.text for e in tokens) == done.text
+    assert tuple(e.token for e in tokens) == done.tokens
+    from_draft = sum(1 for e in tokens if e.drafter == "draft")
+    assert from_draft <= done.stats.accepted
+    if done.finish_reason == "length":  # nothing was cut by an end-of-generation token
+        assert from_draft == done.stats.accepted
+    assert sum(s.accepted for s in steps) == done.stats.accepted
+    assert sum(s.drafted for s in steps) == done.stats.drafted
+    assert len(steps) == done.stats.steps
+    s = done.stats
+    assert s.accepted <= s.drafted
+    assert sum(s.position_drafted) == s.accepted + sum(1 for st in steps if st.accepted < st.drafted)
+    assert all(a <= d for a, d in zip(s.position_accepted, s.position_drafted))
+
+
+def test_seeded_sampling_is_reproducible(q4_0_engine):
+    a = run(q4_0_engine, PROMPTS[3], max_tokens=40, sampling=SamplingParams(temperature=0.8, seed=7))
+    b = run(q4_0_engine, PROMPTS[3], max_tokens=40, sampling=SamplingParams(temperature=0.8, seed=7))
+    c = run(q4_0_engine, PROMPTS[3], max_tokens=40, sampling=SamplingParams(temperature=0.8, seed=8))
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+
+
+def test_stop_strings_and_max_tokens(plain_engine):
+    full = run(plain_engine, PROMPTS[2], max_tokens=60)
+    assert full.finish_reason in ("length", "stop")
+    stop = full.text[10:14]
+    cut = run(plain_engine, PROMPTS[2], max_tokens=60, stop=(stop,))
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.index(stop)]
+    short = run(plain_engine, PROMPTS[2], max_tokens=7)
+    assert short.finish_reason == "length" and len(short.tokens) == 7
+
+
+def test_context_limit_ends_generation(target):
+    engine = Engine(target, n_ctx=64)  # llama.cpp rounds the window up (to 256 today)
+    prompt = target.tokenize(PROMPTS[0])
+    done = run(engine, PROMPTS[0], max_tokens=2000)
+    assert done.finish_reason == "context"
+    # Every position of the window was used: the prompt, then all but the last generated token.
+    assert len(prompt) + len(done.tokens) == engine.n_ctx + 1
+
+
+def test_first_token_distribution_matches_target_at_temperature(target, smollm2_q4_0_path):
+    """At T=0.8 the token emitted first by a speculative step follows the target's own distribution."""
+    params = SamplingParams(temperature=0.8, seed=1234)
+    sampler = Sampler(params)
+    prompt = target.tokenize("My favourite fruit is the")
+    tctx = Context(target, n_ctx=256)
+    tctx.append(prompt[:-1])
+    tctx.append(prompt[-1:])
+    p = sampler.distribution(tctx.logits(-1)).copy()
+    tctx.rollback_to(len(prompt) - 1)
+    drafter = ModelDrafter(Context(Model(smollm2_q4_0_path), n_ctx=256), sampler)
+
+    trials = 1500
+    counts: Counter[int] = Counter()
+    accepted_first = 0
+    for _ in range(trials):
+        history = list(prompt)
+        step = speculative_step(tctx, history, drafter, sampler, max_draft=3)
+        counts[step.tokens[0]] += 1
+        accepted_first += step.accepted > 0
+        tctx.rollback_to(len(prompt) - 1)
+    # Both paths of the rule ran: some first tokens were accepted drafts, some corrections.
+    assert 0 < accepted_first < trials
+    # Chi-square over the tokens with expected count >= 5, the rest pooled.
+    big = [t for t in np.argsort(p)[::-1] if p[t] * trials >= 5]
+    expected = [p[t] * trials for t in big] + [trials * (1 - sum(p[t] for t in big))]
+    observed = [counts[t] for t in big] + [trials - sum(counts[t] for t in big)]
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
+    df = len([e for e in expected if e > 0]) - 1
+    # Critical value at significance 0.001 via the Wilson-Hilferty approximation.
+    z = 3.090
+    critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+    assert chi2 < critical, (chi2, critical, df)
