@@ -214,6 +214,9 @@ class Context:
         params.n_batch = n_batch
         params.n_ubatch = min(n_batch, 512)
         params.n_seq_max = n_seq
+        # Candidate branches are extra sequences over ONE cell pool: each sees the
+        # shared history through seq_cp without copying, and keeps the full window.
+        params.kv_unified = True
         threads = n_threads or default_threads()
         params.n_threads = threads
         params.n_threads_batch = threads

@@ -11,12 +11,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from localspec.backend import Context, Model
 from localspec.chat import Message, render_chat
 from localspec.drafting.base import Drafter
+from localspec.drafting.combine import DrafterSet
 from localspec.drafting.model import ModelDrafter
+from localspec.drafting.specs import DrafterSpec
 from localspec.errors import ContextOverflowError, InvalidOptionError, UnsupportedModelError
 from localspec.events import DoneEvent, DrafterStats, Event, GenerationStats, StepEvent, TokenEvent
 from localspec.sampling import Sampler, SamplingParams
@@ -34,7 +36,7 @@ class GenerateOptions:
     draft_max: int = 5
     p_min: float = 0.0
     speculative: bool = True
-    drafter: str | None = None  # a name from Engine.drafter_names(); None: the engine's first
+    drafter: str | None = None  # from Engine.drafter_names() (a comma list combines); None: all configured
 
     def validate(self) -> None:
         self.sampling.validate()
@@ -46,29 +48,69 @@ class GenerateOptions:
             raise InvalidOptionError(f"--p-min {self.p_min} is out of range: it must be in [0, 1)")
 
 
-class Engine:
-    """A loaded target (and draft) ready to generate. Not thread-safe: one generation at a time."""
+# Sequences for multi-branch verification: candidate branches and lookahead's window.
+TREE_SEQUENCES = 32
 
-    def __init__(self, target: Model, *, draft: Model | None = None, n_ctx: int = 4096,
-                 n_threads: int | None = None, n_batch: int = 512) -> None:
+DrafterFactory = Callable[[Sampler, GenerateOptions], Drafter]
+
+
+class Engine:
+    """A loaded target with its drafters, ready to generate. Not thread-safe: one generation at a time.
+
+    Drafters: ``draft`` (a model sharing the target's vocabulary) and the
+    model-free ``specs`` (``ngram``, ``lookahead``, ``rest:STORE``).
+    """
+
+    def __init__(self, target: Model, *, draft: Model | None = None, specs: Sequence[DrafterSpec] = (),
+                 n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512) -> None:
         if n_ctx < 16:
             raise InvalidOptionError(f"--ctx {n_ctx} is too small: use at least 16 tokens")
-        if draft is not None and not target.can_rollback:
+        model_free = [s for s in specs if s.kind != "model"]
+        if (draft is not None or model_free) and not target.can_rollback:
             raise UnsupportedModelError(
                 f"{target.name} is a recurrent/hybrid model whose cache cannot roll back rejected "
                 "draft tokens, so speculative decoding is impossible; run it without --draft"
             )
         self.target = target
-        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        n_seq = 1 + TREE_SEQUENCES if model_free else 1
+        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         self.draft = draft
         self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
                           if draft is not None else None)
+        self._factories: dict[str, DrafterFactory] = {}
+        if self.draft_ctx is not None:
+            draft_ctx = self.draft_ctx
+            self._factories["draft"] = lambda sampler, opts: ModelDrafter(draft_ctx, sampler, p_min=opts.p_min)
+        for spec in model_free:
+            self._factories[spec.name] = self._model_free_factory(spec)
+
+    def _model_free_factory(self, spec: DrafterSpec) -> DrafterFactory:
+        """Model-free drafters live as long as the engine (their indexes outlast one reply)."""
+        drafter: Drafter
+        if spec.kind == "ngram":
+            from localspec.drafting.ngram import NgramDrafter
+
+            drafter = NgramDrafter(max_branches=4)
+        elif spec.kind == "rest":
+            from localspec.drafting.rest import RestDrafter
+
+            drafter = RestDrafter.open(spec.arg or "", self.target.path, name=spec.name)
+        elif spec.kind == "lookahead":
+            from localspec.drafting.lookahead import LookaheadDrafter
+
+            drafter = LookaheadDrafter(max_seqs=TREE_SEQUENCES)
+        else:
+            raise InvalidOptionError(f"unknown drafter kind {spec.kind!r}")
+        return lambda sampler, opts: drafter
 
     @classmethod
-    def load(cls, target: str | Path, draft: str | Path | None = None, *, n_ctx: int = 4096,
-             n_threads: int | None = None, n_gpu_layers: int = -1,
+    def load(cls, target: str | Path, draft: str | Path | None = None, *, specs: Sequence[DrafterSpec] = (),
+             n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = -1,
              draft_n_gpu_layers: int = -1) -> "Engine":
-        """Check the files from their GGUF metadata first (no weights read), then load."""
+        """Check the files from their GGUF metadata first (no weights read), then load.
+
+        ``draft`` is the draft model's GGUF path; ``specs`` the model-free drafters.
+        """
         from localspec.gguf_info import check_draft_compatible, read_info
 
         target_info = read_info(target)
@@ -77,7 +119,7 @@ class Engine:
             check_draft_compatible(target_info, draft_info)
         target_model = Model(target, n_gpu_layers=n_gpu_layers)
         draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers) if draft is not None else None
-        return cls(target_model, draft=draft_model, n_ctx=n_ctx, n_threads=n_threads)
+        return cls(target_model, draft=draft_model, specs=specs, n_ctx=n_ctx, n_threads=n_threads)
 
     @property
     def n_ctx(self) -> int:
@@ -99,20 +141,23 @@ class Engine:
 
     # --- generation --------------------------------------------------------
     def drafter_names(self) -> list[str]:
-        """The drafters this engine can use, in order of preference."""
-        return ["draft"] if self.draft_ctx is not None else []
+        """The drafters this engine can use; with several, their combination comes first."""
+        names = list(self._factories)
+        return [",".join(names), *names] if len(names) > 1 else names
 
     def make_drafter(self, sampler: Sampler, opts: GenerateOptions) -> Drafter | None:
-        names = self.drafter_names()
-        if not opts.speculative or opts.draft_max == 0 or not names:
+        if not opts.speculative or opts.draft_max == 0 or not self._factories:
             return None
-        name = opts.drafter or names[0]
-        if name not in names:
+        wanted = opts.drafter.split(",") if opts.drafter else list(self._factories)
+        unknown = [n for n in wanted if n not in self._factories]
+        if unknown:
             raise InvalidOptionError(
-                f"unknown drafter {name!r}; this engine has: {', '.join(names) or 'none'}"
+                f"unknown drafter {unknown[0]!r}; this engine has: {', '.join(self._factories) or 'none'}"
             )
-        assert self.draft_ctx is not None
-        return ModelDrafter(self.draft_ctx, sampler, p_min=opts.p_min, name=name)
+        drafters = [self._factories[n](sampler, opts) for n in wanted]
+        if len(drafters) == 1:
+            return drafters[0]
+        return DrafterSet(drafters, expensive=["draft"])
 
     def generate(self, prompt: str | Sequence[int], opts: GenerateOptions | None = None) -> "Generation":
         opts = opts or GenerateOptions()
@@ -144,7 +189,7 @@ class _Tally:
 
     def __init__(self, prompt_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
-        self.tokens = self.steps = self.drafted = self.accepted = 0
+        self.tokens = self.steps = self.drafted = self.accepted = self.verified = 0
         self.prefill_s = self.draft_s = self.verify_s = self.python_s = 0.0
         self.start = self.end = 0.0
         self.pos_drafted: list[int] = []
@@ -155,6 +200,7 @@ class _Tally:
         self.steps += 1
         self.drafted += step.drafted
         self.accepted += step.accepted
+        self.verified += step.verified
         self.draft_s += step.draft_s
         self.verify_s += step.verify_s
         self.python_s += step.python_s
@@ -176,7 +222,7 @@ class _Tally:
         end = self.end or time.perf_counter()
         return GenerationStats(
             prompt_tokens=self.prompt_tokens, tokens=self.tokens, steps=self.steps,
-            drafted=self.drafted, accepted=self.accepted,
+            drafted=self.drafted, accepted=self.accepted, verified=self.verified,
             elapsed_s=max(0.0, end - self.start) if self.start else 0.0,
             prefill_ms=self.prefill_s * 1e3, draft_ms=self.draft_s * 1e3,
             verify_ms=self.verify_s * 1e3, python_ms=self.python_s * 1e3,
@@ -276,7 +322,7 @@ class Generation(Iterator[Event]):
                         reason = "length"
                         break
                 yield StepEvent(tally.steps, step.drafter, step.drafted, step.accepted, len(step.tokens),
-                                step.draft_s * 1e3, step.verify_s * 1e3, step.python_s * 1e3)
+                                step.draft_s * 1e3, step.verify_s * 1e3, step.python_s * 1e3, step.verified)
             for t, text, src in releaser.finish():
                 self.text_parts.append(text)
                 yield TokenEvent(t, text, src)

@@ -41,6 +41,7 @@ class StepEvent:
     draft_ms: float
     verify_ms: float
     python_ms: float
+    verified: int = 0  # candidate tokens the target computed (a tree counts every node)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class GenerationStats:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    verified: int = 0
     elapsed_s: float = 0.0
     prefill_ms: float = 0.0
     draft_ms: float = 0.0
@@ -86,6 +88,17 @@ class GenerationStats:
     def acceptance_rate(self) -> float:
         """alpha: accepted draft tokens / drafted tokens."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def conditional_acceptance(self) -> float:
+        """Acceptance of a draft token given every earlier one was accepted.
+
+        This is the alpha of tau = (1 - a^(g+1)) / (1 - a) and of the ceiling
+        1 / (1 - a); ``acceptance_rate`` also counts tokens after a rejection,
+        which were never in play, so it reads lower.
+        """
+        reached = sum(self.position_drafted)
+        return sum(self.position_accepted) / reached if reached else 0.0
 
     @property
     def tokens_per_step(self) -> float:
@@ -107,6 +120,7 @@ class GenerationStats:
         out.pop("drafters")
         out.update(
             acceptance_rate=self.acceptance_rate,
+            conditional_acceptance=self.conditional_acceptance,
             tokens_per_step=self.tokens_per_step,
             tokens_per_second=self.tokens_per_second,
             position_acceptance=list(self.position_acceptance),

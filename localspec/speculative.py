@@ -22,15 +22,22 @@ import numpy as np
 
 from localspec.acceptance import Verdict, accept_greedy, accept_sampled
 from localspec.backend import Context
-from localspec.drafting.base import Drafter, Proposal
-from localspec.sampling import Sampler
+from localspec.drafting.base import Drafter, Proposal, TreeProposal
+from localspec.drafting.tree import ROOT, accept_tree
+from localspec.sampling import Sampler, sample
 
 NO_PROPOSAL = Proposal()
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step produced: ``tokens`` = the accepted drafts then the target's token."""
+    """What one step produced: ``tokens`` = the accepted drafts then the target's token.
+
+    ``drafted`` is the depth of the proposal (its longest candidate), the
+    quantity acceptance rates are measured against; ``verified`` counts every
+    candidate token the target computed (a tree shares prefixes, so it can
+    exceed ``drafted``).
+    """
 
     tokens: tuple[int, ...]
     drafter: str | None
@@ -39,6 +46,7 @@ class StepResult:
     draft_s: float
     verify_s: float
     python_s: float
+    verified: int = 0
 
 
 class _LazyDistributions(Sequence[np.ndarray]):
@@ -77,40 +85,110 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     t0 = time.perf_counter()
     # propose
     proposal = drafter.propose(history, max_draft) if drafter is not None and max_draft > 0 else NO_PROPOSAL
-    draft = proposal.tokens[:max_draft]
     t1 = time.perf_counter()
-
-    # verify: [last, d1..dk] in one batch, logits for every row
-    n_past = len(target.tokens)
-    batch = [history[-1], *draft]
     decode_before = target.decode_seconds
-    target.decode(batch, range(n_past, n_past + len(batch)), None, [True] * len(batch))
-    target.tokens.extend(batch)
+
+    # verify + accept (a chain, or a tree of branches in one batch)
+    if isinstance(proposal, TreeProposal) and (len(proposal.tree) or proposal.extra):
+        accepted, next_token = _verify_tree(target, history, proposal, sampler)
+        drafted, verified = max(proposal.tree.depths, default=0), len(proposal.tree)
+    else:
+        draft = proposal.tokens[:max_draft]
+        probs = proposal.probs[: len(draft)] if proposal.probs is not None else None
+        accepted, next_token = _verify_chain(target, history, draft, probs, sampler)
+        drafted = verified = len(draft)
     verify_s = target.decode_seconds - decode_before
 
-    # accept: greedy compares argmaxes; otherwise exact rejection sampling
+    # update: the drafter learns what was kept
+    n_acc = len(accepted)
+    history.extend((*accepted, next_token))
+    if drafter is not None:
+        drafter.accepted(history, n_acc)
+    t2 = time.perf_counter()
+    return StepResult(
+        tokens=(*accepted, next_token),
+        drafter=(proposal.drafter or (drafter.name if drafter is not None else None)) if drafted else None,
+        drafted=drafted,
+        accepted=n_acc,
+        draft_s=t1 - t0,
+        verify_s=verify_s,
+        python_s=(t2 - t1) - verify_s,
+        verified=verified,
+    )
+
+
+def _verify_chain(target: Context, history: Sequence[int], draft: Sequence[int],
+                  probs: Sequence[np.ndarray] | None, sampler: Sampler) -> tuple[tuple[int, ...], int]:
+    """Feed ``[last, *draft]`` in one batch, apply the acceptance rule, cut the cache back."""
+    n_past = len(target.tokens)
+    batch = [history[-1], *draft]
+    target.decode(batch, range(n_past, n_past + len(batch)), None, [True] * len(batch))
+    target.tokens.extend(batch)
     verdict: Verdict
     if sampler.params.greedy:
         choice = [int(np.argmax(target.logits(i))) for i in range(len(batch))]
         verdict = accept_greedy(draft, choice)
     else:
-        probs = proposal.probs[: len(draft)] if proposal.probs is not None else None
         verdict = accept_sampled(draft, probs, _LazyDistributions(target, sampler, len(batch)), sampler.rng)
+    target.rollback_to(n_past + 1 + verdict.n_accepted)
+    return tuple(draft[: verdict.n_accepted]), verdict.next_token
 
-    # update: drop the rejected tail from the target's cache, tell the drafter
-    n_acc = verdict.n_accepted
-    target.rollback_to(n_past + 1 + n_acc)
-    emitted = (*draft[:n_acc], verdict.next_token)
-    history.extend(emitted)
-    if drafter is not None:
-        drafter.accepted(history, n_acc)
-    t2 = time.perf_counter()
-    return StepResult(
-        tokens=emitted,
-        drafter=proposal.drafter or (drafter.name if drafter is not None and draft else None),
-        drafted=len(draft),
-        accepted=n_acc,
-        draft_s=t1 - t0,
-        verify_s=verify_s,
-        python_s=(t2 - t1) - verify_s,
-    )
+
+def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal,
+                 sampler: Sampler) -> tuple[tuple[int, ...], int]:
+    """Verify every branch of a candidate trie in one batch; keep the longest accepted path.
+
+    Each leaf gets its own llama.cpp sequence (1..L) that first shares the whole
+    history with sequence 0; a node carries the ids of every leaf below it, so
+    it is computed once and attends exactly to its ancestors (llama.cpp masks
+    by a token's first sequence id). Extra tokens (lookahead's window) get the
+    sequences after the leaves. Afterwards the accepted path is copied into
+    sequence 0 and every other sequence is removed, which leaves the cache as
+    if that path alone had been decoded.
+    """
+    tree, extra = proposal.tree, proposal.extra
+    n_past = len(target.tokens)
+    leaves = tree.leaves
+    leaf_seq = {leaf: 1 + i for i, leaf in enumerate(leaves)}
+    n_extra_seqs = extra.n_seqs if extra is not None else 0
+    n_seqs = 1 + len(leaves) + n_extra_seqs
+    if n_seqs > target.n_seq:
+        raise ValueError(f"a proposal needs {n_seqs} sequences; the context has {target.n_seq}")
+    # seqs of node i = the leaves below it; walk each leaf's path once
+    node_seqs: list[list[int]] = [[] for _ in range(len(tree))]
+    for leaf in leaves:
+        for node in tree.path(leaf):
+            node_seqs[node].append(leaf_seq[leaf])
+    for seq in range(1, n_seqs):
+        target.copy_seq(0, seq, 0, n_past)
+
+    tokens = [history[-1], *tree.tokens]
+    positions = [n_past, *(n_past + d for d in tree.depths)]
+    seq_ids: list[Sequence[int]] = [range(n_seqs), *node_seqs]
+    outputs = [True] * len(tokens)
+    if extra is not None:
+        base = 1 + len(leaves)
+        tokens += extra.tokens
+        positions += [n_past + off for off in extra.positions]
+        seq_ids += [[base + s for s in ids] for ids in extra.seq_ids]
+        outputs += extra.outputs
+    target.decode(tokens, positions, seq_ids, outputs)
+
+    if sampler.params.greedy:
+        result = accept_tree(tree, [int(np.argmax(target.logits(i))) for i in range(len(tree) + 1)])
+    else:
+        rows = _LazyDistributions(target, sampler, len(tree) + 1)
+        result = accept_tree(tree, lambda node: sample(rows[node - ROOT], sampler.rng))
+    if extra is not None:
+        first_extra = len(tree) + 1
+        extra.on_logits(lambda j: target.logits(first_extra + j))
+
+    # keep [last, *accepted path] in sequence 0, drop every other sequence
+    m = len(result.nodes)
+    if m:
+        keep_seq = node_seqs[result.nodes[-1]][0]
+        target.copy_seq(keep_seq, 0, n_past + 1, n_past + 1 + m)
+    for seq in range(1, n_seqs):
+        target.remove_seq(seq)
+    target.tokens.extend([history[-1], *result.tokens])
+    return result.tokens, result.next_token

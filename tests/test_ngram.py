@@ -173,10 +173,11 @@ def test_drafter_follows_the_protocol_and_drafts_a_repeat() -> None:
 def test_drafter_tree_has_bounded_branches() -> None:
     drafter = NgramDrafter()
     hist = [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3, 4, 5, 1, 2, 3, 4]
-    tree = drafter.propose_tree(hist, 3, 2)
+    tree = drafter.propose_tree(hist, 3, 2).tree
     assert set(tree.branches) == {(5, 1, 2), (6, 1, 2)}
-    assert tree.scores[0] >= tree.scores[1]
-    assert drafter.propose_tree([1, 2, 3], 3, 2).branches == ()
+    first, second = (tree.path(leaf)[0] for leaf in tree.leaves)
+    assert tree.probs[first] >= tree.probs[second]  # 5 followed twice, 6 once
+    assert drafter.propose_tree([1, 2, 3], 3, 2).tree.branches == ()
 
 
 class _FixedSource:

@@ -15,7 +15,9 @@ def add_model_options(p: argparse.ArgumentParser, *, model_required: bool = True
                    help="target model: a name from `localspec models` (downloaded on first use) or a "
                         "GGUF path" + ("" if model_required else "; default: the embedded SmolLM2-135M"))
     p.add_argument("--draft", metavar="DRAFT", default=None,
-                   help="draft model for speculative decoding: a name or GGUF path sharing the target's vocabulary")
+                   help="drafters, comma-separated: a draft model (name or GGUF path sharing the target's "
+                        "vocabulary), ngram (lookup in the context), lookahead (Jacobi decoding), "
+                        "rest:STORE (a datastore from `localspec index`); several are combined per step")
     p.add_argument("--offline", action="store_true",
                    help="never download: use only models already on disk")
     p.add_argument("--ctx", type=int, default=4096, metavar="N", help="context window in tokens (default 4096)")
@@ -103,3 +105,13 @@ def read_prompt(args: argparse.Namespace) -> str:
     if sys.stdin is None or sys.stdin.isatty():
         raise InvalidOptionError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
     return sys.stdin.read()
+
+
+def resolve_drafters(text: str | None, *, offline: bool = False):
+    """``--draft`` as (draft model path or None, model-free drafter specs)."""
+    from localspec.drafting.specs import parse_draft
+
+    specs = parse_draft(text)
+    model = next((s for s in specs if s.kind == "model"), None)
+    draft_path = resolve_model(model.arg, offline=offline) if model is not None else None
+    return draft_path, [s for s in specs if s.kind != "model"]

@@ -12,6 +12,7 @@ from localspec.commands.common import (
     check_engine_options,
     generate_options,
     read_prompt,
+    resolve_drafters,
     resolve_model,
 )
 from localspec.events import DoneEvent, GenerationStats, TokenEvent
@@ -40,10 +41,11 @@ def format_stats(stats: GenerationStats, finish_reason: str) -> str:
     line = (f"{stats.tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_second:.1f} tok/s), "
             f"{stats.steps} steps, finish: {finish_reason}")
     if stats.drafted:
-        alpha = stats.acceptance_rate
+        alpha = stats.conditional_acceptance
         ceiling = f"{1 / (1 - alpha):.2f}" if alpha < 1 else "inf"
-        line += (f"\nacceptance α {alpha:.2f} ({stats.accepted}/{stats.drafted}), "
-                 f"τ {stats.tokens_per_step:.2f} tokens/step (ceiling {ceiling}); by position: "
+        line += (f"\nacceptance {stats.accepted}/{stats.drafted} drafted ({stats.acceptance_rate:.2f}), "
+                 f"α {alpha:.2f} per position reached, τ {stats.tokens_per_step:.2f} tokens/step "
+                 f"(ceiling {ceiling}); by position: "
                  + " ".join(f"{a:.2f}" for a in stats.position_acceptance))
     total = stats.draft_ms + stats.verify_ms + stats.python_ms
     if total > 0:
@@ -68,12 +70,12 @@ def run(args: argparse.Namespace) -> int:
     check_engine_options(args)
     opts = generate_options(args)
     target = resolve_model(args.model, offline=args.offline)
-    draft = resolve_model(args.draft, offline=args.offline) if args.draft else None
+    draft, specs = resolve_drafters(args.draft, offline=args.offline)
     prompt = read_prompt(args)
 
     from localspec.engine import Engine
 
-    engine = Engine.load(target, draft, n_ctx=args.ctx, n_threads=args.threads,
+    engine = Engine.load(target, draft, specs=specs, n_ctx=args.ctx, n_threads=args.threads,
                          n_gpu_layers=args.gpu_layers, draft_n_gpu_layers=args.gpu_layers)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])

@@ -7,7 +7,8 @@ which token the target produced next, so the drafter can update its state
 (KV cache, n-gram index, acceptance statistics). ``reset`` forgets everything
 tied to the current sequence.
 
-Proposals come in two kinds:
+Proposals are a chain (``Proposal``) or a trie of candidates (``TreeProposal``).
+Chains come in two kinds:
 
 * ``probs`` set: the drafter *sampled* each token from a distribution q (a
   draft model). Verification uses exact rejection sampling with p and q.
@@ -19,9 +20,11 @@ Proposals come in two kinds:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
+
+from localspec.drafting.tree import CandidateTree, tree_from_branches
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,56 @@ class Proposal:
 
 
 @dataclass(frozen=True)
-class TreeProposal:
-    """Several candidate continuations that may share prefixes.
+class BatchExtra:
+    """Tokens a drafter wants computed in the verification batch beside the candidates.
 
-    ``branches`` are token sequences; a branch that is a prefix of another is
-    redundant and may be dropped by the verifier. Deterministic only.
+    Lookahead decoding runs its Jacobi window in the same ``llama_decode`` call
+    as verification. ``positions`` are offsets from the history's last token
+    (which sits at offset 0); ``seq_ids`` are the drafter's own sequence numbers
+    0..k-1 (the step maps them onto free llama.cpp sequences, each of which sees
+    the whole history); ``on_logits(row)`` is called after the decode with a
+    function returning the logits of extra token ``j`` (None when not output).
     """
 
-    branches: tuple[tuple[int, ...], ...] = ()
+    tokens: tuple[int, ...]
+    positions: tuple[int, ...]
+    seq_ids: tuple[tuple[int, ...], ...]
+    outputs: tuple[bool, ...]
+    on_logits: Callable[[Callable[[int], np.ndarray]], None]
+
+    @property
+    def n_seqs(self) -> int:
+        return 1 + max((s for ids in self.seq_ids for s in ids), default=-1)
+
+
+@dataclass(frozen=True)
+class TreeProposal:
+    """Several deterministic candidate continuations sharing their prefixes, as one trie.
+
+    All branches are verified in one batch: a token shared by several branches
+    is computed once, carrying the sequence ids of every branch below it.
+    """
+
+    tree: CandidateTree = field(default_factory=lambda: tree_from_branches(()))
     drafter: str = ""
-    scores: tuple[float, ...] = field(default=())
+    extra: BatchExtra | None = None
+    probs = None  # deterministic: verified by sampling the target and following the match
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The path that follows the most probable child at each depth (a chain's worth)."""
+        t = self.tree
+        out: list[int] = []
+        node = -1  # the root
+        while True:
+            kids = [i for i in range(len(t)) if t.parents[i] == node]
+            if not kids:
+                return tuple(out)
+            node = max(kids, key=lambda i: t.probs[i])
+            out.append(t.tokens[node])
+
+    def __len__(self) -> int:
+        return len(self.tree)
 
 
 @runtime_checkable
@@ -64,8 +107,8 @@ class Drafter(Protocol):
 
     name: str
 
-    def propose(self, history: Sequence[int], max_tokens: int) -> Proposal:
-        """Propose up to ``max_tokens`` tokens that continue ``history``."""
+    def propose(self, history: Sequence[int], max_tokens: int) -> "Proposal | TreeProposal":
+        """Propose up to ``max_tokens`` tokens (a tree: up to that depth) that continue ``history``."""
         ...
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:

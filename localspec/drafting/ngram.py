@@ -18,7 +18,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from localspec.drafting.base import Proposal, TreeProposal
-from localspec.drafting.tree import build_tree
+from localspec.drafting.tree import CandidateTree, build_tree, tree_from_branches
 
 
 @dataclass(frozen=True)
@@ -334,6 +334,7 @@ class NgramDrafter:
     sources: list[NgramSource] = field(default_factory=list)
     max_candidates: int = 8
     sync_check: int = 16
+    max_branches: int = 1  # > 1: propose a trie of continuations when the evidence splits
     name: str = "ngram"
     stats: DrafterStats = field(default_factory=DrafterStats)
 
@@ -369,38 +370,55 @@ class NgramDrafter:
             lookups += [s.lookup(tail, max_tokens, self.max_candidates) for s in self.sources]
         return max(lookups, key=lambda lk: sum(acceptance_estimates(lk, self.policy)))
 
-    def propose(self, history: Sequence[int], max_tokens: int) -> Proposal:
+    def propose(self, history: Sequence[int], max_tokens: int) -> Proposal | TreeProposal:
         lookup = self._best_lookup(history, max_tokens)
-        n = draft_length(lookup, max_tokens, self.policy)
-        tokens = lookup.candidates[0].tokens[:n] if lookup is not None and n else ()
+        proposal = proposal_from_lookup(lookup, max_tokens, self.policy, self.max_branches, self.name)
         self.stats.proposals += 1
-        self.stats.drafted += len(tokens)
-        return Proposal(tokens=tuple(tokens), probs=None, drafter=self.name)
+        self.stats.drafted += len(proposal)
+        return proposal
 
     def propose_tree(self, history: Sequence[int], max_tokens: int, max_branches: int) -> TreeProposal:
         """Up to ``max_branches`` continuations, as deep as the policy trusts the
         best one; branches below ``policy.threshold`` of the evidence are dropped."""
         lookup = self._best_lookup(history, max_tokens)
-        depth = draft_length(lookup, max_tokens, self.policy)
-        if lookup is None or depth == 0:
-            return TreeProposal(drafter=self.name)
-        weighted = [(c.tokens, float(c.count)) for c in lookup.candidates]
-        # Occurrences whose continuations were not kept as candidates still
-        # count in the total (an empty continuation adds no node), so node
-        # probabilities stay shares of all the evidence.
-        rest = lookup.considered - sum(c.count for c in lookup.candidates)
-        tree = build_tree(
-            weighted + ([((), float(rest))] if rest > 0 else []),
-            max_nodes=depth * max_branches,
-            max_depth=depth,
-            max_leaves=max_branches,
-            min_prob=self.policy.threshold,
-        )
-        scores = tuple(tree.probs[leaf] for leaf in tree.leaves)
+        tree = candidate_tree(lookup, max_tokens, self.policy, max_branches)
         self.stats.proposals += 1
         self.stats.drafted += len(tree)
-        return TreeProposal(branches=tree.branches, drafter=self.name, scores=scores)
+        return TreeProposal(tree=tree, drafter=self.name)
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         self.stats.accepted += n_accepted
         self._sync(history)
+
+
+def candidate_tree(lookup: Lookup | None, max_tokens: int, policy: DraftPolicy, max_branches: int) -> CandidateTree:
+    """The trie of continuations a lookup supports, as deep as the policy trusts the best one."""
+    depth = draft_length(lookup, max_tokens, policy)
+    if lookup is None or depth == 0:
+        return tree_from_branches(())
+    weighted = [(c.tokens, float(c.count)) for c in lookup.candidates]
+    # Occurrences whose continuations were not kept as candidates still count in
+    # the total (an empty continuation adds no node), so node probabilities stay
+    # shares of all the evidence.
+    rest = lookup.considered - sum(c.count for c in lookup.candidates)
+    return build_tree(
+        weighted + ([((), float(rest))] if rest > 0 else []),
+        max_nodes=depth * max_branches,
+        max_depth=depth,
+        max_leaves=max_branches,
+        min_prob=policy.threshold,
+    )
+
+
+def proposal_from_lookup(lookup: Lookup | None, max_tokens: int, policy: DraftPolicy, max_branches: int,
+                         name: str) -> Proposal | TreeProposal:
+    """A chain when the evidence points one way (or ``max_branches`` is 1), else a trie."""
+    if max_branches <= 1:
+        n = draft_length(lookup, max_tokens, policy)
+        tokens = lookup.candidates[0].tokens[:n] if lookup is not None and n else ()
+        return Proposal(tokens=tuple(tokens), probs=None, drafter=name)
+    tree = candidate_tree(lookup, max_tokens, policy, max_branches)
+    proposal = TreeProposal(tree=tree, drafter=name)
+    if len(tree.leaves) > 1:
+        return proposal
+    return Proposal(tokens=proposal.tokens, probs=None, drafter=name)

@@ -1,0 +1,52 @@
+"""REST drafting (He et al. 2024): continuations of the context found in a datastore.
+
+The store (``localspec index``) is a suffix array over the user's own files,
+tokenized with the target's tokenizer. Each step the longest suffix of the
+history that occurs in the store is found by binary search, the continuations
+that follow its occurrences are gathered, and the frequent ones become a
+candidate trie verified in one batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from localspec.drafting.base import Proposal, TreeProposal
+from localspec.drafting.ngram import DraftPolicy, proposal_from_lookup
+from localspec.drafting.suffix_array import Store, open_store
+
+# How much of the history is searched for a suffix match: matches longer than
+# this add no evidence worth the binary-search steps.
+CONTEXT_TAIL = 64
+
+
+class RestDrafter:
+    """Drafts from a memory-mapped datastore; deterministic, stateless between steps."""
+
+    def __init__(self, store: Store, *, name: str = "rest", policy: DraftPolicy | None = None,
+                 max_branches: int = 4, max_candidates: int = 8) -> None:
+        self.store = store
+        self.name = name
+        self.policy = policy or DraftPolicy()
+        self.max_branches = max_branches
+        self.max_candidates = max_candidates
+
+    @classmethod
+    def open(cls, store_path: str | os.PathLike[str], model_path: str | os.PathLike[str], *,
+             name: str = "rest") -> "RestDrafter":
+        """Open a store, refusing one built for another tokenizer than ``model_path``'s."""
+        from localspec.gguf_info import tokenizer_fingerprint
+
+        return cls(open_store(store_path, tokenizer_fingerprint(model_path)), name=name)
+
+    def propose(self, history: Sequence[int], max_tokens: int) -> Proposal | TreeProposal:
+        tail = list(history[-CONTEXT_TAIL:])
+        lookup = self.store.lookup(tail, max_tokens, self.max_candidates)
+        return proposal_from_lookup(lookup, max_tokens, self.policy, self.max_branches, self.name)
+
+    def accepted(self, history: Sequence[int], n_accepted: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass

@@ -1,0 +1,63 @@
+"""What ``--draft`` names: a draft model, ``ngram``, ``lookahead``, ``rest:STORE``, or a comma list.
+
+Parsing is pure; the engine turns specs into drafters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec.errors import InvalidOptionError
+
+MODEL_FREE = ("ngram", "lookahead")
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """One drafter: ``kind`` is ``model``, ``ngram``, ``lookahead`` or ``rest``; ``arg`` its model or store."""
+
+    kind: str
+    arg: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The name stats and token provenance use."""
+        if self.kind == "model":
+            return "draft"
+        if self.kind == "rest":
+            return f"rest:{Path(self.arg or '').stem}"
+        return self.kind
+
+
+def parse_draft(text: str | None) -> list[DrafterSpec]:
+    """``"ngram,rest:docs.lsstore,qwen3-0.6b"`` -> specs, in the order given."""
+    if text is None or not text.strip():
+        return []
+    specs: list[DrafterSpec] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            raise InvalidOptionError(f"--draft {text!r} has an empty entry; separate drafters with single commas")
+        low = part.lower()
+        if low in MODEL_FREE:
+            specs.append(DrafterSpec(low))
+        elif low.startswith("rest:"):
+            store = part[5:]
+            if not store:
+                raise InvalidOptionError("--draft rest: needs a store path, e.g. rest:notes.lsstore "
+                                         "(build one with `localspec index`)")
+            specs.append(DrafterSpec("rest", store))
+        elif low == "rest":
+            raise InvalidOptionError("--draft rest needs a store: rest:STORE (build one with `localspec index`)")
+        else:
+            specs.append(DrafterSpec("model", part))
+    models = [s for s in specs if s.kind == "model"]
+    if len(models) > 1:
+        raise InvalidOptionError(
+            f"--draft names {len(models)} draft models ({', '.join(s.arg or '' for s in models)}); use at most one"
+        )
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InvalidOptionError(f"--draft names {', '.join(dupes)} twice; list each drafter once")
+    return specs
