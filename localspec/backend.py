@@ -207,7 +207,7 @@ class Context:
     """
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int = 512, n_seq: int = 1,
-                 n_threads: int | None = None) -> None:
+                 n_threads: int | None = None, flash_attn: bool | None = None) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -217,6 +217,15 @@ class Context:
         # Candidate branches are extra sequences over ONE cell pool: each sees the
         # shared history through seq_cp without copying, and keeps the full window.
         params.kv_unified = True
+        # Flash attention: llama.cpp's CPU kernel makes a position's logits depend on
+        # how many tokens share its batch, which would let speculative and plain
+        # greedy decoding part ways on near-ties; on the CPU it buys little, so it is
+        # off there. With a GPU build it stays on "auto" (it saves memory and time).
+        if flash_attn is None:
+            flash_attn = None if llama_cpp.llama_supports_gpu_offload() else False
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
+                                  llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else
+                                  llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         threads = n_threads or default_threads()
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -343,6 +352,10 @@ class Context:
     def keep_seq(self, seq_id: int) -> None:
         """Drop every cache entry that does not belong to ``seq_id``."""
         llama_cpp.llama_memory_seq_keep(self._mem, seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The largest position ``seq_id`` holds in the cache, -1 when it holds none."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)

@@ -88,9 +88,10 @@ class Engine:
         """Model-free drafters live as long as the engine (their indexes outlast one reply)."""
         drafter: Drafter
         if spec.kind == "ngram":
-            from localspec.drafting.ngram import NgramDrafter
+            from localspec.drafting.personal import personal_ngram_drafter
 
-            drafter = NgramDrafter(max_branches=4)
+            # The context's n-grams plus the user's past outputs (LOCALSPEC_NO_HISTORY=1: context only).
+            drafter = personal_ngram_drafter(self.target.path, max_branches=4)
         elif spec.kind == "rest":
             from localspec.drafting.rest import RestDrafter
 
@@ -250,6 +251,7 @@ class Generation(Iterator[Event]):
         self.tokens: list[int] = []
         self.text_parts: list[str] = []
         self.result: DoneEvent | None = None
+        self.warnings: list[str] = []
         self._cancel = False
         self._events = self._run()
 
@@ -271,6 +273,19 @@ class Generation(Iterator[Event]):
             self.tally.end = self.tally.end or time.perf_counter()
             self.result = DoneEvent("interrupted", "".join(self.text_parts), tuple(self.tokens), self.stats())
         return self.result
+
+    def _remember(self, reason: str) -> None:
+        """Add a finished reply to the personal store (when an n-gram drafter keeps one)."""
+        if self.drafter is None or not self.tokens or reason not in ("stop", "length"):
+            return
+        from localspec.drafting.personal import remember
+        from localspec.errors import StoreError
+
+        try:
+            remember(self.drafter, self.tokens, context=self.prompt)
+        except StoreError as err:
+            # The reply itself is complete and delivered; only the drafting history missed it.
+            self.warnings.append(str(err))
 
     def _prefill(self) -> list[int]:
         ctx = self.engine.ctx
@@ -327,6 +342,7 @@ class Generation(Iterator[Event]):
                 self.text_parts.append(text)
                 yield TokenEvent(t, text, src)
             tally.end = time.perf_counter()
+            self._remember(reason)
             self.result = DoneEvent(reason, "".join(self.text_parts), tuple(self.tokens), self.stats())
             yield self.result
         except GeneratorExit:

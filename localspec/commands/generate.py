@@ -103,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write("\n")
     sys.stdout.flush()
+    for warning in gen.warnings:
+        print(f"localspec: warning: {warning}", file=sys.stderr)
     if not args.quiet:
         print(format_stats(done.stats, done.finish_reason), file=sys.stderr)
     return code

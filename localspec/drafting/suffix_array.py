@@ -27,7 +27,6 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -36,6 +35,7 @@ import numpy as np
 
 from localspec.drafting.ngram import Candidate, Lookup, cut_at_separator, rank_continuations
 from localspec.errors import StoreError
+from localspec.paths import atomic_write
 
 MAGIC = b"LSPSTORE"
 FORMAT_VERSION = 1
@@ -145,21 +145,12 @@ def write_store(path: str | os.PathLike[str], docs: Iterable[np.ndarray], finger
     blob += b" " * (data_start - _PRELUDE.size - len(blob))
     prelude = _PRELUDE.pack(MAGIC, FORMAT_VERSION, len(blob), zlib.crc32(blob))
 
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(prelude + blob)
-            for name, arr in arrays.items():
-                f.seek(offsets[name])
-                f.write(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).data)
-            f.truncate(size)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        f.write(prelude + blob)
+        for name, arr in arrays.items():
+            f.seek(offsets[name])
+            f.write(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).data)
+        f.truncate(size)
     return int(len(tokens) - len(starts))
 
 

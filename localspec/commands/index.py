@@ -1,0 +1,134 @@
+"""``localspec index PATH... --model MODEL -o STORE``: build a REST datastore from your files.
+
+The corpus (files, folders walked recursively, glob patterns) is tokenized with
+MODEL's own tokenizer, loaded alone (``vocab_only``: no weights), and written
+as one store that records the tokenizer's fingerprint, so ``--draft
+rest:STORE`` refuses it for a model that tokenizes differently. MODEL is
+required: a store built for the wrong tokenizer is useless, and nothing in the
+corpus says which model it is meant for.
+
+stdout gets the store's path (or, with ``--json``, one JSON summary); what was
+indexed and skipped goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from localspec.errors import InvalidOptionError
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``index`` subcommand."""
+    p = subparsers.add_parser(
+        "index",
+        help="build a datastore for --draft rest:STORE from your files",
+        description="Tokenize text files with a model's tokenizer and write a suffix-array datastore "
+                    "for REST drafting (--draft rest:STORE). Binary and non-UTF-8 files are skipped "
+                    "and counted. Prints the store's path on stdout and a summary on stderr.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="files, folders (walked recursively; hidden entries skipped) or glob patterns "
+                        "(quote them; ** allowed)")
+    p.add_argument("--model", "-m", required=True, metavar="MODEL",
+                   help="the model the store is for: a name from `localspec models` or a GGUF path "
+                        "(only its tokenizer is loaded)")
+    p.add_argument("--output", "-o", required=True, metavar="STORE",
+                   help="the store file to write, e.g. notes.lsstore (an existing store is replaced)")
+    p.add_argument("--offline", action="store_true", help="never download: use only models already on disk")
+    p.add_argument("--json", action="store_true", help="print one JSON summary on stdout instead of the path")
+    p.set_defaults(func=run)
+
+
+def check_output(path: Path) -> None:
+    """Refuse an output that is a folder, lies in a missing folder, or would
+    overwrite a file that is not a store."""
+    from localspec.drafting.suffix_array import MAGIC
+
+    if path.is_dir():
+        raise InvalidOptionError(f"-o {path} is a folder; name the store file, e.g. {path / 'corpus.lsstore'}")
+    if not path.parent.is_dir():
+        raise InvalidOptionError(f"-o {path}: the folder {path.parent} does not exist; create it first")
+    if path.exists():
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(MAGIC))
+        except OSError as err:
+            raise InvalidOptionError(f"-o {path} cannot be read: {err.strerror or err}") from None
+        if head != MAGIC:
+            raise InvalidOptionError(f"-o {path} exists and is not a localspec store; "
+                                     "choose another name or delete it first")
+
+
+def run(args: argparse.Namespace) -> int:
+    from localspec.backend import Model
+    from localspec.commands.common import resolve_model
+    from localspec.drafting.corpus import build_store_from_corpus, iter_corpus
+    from localspec.errors import StoreError
+    from localspec.gguf_info import tokenizer_fingerprint
+
+    out = Path(args.output)
+    check_output(out)
+    # Check every PATH (and that some text is there) before a model is resolved or downloaded.
+    if next(iter_corpus(args.paths), None) is None:
+        raise StoreError(f"no text files to index under {', '.join(args.paths)} "
+                         "(binary and non-UTF-8 files are skipped)")
+    model_path = resolve_model(args.model, offline=args.offline)
+    fingerprint = tokenizer_fingerprint(model_path)
+    model = Model(model_path, vocab_only=True)
+    try:
+        build = build_store_from_corpus(args.paths, lambda text: model.tokenize(text, add_special=False),
+                                        fingerprint, out)
+    finally:
+        model.close()
+    corpus = build.corpus
+    summary = {
+        "store": str(out),
+        "store_bytes": out.stat().st_size,
+        "model": str(model_path),
+        "fingerprint": fingerprint,
+        "files": corpus.files,
+        "documents": build.documents,
+        "bytes": corpus.bytes,
+        "tokens": build.tokens,
+        "seconds": round(build.seconds, 3),
+        "skipped": {"binary": corpus.binary, "undecodable": corpus.undecodable, "unreadable": corpus.unreadable},
+        "lossy": corpus.lossy,
+    }
+    print(format_summary(summary), file=sys.stderr)
+    if args.json:
+        json.dump(summary, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        print(out)
+    return 0
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """Human lines for stderr: what was indexed, what was skipped and why, the store."""
+    from localspec.hub import human_size
+
+    rate = s["bytes"] / s["seconds"] if s["seconds"] > 0 else 0.0
+    model = Path(s["model"]).name
+    lines = [f"localspec: indexed {s['files']} files ({human_size(s['bytes'])}) with {model}'s tokenizer: "
+             f"{s['tokens']:,} tokens in {s['seconds']:.2f} s ({human_size(int(rate))}/s)"]
+    reasons = [(s["skipped"]["binary"], "binary"), (s["skipped"]["undecodable"], "not UTF-8"),
+               (s["skipped"]["unreadable"], "unreadable")]
+    skipped = sum(len(paths) for paths, _ in reasons)
+    if skipped:
+        lines.append(f"localspec: skipped {skipped}: "
+                     + "; ".join(f"{len(paths)} {why} ({_names(paths)})" for paths, why in reasons if paths))
+    if s["lossy"]:
+        lines.append(f"localspec: {len(s['lossy'])} files had invalid UTF-8 past their start, replaced by U+FFFD "
+                     f"({_names(s['lossy'])})")
+    lines.append(f"localspec: store {s['store']} ({human_size(s['store_bytes'])})")
+    return "\n".join(lines)
+
+
+def _names(paths: list[str], shown: int = 3) -> str:
+    names = ", ".join(paths[:shown])
+    return names + (f", … {len(paths) - shown} more" if len(paths) > shown else "")

@@ -1,0 +1,415 @@
+"""A personal store of past outputs: what the model wrote before, drafted again.
+
+Each reply (with the last few tokens of the context it answered) is kept as one
+document in a per-tokenizer file in the user data dir, so the phrasings a
+user's work repeats are drafted from the first step of a new chat. The store
+is one more ``NgramSource`` of the context n-gram drafter; every draft is
+verified by the target, so a stale or odd history costs a little compute and
+never changes the output. ``LOCALSPEC_NO_HISTORY=1`` turns it off.
+
+File: ``<data dir>/personal/<fingerprint[:16]>.tokens`` (the data dir is
+``$LOCALSPEC_DATA_DIR``, else ``$XDG_DATA_HOME/localspec``, else
+``~/.local/share/localspec``). All integers little-endian::
+
+    magic    8 bytes  b"LSPHIST\\0"
+    version  uint32   FORMAT_VERSION
+    fp_len   uint32   bytes of the fingerprint that follows
+    fp       ascii    the tokenizer fingerprint (gguf_info.tokenizer_fingerprint)
+    records  n uint32 | crc32 uint32 (of n's 4 bytes, then the tokens) | tokens int32[n]
+
+Why an append-only log rather than rewriting the file: two runs saving at once
+would each rewrite the whole file and the last would silently drop the
+other's reply; an append costs the reply's bytes, not the store's. Appends
+(and the occasional compaction) hold an exclusive ``flock`` on a sidecar
+``.lock`` file, which compaction never replaces, so every process locks the
+same thing. Readers take no lock: a record still being written, or one torn
+by a crash, fails its length or checksum check and reads as the end of the
+file; the next writer (holding the lock, so no live writer is mid-record)
+truncates it away. A damaged record in the middle ends the readable part the
+same way: what follows it is dropped, never misread. The size stays bounded:
+when the file holds more than ``max_tokens`` by a quarter, it is compacted to
+the most recent ``max_tokens`` (temp file, fsync, ``os.replace``).
+
+In memory only the most recent ``index_tokens`` are searched, through a suffix
+array (opening a store this way takes about 0.1 s at 200k tokens; building
+an ``NgramIndex`` over them takes 1.3-1.7 s of Python). Lookups rank like
+``NgramIndex.lookup``: the longest matched suffix of the context (up to
+``max_len`` tokens), its ``max_occurrences`` most recent occurrences,
+recency-weighted. Documents are separated by negative tokens, so no match and
+no continuation crosses from one reply into another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import struct
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from localspec.drafting.ngram import Lookup, NgramDrafter, cut_at_separator, rank_continuations
+from localspec.drafting.suffix_array import Store, build_suffix_array
+from localspec.paths import atomic_write
+from localspec.errors import StoreError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: appends rely on O_APPEND alone
+    fcntl = None  # type: ignore[assignment]
+
+MAGIC = b"LSPHIST\0"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sII")  # magic, version, fingerprint length
+_RECORD = struct.Struct("<II")  # token count, crc32
+DEFAULT_MAX_TOKENS = 1_000_000
+DEFAULT_INDEX_TOKENS = 200_000
+CONTEXT_TOKENS = 8  # context kept before each reply, so a new chat's first step can match it
+_SLACK = 4  # compact when the file passes max_tokens by 1/_SLACK
+_OPT_OUT = "set LOCALSPEC_NO_HISTORY=1 to stop keeping it"
+_FINGERPRINT_RE = re.compile(r"^[0-9A-Za-z_-]+$")
+
+
+def history_disabled() -> bool:
+    """Whether the user opted out (``LOCALSPEC_NO_HISTORY`` set to anything but 0/false/no/off)."""
+    value = os.environ.get("LOCALSPEC_NO_HISTORY", "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
+def personal_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    from localspec.paths import data_dir as default_data_dir
+
+    return Path(data_dir if data_dir is not None else default_data_dir()) / "personal"
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What opening found: ``documents``/``tokens`` on disk, ``indexed`` tokens
+    searched in memory, ``dropped_bytes`` of torn or damaged tail ignored."""
+
+    documents: int = 0
+    tokens: int = 0
+    indexed: int = 0
+    dropped_bytes: int = 0
+    seconds: float = 0.0
+
+
+class PersonalStore:
+    """Past outputs for one tokenizer: an ``NgramSource`` plus an append-only file.
+
+    ``add`` puts a document in memory (searched at once); ``save`` appends what
+    was added since the last save to the file. Not thread-safe; safe across
+    processes.
+    """
+
+    def __init__(self, path: Path, fingerprint: str, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 index_tokens: int = DEFAULT_INDEX_TOKENS, max_len: int = 16, max_occurrences: int = 32,
+                 recency_decay: float = 0.95) -> None:
+        if max_tokens < 1 or index_tokens < 1:
+            raise ValueError("max_tokens and index_tokens must be at least 1")
+        if not _FINGERPRINT_RE.match(fingerprint):
+            raise ValueError("a fingerprint is letters, digits, - and _")
+        self.path, self.fingerprint = path, fingerprint
+        self.max_tokens = max_tokens
+        self.index_tokens = min(index_tokens, max_tokens)
+        self.max_len, self.max_occurrences = max_len, max_occurrences
+        self._weights = [recency_decay**r for r in range(max_occurrences)]  # most recent first
+        self._docs: list[np.ndarray] = []  # the most recent index_tokens, oldest first
+        self._indexed = 0  # tokens in _docs
+        self._pending: list[np.ndarray] = []  # added, not yet saved
+        self._index: Store | None = None
+        self._dirty = False
+        self.report = LoadReport()
+
+    @classmethod
+    def open(cls, fingerprint: str, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+             index_tokens: int = DEFAULT_INDEX_TOKENS, data_dir: str | os.PathLike[str] | None = None
+             ) -> "PersonalStore":
+        """Load the store for ``fingerprint`` (empty when there is none yet).
+
+        Raises StoreError (one line) for a file that is not a history, was
+        written by a newer localspec, belongs to another tokenizer, or cannot
+        be read. A torn or damaged tail is not an error: it is skipped
+        (``report.dropped_bytes``) and cut off by the next save.
+        """
+        path = personal_dir(data_dir) / f"{fingerprint[:16]}.tokens"
+        store = cls(path, fingerprint, max_tokens=max_tokens, index_tokens=index_tokens)
+        store._load()
+        return store
+
+    # --- reading -----------------------------------------------------------
+    def _load(self) -> None:
+        started = time.perf_counter()
+        try:
+            buf = self.path.read_bytes()
+        except FileNotFoundError:
+            self.report = LoadReport(seconds=time.perf_counter() - started)
+            return
+        except OSError as err:
+            raise StoreError(f"cannot read personal history {self.path}: {err.strerror or err}; {_OPT_OUT}") from None
+        start = self._check_header(buf)
+        records, end = _scan(buf, start)
+        total = sum(n for _, n in records)
+        docs: list[np.ndarray] = []
+        kept = 0
+        for offset, n in reversed(records):
+            if kept >= self.index_tokens:
+                break
+            take = min(n, self.index_tokens - kept)
+            # Copied out of the file's bytes so the buffer can go.
+            docs.append(np.frombuffer(buf, dtype="<i4", count=take, offset=offset + 4 * (n - take)).astype(np.int32))
+            kept += take
+        self._docs, self._indexed = docs[::-1], kept
+        self._dirty = True
+        self.build_index()
+        self.report = LoadReport(len(records), total, kept, len(buf) - end, time.perf_counter() - started)
+
+    def _check_header(self, buf: bytes) -> int:
+        """The offset of the first record; StoreError when the header is not ours."""
+        if len(buf) < _HEADER.size or buf[:8] != MAGIC:
+            raise StoreError(f"{self.path} is not a localspec personal history (bad magic); "
+                             f"delete it, or {_OPT_OUT}")
+        _, version, fp_len = _HEADER.unpack_from(buf)
+        if version != FORMAT_VERSION:
+            raise StoreError(f"personal history {self.path} has format version {version}, this localspec reads "
+                             f"{FORMAT_VERSION}; upgrade localspec, delete the file, or {_OPT_OUT}")
+        fp = buf[_HEADER.size : _HEADER.size + fp_len].decode("ascii", errors="replace")
+        if fp != self.fingerprint:
+            raise StoreError(f"personal history {self.path} belongs to another tokenizer ({fp[:8]}… vs "
+                             f"{self.fingerprint[:8]}…); delete it, or {_OPT_OUT}")
+        return _HEADER.size + fp_len
+
+    def build_index(self) -> None:
+        """(Re)build the in-memory suffix array if documents were added since."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        if not self._docs:
+            self._index = None
+            return
+        parts: list[np.ndarray] = []
+        starts: list[int] = []
+        n = 0
+        for i, doc in enumerate(self._docs):
+            starts.append(n)
+            parts += [doc, np.array([-(i + 1)], dtype=np.int32)]  # distinct separators end ties early
+            n += len(doc) + 1
+        tokens = np.concatenate(parts)
+        sa = build_suffix_array(tokens)
+        sa = sa[tokens[sa] >= 0]
+        self._index = Store(self.path, self.fingerprint, tokens, sa, np.asarray(starts, dtype=np.int64),
+                            max_len=self.max_len)
+
+    def __len__(self) -> int:
+        """Tokens searched in memory (separators not counted)."""
+        return self._indexed
+
+    @property
+    def documents(self) -> int:
+        """Documents searched in memory."""
+        return len(self._docs)
+
+    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8) -> Lookup | None:
+        """Continuations of the longest suffix of ``context`` found in past outputs,
+        from its most recent occurrences, recency-weighted (as ``NgramIndex.lookup``)."""
+        self.build_index()
+        index = self._index
+        if index is None or max_tokens < 1:
+            return None
+        m, lo, hi = index.longest_suffix_match(context)
+        if m == 0:
+            return None
+        positions = index.suffixes[lo:hi]
+        k = min(self.max_occurrences, len(positions))
+        if len(positions) > k:
+            positions = np.partition(positions, len(positions) - k)[-k:]
+        # Documents are stored oldest first, so a later position is a more recent occurrence.
+        starts = (np.sort(positions)[::-1].astype(np.int64) + m).tolist()
+        toks = index.tokens
+        conts = [cut_at_separator(toks[p : p + max_tokens].tolist()) for p in starts]
+        found = rank_continuations(m, hi - lo, conts, starts, self._weights[:k], max_candidates)
+        return found if found.candidates else None
+
+    # --- writing -----------------------------------------------------------
+    def add(self, tokens: Sequence[int] | np.ndarray, *, context: Sequence[int] | np.ndarray = ()) -> None:
+        """Keep ``tokens`` (one reply) as a document, preceded by the last
+        ``CONTEXT_TOKENS`` of ``context`` (what it answered), so the next time
+        that context ends a prompt the reply can be drafted from the first step.
+        Searched at once; written by ``save``."""
+        reply = _token_array(tokens)
+        if not len(reply):
+            return
+        head = _token_array(context)[-CONTEXT_TOKENS:]
+        doc = np.concatenate([head, reply]) if len(head) else reply
+        doc = doc[-self.max_tokens :]
+        self._pending.append(doc)
+        self._docs.append(doc)
+        self._indexed += len(doc)
+        if self._indexed > self.index_tokens:
+            self._docs = _most_recent(self._docs, self.index_tokens)
+            self._indexed = self.index_tokens
+        self._dirty = True
+
+    @property
+    def pending(self) -> int:
+        """Documents added and not yet saved."""
+        return len(self._pending)
+
+    def save(self) -> None:
+        """Append the documents added since the last save, then compact the file
+        if it outgrew ``max_tokens``. Raises StoreError when the file cannot be
+        written (nothing is lost from memory; a later save retries)."""
+        if not self._pending:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with _locked(self.path.with_name(self.path.name + ".lock")):
+                total = self._append_locked(self._pending)
+                if total > self.max_tokens + self.max_tokens // _SLACK:
+                    self._compact_locked()
+        except OSError as err:
+            why = err.strerror or err
+            raise StoreError(f"cannot save personal history to {self.path}: {why}; {_OPT_OUT}") from None
+        self._pending = []
+
+    def _header_bytes(self) -> bytes:
+        fp = self.fingerprint.encode("ascii")
+        return _HEADER.pack(MAGIC, FORMAT_VERSION, len(fp)) + fp
+
+    def _append_locked(self, docs: list[np.ndarray]) -> int:
+        """Append ``docs`` (the lock held); returns the tokens now in the file.
+
+        The whole file is read and checked each time (about 20 ms with the
+        fsync at the size bound): remembering how far it was valid would need
+        the file's identity, and inode numbers are reused after a compaction.
+        """
+        if not self.path.exists():
+            _write_atomically(self.path, [self._header_bytes()])
+        with open(self.path, "r+b") as f:
+            buf = f.read()
+            records, end = _scan(buf, self._check_header(buf))
+            if end < len(buf):
+                f.truncate(end)  # a torn tail left by a crashed writer: no live writer holds the lock
+            f.seek(end)
+            f.write(b"".join(_record(d) for d in docs))
+            f.flush()
+            os.fsync(f.fileno())
+        return sum(n for _, n in records) + sum(len(d) for d in docs)
+
+    def _compact_locked(self) -> None:
+        """Rewrite the file with its most recent ``max_tokens`` (the lock held)."""
+        buf = self.path.read_bytes()
+        records, _ = _scan(buf, self._check_header(buf))
+        docs = _most_recent([np.frombuffer(buf, dtype="<i4", count=n, offset=off) for off, n in records],
+                            self.max_tokens)
+        body = [self._header_bytes()] + [_record(d) for d in docs]
+        _write_atomically(self.path, body)
+
+
+def _token_array(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if len(arr) and (arr.min() < 0 or arr.max() >= 2**31):
+        raise ValueError("token ids must be in [0, 2**31)")
+    return arr.astype(np.int32)
+
+
+def _most_recent(docs: list[np.ndarray], limit: int) -> list[np.ndarray]:
+    """The last ``limit`` tokens of ``docs``, as whole documents but the oldest,
+    which keeps its end."""
+    out: list[np.ndarray] = []
+    kept = 0
+    for doc in reversed(docs):
+        if kept >= limit:
+            break
+        take = min(len(doc), limit - kept)
+        out.append(doc[len(doc) - take :])
+        kept += take
+    return out[::-1]
+
+
+def _record(doc: np.ndarray) -> bytes:
+    n = struct.pack("<I", len(doc))
+    payload = np.ascontiguousarray(doc, dtype="<i4").tobytes()
+    return n + struct.pack("<I", zlib.crc32(payload, zlib.crc32(n))) + payload
+
+
+def _scan(buf: bytes, start: int) -> tuple[list[tuple[int, int]], int]:
+    """``[(offset of the tokens, count)]`` of the whole records from ``start``, and
+    where the last one ends: a short, empty or mis-checksummed record ends the scan."""
+    records: list[tuple[int, int]] = []
+    pos, size = start, len(buf)
+    view = memoryview(buf)
+    while pos + _RECORD.size <= size:
+        n, crc = _RECORD.unpack_from(buf, pos)
+        stop = pos + _RECORD.size + 4 * n
+        if n == 0 or stop > size or zlib.crc32(view[pos + _RECORD.size : stop], zlib.crc32(view[pos : pos + 4])) != crc:
+            break
+        records.append((pos + _RECORD.size, n))
+        pos = stop
+    return records, pos
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive lock between processes (flock on a file that is never replaced)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_atomically(path: Path, parts: list[bytes]) -> None:
+    with atomic_write(path, mode=0o600) as f:
+        for part in parts:
+            f.write(part)
+
+
+def personal_ngram_drafter(model_path: str | os.PathLike[str], *, max_branches: int = 4) -> NgramDrafter:
+    """The context n-gram drafter with ``model_path``'s personal store as a source
+    (none with ``LOCALSPEC_NO_HISTORY=1``). Raises StoreError for an unusable store file."""
+    drafter = NgramDrafter(max_branches=max_branches)
+    if not history_disabled():
+        from localspec.gguf_info import tokenizer_fingerprint
+
+        drafter.sources.append(PersonalStore.open(tokenizer_fingerprint(model_path)))
+    return drafter
+
+
+def find_personal_store(obj: object) -> PersonalStore | None:
+    """The personal store of a store, an n-gram drafter (its sources) or a drafter set."""
+    if isinstance(obj, PersonalStore):
+        return obj
+    for source in getattr(obj, "sources", ()):
+        if isinstance(source, PersonalStore):
+            return source
+    for drafter in getattr(obj, "drafters", ()):
+        found = find_personal_store(drafter)
+        if found is not None:
+            return found
+    return None
+
+
+def remember(drafter_or_store: object, tokens: Sequence[int] | np.ndarray, *,
+             context: Sequence[int] | np.ndarray = ()) -> bool:
+    """After a reply: keep ``tokens`` (the reply, without its end-of-generation
+    token) with the tail of ``context`` (the prompt it answered) in the
+    personal store behind ``drafter_or_store``, and append it to the file.
+    The in-memory index is rebuilt at the next lookup (or call
+    ``find_personal_store(x).build_index()`` when idle), so a one-shot run
+    does not pay for it. Returns False (and does nothing) when there is no
+    store or history is off. Raises StoreError when the file cannot be written."""
+    store = find_personal_store(drafter_or_store)
+    if store is None or history_disabled() or not len(tokens):
+        return False
+    store.add(tokens, context=context)
+    store.save()
+    return True
