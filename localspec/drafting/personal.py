@@ -45,7 +45,6 @@ import contextlib
 import os
 import re
 import struct
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass

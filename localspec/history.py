@@ -1,0 +1,200 @@
+"""Chat history: each chat session is one JSON file, rewritten atomically after every change.
+
+Layout: ``<data dir>/sessions/<id>.json`` where the data dir is
+``$LOCALSPEC_DATA_DIR``, else ``$XDG_DATA_HOME/localspec``, else
+``~/.local/share/localspec``. A session file is replaced with ``os.replace``
+after its new contents were fsynced to a temporary file in the same folder, so
+a crash mid-write leaves the previous version intact, never a truncated file.
+
+This module is UI-free: the TUI and any other front end use it the same way.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localspec.paths import atomic_write, data_dir
+from localspec.errors import LocalspecError
+from localspec.events import GenerationStats
+
+FORMAT = 1
+"""Version of the session file layout; bumped if a field changes meaning."""
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class SessionError(LocalspecError):
+    """A saved chat session is missing, unreadable or corrupt."""
+
+
+def sessions_dir() -> Path:
+    return data_dir() / "sessions"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_session_id() -> str:
+    """Sortable by creation time, unique without coordination: ``20250131-142502-3fa2c1``."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def stats_summary(stats: GenerationStats, drafter: str | None) -> dict[str, Any]:
+    """The few numbers worth keeping with a reply (the full stats are per-step noise)."""
+    return {
+        "drafter": drafter,
+        "tokens": stats.tokens,
+        "steps": stats.steps,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "tokens_per_step": round(stats.tokens_per_step, 4),
+        "tokens_per_second": round(stats.tokens_per_second, 3),
+        "elapsed_s": round(stats.elapsed_s, 4),
+    }
+
+
+@dataclass
+class SessionMessage:
+    """One chat turn. ``finish_reason`` and ``stats`` are set for assistant replies only."""
+
+    role: str
+    content: str
+    finish_reason: str | None = None
+    stats: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.finish_reason is not None:
+            out["finish_reason"] = self.finish_reason
+        if self.stats is not None:
+            out["stats"] = self.stats
+        return out
+
+
+@dataclass
+class Session:
+    """A chat session: its messages, its system prompt and the models it was held with."""
+
+    id: str = field(default_factory=new_session_id)
+    system: str | None = None
+    model: str | None = None
+    draft: str | None = None
+    created: str = field(default_factory=_now)
+    updated: str = field(default_factory=_now)
+    messages: list[SessionMessage] = field(default_factory=list)
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The conversation as the engine's chat template wants it (system prompt first)."""
+        out = [{"role": "system", "content": self.system}] if self.system else []
+        out.extend({"role": m.role, "content": m.content} for m in self.messages)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "id": self.id, "created": self.created, "updated": self.updated,
+            "model": self.model, "draft": self.draft, "system": self.system,
+            "messages": [m.to_json() for m in self.messages],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Session":
+        """Parse a session file's object; raises ValueError/TypeError/KeyError on a bad shape."""
+        if not isinstance(data, dict):
+            raise ValueError("the top level is not an object")
+        if data.get("format") != FORMAT:
+            raise ValueError(f"unknown format {data.get('format')!r} (this localspec reads {FORMAT})")
+        messages = []
+        for m in data["messages"]:
+            if not isinstance(m, dict) or not isinstance(m["role"], str) or not isinstance(m["content"], str):
+                raise ValueError("a message lacks a string role or content")
+            messages.append(SessionMessage(m["role"], m["content"], m.get("finish_reason"), m.get("stats")))
+        session_id = data["id"]
+        if not isinstance(session_id, str) or not _ID_RE.match(session_id):
+            raise ValueError(f"bad id {session_id!r}")
+        return cls(id=session_id, system=data.get("system"), model=data.get("model"), draft=data.get("draft"),
+                   created=str(data.get("created", "")), updated=str(data.get("updated", "")),
+                   messages=messages)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A saved session as listed (the file is not parsed)."""
+
+    id: str
+    path: Path
+    modified_ns: int
+
+
+def session_path(session_id: str, directory: Path | None = None) -> Path:
+    if not _ID_RE.match(session_id):
+        raise SessionError(f"{session_id!r} is not a session id; ids look like 20250131-142502-3fa2c1")
+    return (directory or sessions_dir()) / f"{session_id}.json"
+
+
+def save_session(session: Session, directory: Path | None = None) -> Path:
+    """Write ``session`` atomically (temp file in the same folder, fsync, os.replace); returns its path.
+
+    Either the old file or the complete new one is on disk at every moment.
+    """
+    path = session_path(session.id, directory)
+    session.updated = _now()
+    data = json.dumps(session.to_json(), ensure_ascii=False, indent=1).encode("utf-8")
+    with atomic_write(path) as f:
+        f.write(data)
+    return path
+
+
+def list_sessions(directory: Path | None = None) -> list[SessionInfo]:
+    """Saved sessions, most recently written first. Leftover temp files are ignored."""
+    folder = directory or sessions_dir()
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.glob("*.json"):
+        if path.name.startswith(".") or not _ID_RE.match(path.stem):
+            continue
+        try:
+            found.append(SessionInfo(path.stem, path, path.stat().st_mtime_ns))
+        except FileNotFoundError:  # removed while we looked
+            continue
+    # Ids start with their creation time, so they break ties between equal mtimes.
+    found.sort(key=lambda s: (s.modified_ns, s.id), reverse=True)
+    return found
+
+
+def load_session(session_id: str, directory: Path | None = None) -> Session:
+    """The saved session ``session_id``; SessionError if it is missing or its file is corrupt."""
+    path = session_path(session_id, directory)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        known = [s.id for s in list_sessions(directory)[:5]]
+        hint = f"recent sessions: {', '.join(known)}" if known else f"there are no saved sessions in {path.parent}"
+        raise SessionError(f"no saved session {session_id!r}; {hint}") from None
+    except OSError as err:
+        raise SessionError(f"cannot read session file {path}: {err.strerror}") from None
+    try:
+        session = Session.from_json(json.loads(raw.decode("utf-8")))
+    except (ValueError, TypeError, KeyError) as err:
+        detail = f"missing field {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
+        raise SessionError(
+            f"session file {path} is corrupt ({detail}); move it aside to start afresh"
+        ) from None
+    if session.id != session_id:
+        raise SessionError(f"session file {path} is corrupt (it holds session {session.id!r})")
+    return session
+
+
+def latest_session(directory: Path | None = None) -> Session | None:
+    """The most recently written session, or None when nothing was saved yet."""
+    sessions = list_sessions(directory)
+    return load_session(sessions[0].id, directory) if sessions else None

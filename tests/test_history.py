@@ -1,0 +1,168 @@
+"""Chat history: atomic writes, clear errors for broken files, listing and the latest session."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from localspec import history
+from localspec.errors import LocalspecError
+from localspec.events import DrafterStats, GenerationStats
+from localspec.history import (
+    Session,
+    SessionError,
+    SessionMessage,
+    latest_session,
+    list_sessions,
+    load_session,
+    save_session,
+    stats_summary,
+)
+
+
+def make_session(*turns: str) -> Session:
+    s = Session(system="be brief", model="target", draft="draft")
+    for i, text in enumerate(turns):
+        s.messages.append(SessionMessage("user" if i % 2 == 0 else "assistant", text))
+    return s
+
+
+def test_round_trip_keeps_roles_content_finish_reason_and_stats(tmp_path: Path) -> None:
+    stats = GenerationStats(tokens=10, steps=4, drafted=12, accepted=6, elapsed_s=0.5,
+                            drafters=(DrafterStats("draft", 4, 12, 6),))
+    s = make_session("hi")
+    s.messages.append(SessionMessage("assistant", "héllo ✓", "cancelled", stats_summary(stats, "draft")))
+    save_session(s, tmp_path)
+    back = load_session(s.id, tmp_path)
+    assert back.messages == s.messages
+    assert back.system == "be brief" and back.model == "target" and back.draft == "draft"
+    reply = back.messages[-1]
+    assert reply.finish_reason == "cancelled"
+    assert reply.stats == {"drafter": "draft", "tokens": 10, "steps": 4, "drafted": 12, "accepted": 6,
+                           "acceptance_rate": 0.5, "tokens_per_step": 2.5, "tokens_per_second": 20.0,
+                           "elapsed_s": 0.5}
+    assert back.chat_messages() == [{"role": "system", "content": "be brief"},
+                                    {"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "héllo ✓"}]
+
+
+def test_data_dir_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("LOCALSPEC_DATA_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert history.sessions_dir() == tmp_path / "xdg" / "localspec" / "sessions"
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path / "own"))
+    assert history.sessions_dir() == tmp_path / "own" / "sessions"
+    monkeypatch.delenv("LOCALSPEC_DATA_DIR")
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert history.sessions_dir() == tmp_path / "home" / ".local" / "share" / "localspec" / "sessions"
+
+
+def test_default_directory_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path))
+    s = make_session("hello")
+    path = save_session(s)
+    assert path == tmp_path / "sessions" / f"{s.id}.json"
+    assert latest_session().id == s.id
+
+
+@pytest.mark.parametrize("fail_at", ["write", "fsync", "replace"])
+def test_a_crash_mid_write_leaves_the_previous_file_intact(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          fail_at: str) -> None:
+    s = make_session("first")
+    path = save_session(s, tmp_path)
+    before = path.read_bytes()
+    s.messages.append(SessionMessage("assistant", "second " * 1000))
+
+    class Crash(Exception):
+        pass
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise Crash
+
+    if fail_at == "write":
+        # The new contents are half written when the process "dies".
+        real_fdopen = os.fdopen
+
+        def half_writer(fd: int, mode: str = "r", *a: object, **k: object):
+            f = real_fdopen(fd, mode, *a, **k)
+            real_write = f.write
+
+            def write(data: bytes) -> int:
+                real_write(data[: len(data) // 2])
+                f.flush()
+                raise Crash
+            f.write = write  # type: ignore[method-assign]
+            return f
+        monkeypatch.setattr(history.os, "fdopen", half_writer)
+    else:
+        monkeypatch.setattr(history.os, fail_at, crash)
+    with pytest.raises(Crash):
+        save_session(s, tmp_path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert [m.content for m in load_session(s.id, tmp_path).messages] == ["first"]
+    # The temporary file is cleaned up (and would be ignored by listing if a real crash left it).
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_leftover_temp_files_are_ignored(tmp_path: Path) -> None:
+    s = make_session("x")
+    save_session(s, tmp_path)
+    (tmp_path / f".{s.id}.abc123.tmp").write_text("{half")
+    assert [i.id for i in list_sessions(tmp_path)] == [s.id]
+
+
+def test_corrupt_file_gives_a_clear_error_naming_the_file(tmp_path: Path) -> None:
+    s = make_session("x")
+    path = save_session(s, tmp_path)
+    path.write_text('{"format": 1, "id": "' + s.id + '", "messages": [')
+    with pytest.raises(SessionError) as info:
+        load_session(s.id, tmp_path)
+    assert isinstance(info.value, LocalspecError)
+    message = str(info.value)
+    assert str(path) in message and "corrupt" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("content", [
+    b"\xff\xfe not utf-8",
+    b"[]",
+    b'{"format": 99, "id": "x", "messages": []}',
+    b'{"format": 1, "messages": []}',
+    b'{"format": 1, "id": "ID", "messages": [{"role": "user"}]}',
+    b'{"format": 1, "id": "ID", "messages": [{"role": 1, "content": "x"}]}',
+    b'{"format": 1, "id": "someone-else", "messages": []}',
+])
+def test_malformed_sessions_are_reported_as_corrupt(tmp_path: Path, content: bytes) -> None:
+    sid = "20250101-000000-aaaaaa"
+    (tmp_path / f"{sid}.json").write_bytes(content.replace(b"ID", sid.encode()))
+    with pytest.raises(SessionError, match="corrupt"):
+        load_session(sid, tmp_path)
+
+
+def test_missing_session_lists_what_exists(tmp_path: Path) -> None:
+    s = make_session("x")
+    save_session(s, tmp_path)
+    with pytest.raises(SessionError, match=f"no saved session 'nope'.*{s.id}"):
+        load_session("nope", tmp_path)
+    with pytest.raises(SessionError, match="not a session id"):
+        load_session("../etc/passwd", tmp_path)
+
+
+def test_listing_and_latest(tmp_path: Path) -> None:
+    assert list_sessions(tmp_path / "missing") == []
+    assert latest_session(tmp_path) is None
+    first, second = make_session("a"), make_session("b")
+    save_session(first, tmp_path)
+    save_session(second, tmp_path)
+    os.utime(tmp_path / f"{first.id}.json", ns=(1_000_000_000, 1_000_000_000))
+    assert [i.id for i in list_sessions(tmp_path)] == [second.id, first.id]
+    assert latest_session(tmp_path).id == second.id
+    # Writing the older session again makes it the latest.
+    first.messages.append(SessionMessage("assistant", "reply"))
+    save_session(first, tmp_path)
+    assert latest_session(tmp_path).id == first.id
+    assert json.loads((tmp_path / f"{first.id}.json").read_text())["messages"][-1]["content"] == "reply"

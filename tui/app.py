@@ -1,0 +1,358 @@
+"""The ``localspec run`` chat app: a chat pane and a live speculation dashboard.
+
+Threading: the engine is not thread-safe, so every use of it happens on a
+worker thread holding ``_engine_lock`` (replies and plain-speed runs take
+turns). Workers only post messages (``localspec_tui.messages``); handlers on
+the UI thread update widgets and write the history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Footer, Header, Input, Static
+from textual.worker import get_current_worker
+
+from localspec.backend import gpu_offload_supported
+from localspec.engine import Engine, GenerateOptions
+from localspec.errors import LocalspecError
+from localspec.events import DoneEvent, GenerationStats
+from localspec.history import Session, SessionMessage, save_session, stats_summary
+from localspec_tui.dashboard import Dashboard
+from localspec_tui.messages import (
+    PlainSpeedFailed,
+    PlainSpeedMeasured,
+    ReplyFailed,
+    ReplyFinished,
+    ReplyProgress,
+)
+from localspec_tui.streaming import measure_plain_speed, stream_reply
+from localspec_tui.widgets import (
+    ReplyView,
+    StatusLine,
+    SystemPromptScreen,
+    UserMessage,
+    drafter_colours,
+    legend,
+)
+
+OFF = "off"
+"""The drafter choice that turns speculation off (plain decoding)."""
+
+
+class LocalspecApp(App[int]):
+    """Chat with ``engine``; every turn and reply is saved to ``session`` as it happens.
+
+    ``opts`` are the CLI's generation options; the drafter choice (key ctrl+o)
+    overrides ``speculative``/``drafter`` per reply. ``history_dir`` None
+    means the user's data dir. ``plain_tokens`` is the length of the plain
+    baseline run, measured at start when ``measure_on_start``.
+    """
+
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses live elsewhere
+    TITLE = "localspec"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("escape", "stop", "Stop reply"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+s", "edit_system", "System prompt"),
+        Binding("ctrl+o", "next_drafter", "Drafter"),
+        Binding("ctrl+t", "toggle_colours", "Colours"),
+        Binding("ctrl+r", "measure_plain", "Plain speed"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, engine: Engine, opts: GenerateOptions | None = None, *, session: Session | None = None,
+                 system: str | None = None, history_dir: Path | None = None, plain_tokens: int = 24,
+                 measure_on_start: bool = True) -> None:
+        super().__init__()
+        self.engine = engine
+        self.base_opts = opts or GenerateOptions()
+        self.history_dir = history_dir
+        names = engine.drafter_names()
+        self.session = session or Session(model=engine.target.name,
+                                          draft=engine.draft.name if engine.draft is not None else None)
+        if system is not None:
+            self.session.system = system or None
+        self.drafter_choices = [*names, OFF]
+        wanted = self.base_opts.drafter if self.base_opts.speculative and self.base_opts.draft_max > 0 else OFF
+        self.drafter = wanted if wanted in self.drafter_choices else self.drafter_choices[0]
+        self.colours = drafter_colours(names)
+        self.colour = True
+        self.plain_tokens = plain_tokens
+        self.measure_on_start = measure_on_start
+        self.plain_tok_s = 0.0
+        self.last_done: DoneEvent | None = None
+        self.reply_running = False
+        self.measuring = False
+        self._engine_lock = threading.Lock()
+        self._reply_id = 0
+        self._reply_view: ReplyView | None = None
+        self._user_view: UserMessage | None = None
+        self._cancel = threading.Event()
+        self._shutting_down = threading.Event()
+
+    # --- layout ------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            with Vertical(id="chat-column"):
+                with VerticalScroll(id="chat"):
+                    yield Static(id="system-note")
+                yield StatusLine(id="status")
+                yield Input(placeholder="Message (Enter sends)", id="prompt")
+            yield Dashboard(legend=legend(self.colours), id="dashboard")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = self.model_line()
+        self.query_one("#chat", VerticalScroll).anchor()
+        dashboard = self.query_one(Dashboard)
+        dashboard.draft_max = self.base_opts.draft_max
+        dashboard.drafter = self.drafter
+        self.query_one(StatusLine).drafter = self.drafter
+        self._show_system_note()
+        for m in self.session.messages:
+            if m.role == "user":
+                self._chat().mount(UserMessage(m.content))
+            elif m.role == "assistant":
+                view = ReplyView(self.colours, colour=self.colour, text=m.content)
+                view.finish_reason = m.finish_reason
+                self._chat().mount(view)
+        if self.session.messages:
+            self.notify(f"resumed session {self.session.id}")
+        self.query_one("#prompt", Input).focus()
+        if self.measure_on_start:
+            self.action_measure_plain()
+
+    def model_line(self) -> str:
+        """'target → draft · GPU offload: yes/no', file names rather than metadata names (they show the quant)."""
+        line = self.engine.target.path.stem
+        if self.engine.draft is not None:
+            line += f" → draft {self.engine.draft.path.stem}"
+        return f"{line} · GPU offload: {'yes' if gpu_offload_supported() else 'no (CPU build)'}"
+
+    def _chat(self) -> VerticalScroll:
+        return self.query_one("#chat", VerticalScroll)
+
+    def _status(self) -> StatusLine:
+        return self.query_one(StatusLine)
+
+    def _show_system_note(self) -> None:
+        note = self.query_one("#system-note", Static)
+        note.update(f"system: {self.session.system}" if self.session.system else "")
+        note.display = bool(self.session.system)
+
+    # --- history -----------------------------------------------------------
+    def _save(self) -> None:
+        try:
+            save_session(self.session, self.history_dir)
+        except OSError as err:
+            self._error(f"could not save the chat history: {err}")
+
+    def _error(self, text: str) -> None:
+        """Show a user-caused failure as one line; the app keeps running."""
+        self._status().error = text
+        self.notify(text, severity="error", timeout=8)
+
+    # --- sending -----------------------------------------------------------
+    def reply_options(self) -> GenerateOptions:
+        """The options for the next reply: the CLI's, with the current drafter choice."""
+        if self.drafter == OFF:
+            return dataclasses.replace(self.base_opts, speculative=False, drafter=None)
+        return dataclasses.replace(self.base_opts, speculative=True, drafter=self.drafter)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text:
+            return
+        if self.reply_running:
+            self.notify("a reply is still streaming; press Esc to stop it", severity="warning")
+            return
+        event.input.clear()
+        self.session.messages.append(SessionMessage("user", text))
+        self._save()
+        self._reply_view = ReplyView(self.colours, colour=self.colour)
+        self._user_view = UserMessage(text)
+        self._chat().mount(self._user_view, self._reply_view)
+        self._reply_id += 1
+        self._cancel = threading.Event()
+        self.reply_running = True
+        self._status().error = ""
+        self._status().activity = "generating… (Esc stops)"
+        dashboard = self.query_one(Dashboard)
+        dashboard.drafter = self.drafter
+        dashboard.begin_reply()
+        self.refresh_bindings()
+        self._generate_reply(self._reply_id, self.session.chat_messages(), self.reply_options(),
+                             None if self.drafter == OFF else self.drafter, self._cancel)
+
+    @work(thread=True, exclusive=True, group="reply")
+    def _generate_reply(self, reply_id: int, messages: list[dict[str, str]], opts: GenerateOptions,
+                        drafter: str | None, cancel: threading.Event) -> None:
+        worker = get_current_worker()
+        with self._engine_lock:
+            if self._shutting_down.is_set():
+                return
+            try:
+                generation = self.engine.generate(self.engine.chat_tokens(messages), opts)
+            except LocalspecError as err:
+                self.post_message(ReplyFailed(reply_id, str(err), ends_reply=True))
+                return
+            stream_reply(generation, reply_id, self.post_message, drafter=drafter,
+                         should_stop=lambda: cancel.is_set() or worker.is_cancelled or self._shutting_down.is_set())
+
+    def on_reply_progress(self, message: ReplyProgress) -> None:
+        if message.reply_id != self._reply_id or self._reply_view is None:
+            return
+        self._reply_view.append(message.pieces)
+        self.query_one(Dashboard).show_stats(message.stats)
+
+    def on_reply_finished(self, message: ReplyFinished) -> None:
+        if message.reply_id != self._reply_id or self._reply_view is None:
+            return
+        done = message.done
+        self.last_done = done
+        self._reply_view.finish(done.finish_reason)
+        self.query_one(Dashboard).show_stats(done.stats)
+        self.session.messages.append(SessionMessage("assistant", done.text, done.finish_reason,
+                                                    stats_summary(done.stats, message.drafter)))
+        self._save()
+        self._end_reply(f"ready · last reply: {done.finish_reason}, {done.stats.tokens} tokens")
+        if done.finish_reason == "context":
+            self.notify("the context window is full; start a new chat (ctrl+n)", severity="warning")
+
+    def on_reply_failed(self, message: ReplyFailed) -> None:
+        if message.reply_id != self._reply_id:
+            return
+        if not message.ends_reply:  # a ReplyFinished with the partial text follows
+            self._error(message.error)
+            return
+        # Nothing was generated: the turn is taken back into the input box (and out of the
+        # history and the next prompt), so it can be shortened or sent in a new chat.
+        last = self.session.messages[-1] if self.session.messages else None
+        if last is not None and last.role == "user":
+            self.session.messages.pop()
+            self._save()
+            prompt = self.query_one("#prompt", Input)
+            prompt.value = last.content
+        for view in (self._user_view, self._reply_view):
+            if view is not None:
+                view.remove()
+        self._error(f"{message.error} (your message is back in the input; ctrl+n starts a new chat)")
+        self._end_reply("ready")
+
+    def _end_reply(self, activity: str) -> None:
+        self.reply_running = False
+        self._reply_view = self._user_view = None
+        self._status().activity = activity
+        self.refresh_bindings()
+
+    # --- plain speed baseline ----------------------------------------------
+    def action_measure_plain(self) -> None:
+        if self.measuring:
+            return
+        self.measuring = True
+        self._status().activity = "measuring plain speed…"
+        self._measure_plain()
+
+    @work(thread=True, exclusive=True, group="measure")
+    def _measure_plain(self) -> None:
+        with self._engine_lock:
+            if self._shutting_down.is_set():
+                return
+            try:
+                measure_plain_speed(self.engine, self.post_message, max_tokens=self.plain_tokens,
+                                    sampling=self.base_opts.sampling, should_stop=self._shutting_down.is_set)
+            except LocalspecError as err:
+                self.post_message(PlainSpeedFailed(str(err)))
+
+    def on_plain_speed_measured(self, message: PlainSpeedMeasured) -> None:
+        self.measuring = False
+        self.plain_tok_s = message.tokens_per_second
+        self.query_one(Dashboard).plain_tok_s = message.tokens_per_second
+        if not self.reply_running:
+            self._status().activity = f"ready · plain speed {message.tokens_per_second:.1f} tok/s"
+
+    def on_plain_speed_failed(self, message: PlainSpeedFailed) -> None:
+        self.measuring = False
+        self._error(f"measuring the plain speed failed: {message.error}")
+
+    # --- keys --------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if len(self.screen_stack) > 1 and action != "quit":
+            return False  # the system prompt editor is open: only its own keys apply
+        if action == "stop":
+            return True if self.reply_running else None
+        if action in ("new_chat", "edit_system"):
+            return None if self.reply_running else True
+        return True
+
+    def action_stop(self) -> None:
+        """Esc: end the reply after the current step; what was generated is kept."""
+        if self.reply_running:
+            self._cancel.set()
+            self._status().activity = "stopping…"
+
+    def action_new_chat(self) -> None:
+        if self.reply_running:
+            return
+        self.session = Session(system=self.session.system, model=self.session.model, draft=self.session.draft)
+        for widget in self._chat().query("UserMessage, ReplyView"):
+            widget.remove()
+        self.query_one(Dashboard).show_stats(GenerationStats())
+        self._status().activity = "ready · new chat"
+        self._status().error = ""
+
+    def action_next_drafter(self) -> None:
+        i = self.drafter_choices.index(self.drafter)
+        self.drafter = self.drafter_choices[(i + 1) % len(self.drafter_choices)]
+        self._status().drafter = self.drafter
+        dashboard = self.query_one(Dashboard)
+        if dashboard.stats.steps == 0:  # otherwise it still describes the last reply's drafter
+            dashboard.drafter = self.drafter
+        self.notify(f"the next reply uses drafter: {self.drafter}")
+
+    def action_toggle_colours(self) -> None:
+        self.colour = not self.colour
+        self._status().colour = self.colour
+        for view in self.query(ReplyView):
+            view.colour = self.colour
+
+    def action_edit_system(self) -> None:
+        if self.reply_running:
+            return
+
+        def done(text: str | None) -> None:
+            if text is None:
+                return
+            self.session.system = text or None
+            self._show_system_note()
+            if self.session.messages:
+                self._save()
+            self.notify("system prompt set" if text else "system prompt cleared")
+
+        self.push_screen(SystemPromptScreen(self.session.system or ""), done)
+
+    # --- shutdown ----------------------------------------------------------
+    def on_unmount(self) -> None:
+        self.wait_for_engine()
+
+    def wait_for_engine(self, timeout_s: float = 60.0) -> bool:
+        """Stop any generation and wait until no worker uses the engine (so it can be closed or reused).
+
+        A cancelled generation ends after its current step, so this waits at
+        most one step (or one prompt prefill). Returns False on timeout.
+        """
+        self._shutting_down.set()
+        self._cancel.set()
+        if self._engine_lock.acquire(timeout=timeout_s):
+            self._engine_lock.release()
+            return True
+        return False

@@ -1,0 +1,105 @@
+"""The worker side: turn the engine's event stream into throttled app messages.
+
+These functions run on the worker thread. They never touch a widget; they
+only call ``post`` (the app's thread-safe ``post_message``) with the typed
+messages from ``localspec_tui.messages``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+from textual.message import Message
+
+from localspec.engine import Engine, GenerateOptions, Generation
+from localspec.errors import LocalspecError
+from localspec.events import DoneEvent, StepEvent, TokenEvent
+from localspec.sampling import SamplingParams
+from localspec_tui.messages import Piece, PlainSpeedMeasured, ReplyFailed, ReplyFinished, ReplyProgress
+
+UPDATE_INTERVAL_S = 0.1
+"""At most ~10 UI updates per second: the dashboard cannot be read faster and Textual need not repaint faster."""
+
+PLAIN_PROMPT = "Count from one to fifty in words, separated by commas."
+"""A prompt with a long, predictable answer, so the baseline run rarely stops early."""
+
+Post = Callable[[Message], object]
+
+
+def stream_reply(generation: Generation, reply_id: int, post: Post, *, drafter: str | None,
+                 should_stop: Callable[[], bool] = lambda: False,
+                 interval_s: float = UPDATE_INTERVAL_S) -> DoneEvent:
+    """Iterate ``generation``, posting ReplyProgress at most every ``interval_s`` and one ReplyFinished.
+
+    The first step is posted at once (the user sees the reply start), later
+    ones are batched. Every released piece of text is posted before the
+    ReplyFinished, so the UI's reply equals ``done.text``. When ``should_stop()``
+    turns true the generation is cancelled and ends after its current step,
+    keeping what it produced. A LocalspecError mid-stream ends the reply with
+    ``finish_reason == "error"`` (its partial text kept) and a ReplyFailed.
+    """
+    pieces: list[Piece] = []
+    steps: list[StepEvent] = []
+    last_post = float("-inf")
+    done: DoneEvent | None = None
+
+    def flush() -> None:
+        nonlocal last_post
+        post(ReplyProgress(reply_id, tuple(pieces), tuple(steps), generation.stats()))
+        pieces.clear()
+        steps.clear()
+        last_post = time.monotonic()
+
+    try:
+        for event in generation:
+            if should_stop():
+                generation.cancel()
+            if isinstance(event, TokenEvent):
+                if not event.text:
+                    continue
+                if pieces and pieces[-1].drafter == event.drafter:
+                    pieces[-1] = Piece(pieces[-1].text + event.text, event.drafter)
+                else:
+                    pieces.append(Piece(event.text, event.drafter))
+            elif isinstance(event, StepEvent):
+                steps.append(event)
+                if time.monotonic() - last_post >= interval_s:
+                    flush()
+            elif isinstance(event, DoneEvent):
+                done = event
+    except LocalspecError as err:
+        done = dataclasses.replace(generation.interrupted(), finish_reason="error")
+        post(ReplyFailed(reply_id, str(err), ends_reply=False))
+    assert done is not None, "a generation always ends with a DoneEvent"
+    if pieces or steps:
+        flush()
+    post(ReplyFinished(reply_id, done, drafter))
+    return done
+
+
+def measure_plain_speed(engine: Engine, post: Post, *, max_tokens: int = 24,
+                        sampling: SamplingParams | None = None,
+                        should_stop: Callable[[], bool] = lambda: False) -> float | None:
+    """Generate ``max_tokens`` tokens without speculation and post their tokens/s (PlainSpeedMeasured).
+
+    This is the baseline the dashboard divides by. Returns None (posting
+    nothing) when stopped early by ``should_stop``. Raises LocalspecError (the
+    caller turns it into a PlainSpeedFailed).
+    """
+    tokens = engine.chat_tokens([{"role": "user", "content": PLAIN_PROMPT}])
+    opts = GenerateOptions(max_tokens=max_tokens, speculative=False, sampling=sampling or SamplingParams())
+    generation = engine.generate(tokens, opts)
+    done: DoneEvent | None = None
+    for event in generation:
+        if should_stop():
+            generation.cancel()
+        if isinstance(event, DoneEvent):
+            done = event
+    assert done is not None
+    if done.finish_reason == "cancelled":
+        return None
+    rate = done.stats.tokens_per_second
+    post(PlainSpeedMeasured(rate, done.stats))
+    return rate

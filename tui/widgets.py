@@ -1,0 +1,144 @@
+"""Chat widgets: user turns, streaming replies coloured by provenance, the status line, the system prompt editor."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.content import Content
+from textual.reactive import reactive
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Label, Static, TextArea
+
+from localspec_tui.messages import Piece
+
+PALETTE = ("#7fd962", "#5fb3f5", "#e3a6ff", "#f2c14e", "#4fd6be", "#ff9e64")
+"""Colours for drafters, assigned in the engine's drafter order; target tokens keep the plain foreground."""
+
+FINISH_NOTES = {
+    "cancelled": "stopped",
+    "length": "max tokens reached",
+    "context": "context full: start a new chat",
+    "error": "failed",
+    "interrupted": "interrupted",
+}
+
+
+def drafter_colours(names: Sequence[str]) -> dict[str, str]:
+    """A stable colour per drafter name (order of ``names``, wrapping around the palette)."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
+
+
+def legend(colours: dict[str, str]) -> Content:
+    """'■ target ■ draft …' in the colours replies use."""
+    parts: list[str | tuple[str, str]] = ["■ target"]
+    for name, colour in colours.items():
+        parts.extend(["  ", (f"■ {name}", colour)])
+    return Content.assemble(*parts)
+
+
+class UserMessage(Static):
+    """One user turn, shown verbatim (no markup is interpreted)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Content(text), classes="user-message")
+        self.text = text
+
+
+class ReplyView(Static):
+    """An assistant reply that grows as pieces arrive (append-only).
+
+    Pieces of consecutive tokens from the same source are merged into runs;
+    with ``colour`` on, drafter runs are drawn in that drafter's colour. The
+    text is shown verbatim (not as Markdown) because provenance is per token
+    and Markdown blocks cannot carry per-token styles.
+    """
+
+    colour: reactive[bool] = reactive(True, init=False)
+
+    def __init__(self, colours: dict[str, str], *, colour: bool = True, text: str = "") -> None:
+        super().__init__("", classes="reply")
+        self.colours = colours
+        self.runs: list[Piece] = [Piece(text, None)] if text else []
+        self.finish_reason: str | None = None
+        self.set_reactive(ReplyView.colour, colour)
+
+    @property
+    def text(self) -> str:
+        return "".join(run.text for run in self.runs)
+
+    def on_mount(self) -> None:
+        self._redraw()
+
+    def append(self, pieces: Sequence[Piece]) -> None:
+        for piece in pieces:
+            if self.runs and self.runs[-1].drafter == piece.drafter:
+                self.runs[-1] = Piece(self.runs[-1].text + piece.text, piece.drafter)
+            else:
+                self.runs.append(piece)
+        self._redraw()
+
+    def finish(self, finish_reason: str) -> None:
+        self.finish_reason = finish_reason
+        self._redraw()
+
+    def watch_colour(self) -> None:
+        self._redraw()
+
+    def _redraw(self) -> None:
+        parts: list[str | tuple[str, str]] = []
+        for run in self.runs:
+            style = self.colours.get(run.drafter or "", "") if self.colour and run.drafter else ""
+            parts.append((run.text, style) if style else run.text)
+        if not self.runs and self.finish_reason is None:
+            parts.append(("…", "dim"))
+        note = FINISH_NOTES.get(self.finish_reason or "")
+        if note:
+            parts.append((f"{' ' if self.runs else ''}[{note}]", "dim italic"))
+        self.update(Content.assemble(*parts))
+
+
+class StatusLine(Static):
+    """One line under the chat: the current drafter, colouring, what the engine is doing, the last error."""
+
+    drafter: reactive[str] = reactive("off")
+    colour: reactive[bool] = reactive(True)
+    activity: reactive[str] = reactive("ready")
+    error: reactive[str] = reactive("")
+
+    def render(self) -> Content:
+        # Most urgent first: a narrow terminal cuts the end of the line.
+        parts: list[str | tuple[str, str]] = [(self.error, "bold $error"), " · "] if self.error else []
+        parts.extend([self.activity, " · drafter ", (self.drafter, "bold"),
+                      f" · colours {'on' if self.colour else 'off'}"])
+        return Content.assemble(*parts)
+
+
+class SystemPromptScreen(ModalScreen[str | None]):
+    """Edit the system prompt: ctrl+s saves (dismisses with the text), Esc cancels (None)."""
+
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save", priority=True),
+        Binding("escape", "cancel", "Cancel"),
+    ]
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.initial = text
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="system-dialog"):
+            yield Label("System prompt (applies from the next reply; empty for none)")
+            yield TextArea(self.initial, id="system-text", soft_wrap=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(TextArea).focus()
+
+    def action_save(self) -> None:
+        self.dismiss(self.query_one(TextArea).text.strip())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
