@@ -162,9 +162,14 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
     for seq in range(1, n_seqs):
         target.copy_seq(0, seq, 0, n_past)
 
-    tokens = [history[-1], *tree.tokens]
-    positions = [n_past, *(n_past + d for d in tree.depths)]
-    seq_ids: list[Sequence[int]] = [range(n_seqs), *node_seqs]
+    # Batch order: depth first, most probable child first. llama.cpp places a batch
+    # in consecutive cells, so when the accepted path is the first one the kept cells
+    # stay contiguous, exactly where plain decoding would have put them.
+    order = _depth_first(tree)
+    row = {node: 1 + i for i, node in enumerate(order)}
+    tokens = [history[-1], *(tree.tokens[n] for n in order)]
+    positions = [n_past, *(n_past + tree.depths[n] for n in order)]
+    seq_ids: list[Sequence[int]] = [range(n_seqs), *(node_seqs[n] for n in order)]
     outputs = [True] * len(tokens)
     if extra is not None:
         base = 1 + len(leaves)
@@ -174,11 +179,14 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
         outputs += extra.outputs
     target.decode(tokens, positions, seq_ids, outputs)
 
+    def row_of(node: int) -> int:
+        return 0 if node == ROOT else row[node]
+
     if sampler.params.greedy:
-        result = accept_tree(tree, [int(np.argmax(target.logits(i))) for i in range(len(tree) + 1)])
+        result = accept_tree(tree, lambda node: int(np.argmax(target.logits(row_of(node)))))
     else:
         rows = _LazyDistributions(target, sampler, len(tree) + 1)
-        result = accept_tree(tree, lambda node: sample(rows[node - ROOT], sampler.rng))
+        result = accept_tree(tree, lambda node: sample(rows[row_of(node)], sampler.rng))
     if extra is not None:
         first_extra = len(tree) + 1
         extra.on_logits(lambda j: target.logits(first_extra + j))
@@ -192,3 +200,17 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
         target.remove_seq(seq)
     target.tokens.extend([history[-1], *result.tokens])
     return result.tokens, result.next_token
+
+
+def _depth_first(tree) -> list[int]:
+    """Node indices in depth-first order, the most probable child first at each node."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(node)
+    out: list[int] = []
+    stack = sorted(children.get(ROOT, []), key=lambda n: tree.probs[n])
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(sorted(children.get(node, []), key=lambda n: tree.probs[n]))
+    return out

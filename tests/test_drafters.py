@@ -120,12 +120,18 @@ def test_multi_branch_verification_leaves_the_cache_as_if_the_branch_was_decoded
     tree_ctx.append(probe)
     alone.append(probe)
     got, want = tree_ctx.logits(-1), alone.logits(-1)
-    # Bitwise equality is not on offer: the kept cells sit between freed decoy cells,
-    # so attention sums run in another order, and quantized activations amplify that
-    # rounding (see tests/greedy.py). A leaked decoy token shifts logits by several
-    # units (measured: ~18); rounding stays well below one.
-    assert int(np.argmax(got)) == int(np.argmax(want))
-    assert float(np.abs(got - want).max()) < 1.0
+    from localspec.backend import batch_invariant
+
+    if batch_invariant():
+        # The accepted branch went first in the batch, so its cells sit exactly where
+        # the chain put them: bit-for-bit the same cache.
+        np.testing.assert_array_equal(got, want)
+    else:
+        # With llamafile's sgemm the two batch shapes round differently (tests/greedy.py).
+        # A leaked decoy token shifts logits by several units (measured ~18); rounding
+        # stays well below one.
+        assert int(np.argmax(got)) == int(np.argmax(want))
+        assert float(np.abs(got - want).max()) < 1.0
     # The decoys' sequences are gone: only sequence 0 holds cells.
     for seq in range(1, 8):
         assert tree_ctx.seq_pos_max(seq) == -1

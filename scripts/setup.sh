@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates .venv and installs localspec (with the extras named in $1, e.g. "test").
+#
+# llama-cpp-python is built from source with llamafile's sgemm turned off: with it,
+# a one-token decode and a multi-token verification batch run different matmul code,
+# so the same position gets slightly different logits and greedy speculative output
+# could part from plain greedy output at near-ties. Without it, CPU decoding is
+# batch-invariant and the two are token-identical. The wheel is built once and kept
+# in ~/.cache/localspec/wheels (pip's own cache would hand back a default build).
+# For a GPU, install the CUDA build afterwards (README: "GPU (CUDA)").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS="${1:-}"
+PYTHON="${PYTHON:-python3}"
+LLAMA_VERSION="0.3.36"
+WHEELS="${LOCALSPEC_WHEEL_DIR:-$HOME/.cache/localspec/wheels/llamafile-off}"
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=(.venv/bin/python -m pip --disable-pip-version-check --quiet)
+if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+  echo "building llama-cpp-python $LLAMA_VERSION (batch-invariant CPU build; a few minutes, once)" >&2
+  mkdir -p "$WHEELS"
+  CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=OFF" "${PIP[@]}" wheel --no-deps --no-cache-dir \
+    --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS"
+fi
+if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit(b'LLAMAFILE = 1' in llama_cpp.llama_print_system_info())" 2>/dev/null; then
+  "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
+fi
+"${PIP[@]}" install -e ".${EXTRAS:+[$EXTRAS]}"
