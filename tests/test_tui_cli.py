@@ -67,15 +67,16 @@ def test_resume_errors_are_one_line(cli, capsys: pytest.CaptureFixture[str], tmp
     assert "corrupt" in line and str(sessions / f"{good.id}.json") in line
 
 
-def test_default_model_is_the_bundled_smollm2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import localspec.pypi_models as pypi_models
+def test_default_model_is_the_bundled_smollm2_with_ngram(smollm2_path: Path, tmp_path: Path) -> None:
+    from localspec.drafting.specs import DrafterSpec
 
-    asked: list[Any] = []
-    monkeypatch.setattr(pypi_models, "ensure_pypi_model", lambda m: asked.append(m) or tmp_path / "m.gguf")
-    draft = tmp_path / "d.gguf"
-    draft.write_bytes(b"")
-    assert run_command.resolve_models(None, str(draft)) == (tmp_path / "m.gguf", draft)
-    assert asked == [pypi_models.SMOLLM2_135M]
+    target, draft, specs = run_command.resolve_models(None, None)
+    assert target.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and target.stat().st_size == smollm2_path.stat().st_size
+    assert draft is None and specs == [DrafterSpec("ngram")]
+    assert run_command.resolve_models(None, "off")[1:] == (None, [])
+    other = tmp_path / "d.gguf"
+    other.write_bytes(b"")
+    assert run_command.resolve_models(None, str(other))[1:] == (other, [])
 
 
 def test_help_lists_the_options(cli, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]

