@@ -1,0 +1,265 @@
+"""The cost model: interpolation, refinement, the cache, and measuring on a real model.
+
+Pure tests use made-up costs and a fake context; the one real measurement is
+marked slow and checks only what cannot depend on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec import costs
+from localspec.costs import CostKey, CostModel, load_costs, load_or_measure, measure_verify_costs, save_costs
+
+# ms for one decode of k tokens: SmolLM2-135M on 2 CPU threads (compute-bound) and a flat GPU-like curve.
+CPU = {1: 5.4, 2: 11.3, 4: 16.2, 8: 24.9, 16: 41.1}
+GPU = {1: 10.0, 2: 10.1, 4: 10.2, 8: 10.5, 16: 12.0}
+
+
+# --- interpolation -----------------------------------------------------------
+def test_verify_ms_hits_measured_points_and_interpolates_between() -> None:
+    model = CostModel(CPU)
+    for k, ms in CPU.items():
+        assert model.verify_ms(k) == pytest.approx(ms)
+    assert model.verify_ms(3) == pytest.approx((11.3 + 16.2) / 2)
+    assert model.verify_ms(6) == pytest.approx((16.2 + 24.9) / 2)
+    assert model.verify_ms(1.5) == pytest.approx((5.4 + 11.3) / 2)  # an expected (fractional) batch
+    assert model.relative(16) == pytest.approx(41.1 / 5.4)
+    assert model.relative(1) == 1.0
+
+
+def test_verify_ms_extrapolates_linearly_and_never_falls() -> None:
+    model = CostModel(CPU)
+    slope = (41.1 - 24.9) / 8
+    assert model.verify_ms(24) == pytest.approx(41.1 + 8 * slope)
+    # A lumpy curve whose last segment falls must not promise cheaper long batches.
+    lumpy = CostModel({1: 9.6, 4: 31.3, 8: 37.6, 16: 35.0})
+    assert lumpy.verify_ms(32) >= lumpy.verify_ms(16)
+    with pytest.raises(ValueError, match="at least one token"):
+        model.verify_ms(0)
+
+
+def test_a_cost_model_needs_a_measurement() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        CostModel({})
+
+
+def test_draft_costs_lookup_default_and_model_drafter() -> None:
+    model = CostModel(CPU)
+    assert model.draft_ms("ngram", 0) == 0.0  # no draft asked, no drafter called
+    assert model.draft_ms("ngram", 8) == pytest.approx(costs.LOOKUP_FIXED_MS + 8 * costs.LOOKUP_PER_TOKEN_MS)
+    draft_model = CostModel({1: 2.0, 2: 3.0, 4: 5.0})
+    model.set_model_drafter("draft", draft_model)
+    # a catch-up of ~2 tokens, then one decode per further token: (V(2) - V(1)) + n V(1)
+    assert model.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0)
+    assert model.plain_ms() == pytest.approx(5.4 + model.overhead_ms(0))
+
+
+# --- refinement ----------------------------------------------------------------
+def test_drift_seen_at_one_k_moves_every_k() -> None:
+    """Throttling makes every decode slower; seen only at k = 1 (speculation off), it still
+    moves the estimates for long batches, so relative costs stay right."""
+    model = CostModel(CPU)
+    for _ in range(150):
+        model.observe_verify(1, 2 * 5.4)
+    assert model.verify_ms(1) == pytest.approx(2 * 5.4, rel=0.05)
+    assert model.verify_ms(8) > 1.6 * 24.9
+    assert model.relative(8) == pytest.approx(24.9 / 5.4, rel=0.25)
+
+
+def test_refinement_follows_one_k_and_creates_points() -> None:
+    model = CostModel(CPU)
+    for _ in range(200):
+        model.observe_verify(6, 30.0)
+    assert model.verify_ms(6) == pytest.approx(30.0, rel=0.03)
+    assert 6 in model.points
+    assert model.measured == CPU  # what was measured is kept apart from what was learned
+
+
+def test_one_outlier_barely_moves_an_estimate() -> None:
+    model = CostModel(CPU)
+    model.observe_verify(4, 100 * 16.2)  # a preempted decode
+    assert model.verify_ms(4) < 1.2 * 16.2
+    model.observe_verify(4, float("nan"))
+    model.observe_verify(4, -1.0)
+    assert math.isfinite(model.verify_ms(4))
+
+
+def test_draft_and_overhead_lines_are_learned() -> None:
+    model = CostModel(CPU)
+    for i in range(300):
+        n = 1 + i % 6
+        model.observe_draft("draft", n, 1.0 + 4.0 * n)
+        model.observe_draft("ngram", 3, 2.0)
+        model.observe_overhead(n, 0.5)
+    assert model.draft_ms("draft", 3) == pytest.approx(13.0, rel=0.05)
+    assert model.draft_ms("draft", 6) == pytest.approx(25.0, rel=0.05)
+    assert model.draft_ms("ngram", 3) == pytest.approx(2.0, rel=0.1)
+    assert model.overhead_ms(2) == pytest.approx(0.5, rel=0.1)
+    assert json.dumps(model.to_dict())  # the dashboard can show it
+
+
+# --- measuring, against a fake context -------------------------------------------
+@dataclass
+class FakeModel:
+    bos: int = 1
+
+
+@dataclass
+class FakeContext:
+    """Records decodes; mimics Context's token mirror and rollback."""
+
+    n_ctx: int = 64
+    n_batch: int = 512
+    tokens: list[int] = field(default_factory=lambda: [1, 50, 51, 52])
+    model: FakeModel = field(default_factory=FakeModel)
+    cache: list[int] = field(default_factory=list)
+    batches: list[int] = field(default_factory=list)
+    fail_at: int | None = None
+
+    def __post_init__(self) -> None:
+        self.cache = list(self.tokens)
+
+    def decode(self, tokens, positions, seq_ids=None, outputs=None) -> None:
+        assert list(positions) == list(range(len(self.cache), len(self.cache) + len(tokens)))
+        assert outputs is not None and all(outputs)  # verification reads every row
+        self.cache.extend(tokens)
+        self.batches.append(len(tokens))
+        if self.fail_at is not None and len(self.batches) == self.fail_at:
+            raise RuntimeError("decode failed")
+
+    def rollback_to(self, n: int, seq_id: int = 0) -> None:
+        del self.cache[n:]
+        del self.tokens[n:]
+
+    def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
+        del self.cache[p0:]
+
+
+def test_measure_interleaves_restores_and_skips_what_does_not_fit() -> None:
+    ctx = FakeContext(n_ctx=16)  # 4 tokens held: batches of 12 and 16 do not fit
+    before = list(ctx.tokens)
+    result = measure_verify_costs(ctx, max_reps=5, budget_s=10.0)
+    assert sorted(result) == [1, 2, 3, 4, 6, 8, 12]
+    assert result.rounds == 5 and result.complete
+    assert all(ms >= 0 for ms in result.values())
+    assert ctx.tokens == before and ctx.cache == before
+    fits = sorted(result)
+    rounds = [ctx.batches[i:i + len(fits)] for i in range(0, len(ctx.batches), len(fits))]
+    assert len(rounds) == 1 + 5  # warm-up, then max_reps rounds
+    assert all(sorted(r) == fits for r in rounds)
+    assert len({tuple(r) for r in rounds[1:]}) > 1  # the order changes from round to round
+
+
+def test_a_measurement_cut_short_is_marked_incomplete() -> None:
+    result = measure_verify_costs(FakeContext(), budget_s=0.0, min_reps=3)
+    assert result.rounds == 1 and not result.complete  # one round, however loaded the machine
+
+
+def test_measure_restores_the_context_when_a_decode_fails() -> None:
+    ctx = FakeContext(fail_at=5)
+    before = list(ctx.tokens)
+    with pytest.raises(RuntimeError):
+        measure_verify_costs(ctx)
+    assert ctx.tokens == before and ctx.cache == before
+
+
+def test_measure_refuses_a_full_context() -> None:
+    with pytest.raises(ValueError, match="fits"):
+        measure_verify_costs(FakeContext(n_ctx=4))
+
+
+# --- the cache -------------------------------------------------------------------
+def key(**changes) -> CostKey:
+    base = dict(model="/m/a.gguf", model_size=10, model_mtime_ns=1, system_info="AVX2 = 1", gpu_offload=False,
+                n_gpu_layers=-1, n_threads=2, n_ctx=4096, n_seq=33, llama_cpp_version="0.3.36")
+    base.update(changes)
+    return CostKey(**base)
+
+
+def test_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
+    k = key()
+    path = costs.cost_path(k)
+    assert path.parent == tmp_path / "costs"
+    save_costs(path, k, CPU)
+    assert load_costs(path, k) == CPU
+    # another thread count, another machine, a rebuilt model: a different file, and never this record
+    assert costs.cost_path(key(n_threads=4)) != path
+    assert load_costs(path, key(system_info="CUDA = 1")) is None
+    assert load_costs(path, k, max_age_s=-1) is None  # too old
+    path.write_text("{ half a file")
+    assert load_costs(path, k) is None
+
+
+def test_load_or_measure_measures_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
+    calls: list[object] = []
+    monkeypatch.setattr(costs, "cost_key", lambda ctx, **kw: key())
+    monkeypatch.setattr(costs, "measure_verify_costs", lambda ctx, **kw: calls.append(ctx) or dict(GPU))
+    first = load_or_measure(object())  # type: ignore[arg-type]
+    second = load_or_measure(object())  # type: ignore[arg-type]
+    assert len(calls) == 1
+    assert first.points == second.points == GPU
+    load_or_measure(object(), refresh=True)  # type: ignore[arg-type]
+    assert len(calls) == 2
+
+
+def test_an_incomplete_measurement_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(costs, "cost_key", lambda ctx, **kw: key())
+    monkeypatch.setattr(costs, "measure_verify_costs",
+                        lambda ctx, **kw: costs.Measurement(CPU, rounds=1, complete=False))
+    assert load_or_measure(object()).points == CPU  # type: ignore[arg-type]
+    assert not costs.cost_path(key()).exists()
+
+
+# --- a real model ------------------------------------------------------------------
+@pytest.mark.slow
+def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec.backend import Context, Model
+
+    model = Model(smollm2_path)
+    prompt = model.tokenize("The quick brown fox jumps over the lazy dog, and then")
+    # One thread: with as many threads as cores, a CI box busy with other jobs makes
+    # llama.cpp's threads wait on each other for seconds per decode.
+    measured_ctx = Context(model, n_ctx=256, n_threads=1)
+    fresh_ctx = Context(model, n_ctx=256, n_threads=1)
+    try:
+        measured_ctx.append(prompt[:-1])
+        before = list(measured_ctx.tokens)
+        result = measure_verify_costs(measured_ctx, budget_s=0.5)
+        assert measured_ctx.tokens == before
+        assert measured_ctx.seq_pos_max(0) == len(before) - 1  # nothing left in the KV cache
+        assert sorted(result) == list(costs.DEFAULT_KS)
+        assert all(ms > 0 for ms in result.values())
+        # increasing-ish, with room for a noisy machine: 16 tokens never cost less than half of one
+        assert result[16] > 0.5 * result[1]
+
+        # the next token sees exactly the cache a context that never measured sees
+        measured_ctx.append(prompt[-1:])
+        fresh_ctx.append(prompt)
+        assert np.allclose(measured_ctx.logits(-1), fresh_ctx.logits(-1), atol=1e-4)
+
+        # cached per model and machine: the second load reads the file
+        monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
+        monkeypatch.setattr(costs, "measure_verify_costs", lambda ctx, **kw: dict(result))
+        first = load_or_measure(fresh_ctx, n_threads=1)
+
+        def no_measuring(ctx, **kw):
+            raise AssertionError("measured again despite the cache")
+
+        monkeypatch.setattr(costs, "measure_verify_costs", no_measuring)
+        assert load_or_measure(fresh_ctx, n_threads=1).points == first.points
+        assert len(list((tmp_path / "costs").glob("*.json"))) == 1
+    finally:
+        measured_ctx.close()
+        fresh_ctx.close()
+        model.close()
