@@ -15,6 +15,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from localspec.backend import Context, Model
 from localspec.chat import Message, render_chat
+from localspec.control import Controller
+from localspec.costs import CostModel
 from localspec.drafting.base import Drafter
 from localspec.drafting.combine import DrafterSet
 from localspec.drafting.model import ModelDrafter
@@ -28,12 +30,17 @@ from localspec.textstream import TokenReleaser
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    """How to generate. ``draft_max`` is gamma, the most tokens drafted per step."""
+    """How to generate.
+
+    ``draft_max`` is gamma, a fixed number of tokens drafted per step; None (the
+    default) lets the adaptive controller choose each step from the measured
+    costs and acceptance, including 0 (plain decoding) when drafting would not pay.
+    """
 
     max_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
-    draft_max: int = 5
+    draft_max: int | None = None
     p_min: float = 0.0
     speculative: bool = True
     drafter: str | None = None  # from Engine.drafter_names() (a comma list combines); None: all configured
@@ -42,7 +49,7 @@ class GenerateOptions:
         self.sampling.validate()
         if self.max_tokens < 1:
             raise InvalidOptionError(f"--max-tokens {self.max_tokens} is out of range: it must be at least 1")
-        if not 0 <= self.draft_max <= 64:
+        if self.draft_max is not None and not 0 <= self.draft_max <= 64:
             raise InvalidOptionError(f"--draft-max {self.draft_max} is out of range: it must be in 0..64")
         if not 0.0 <= self.p_min < 1.0:
             raise InvalidOptionError(f"--p-min {self.p_min} is out of range: it must be in [0, 1)")
@@ -50,6 +57,8 @@ class GenerateOptions:
 
 # Sequences for multi-branch verification: candidate branches and lookahead's window.
 TREE_SEQUENCES = 32
+# The most tokens the controller drafts per step when the user fixes no --draft-max.
+AUTO_DRAFT_MAX = 16
 
 DrafterFactory = Callable[[Sampler, GenerateOptions], Drafter]
 
@@ -72,6 +81,9 @@ class Engine:
                 "draft tokens, so speculative decoding is impossible; run it without --draft"
             )
         self.target = target
+        self.n_threads = n_threads
+        self._controllers: dict[str, Controller] = {}
+        self._costs: CostModel | None = None
         n_seq = 1 + TREE_SEQUENCES if model_free else 1
         self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         self.draft = draft
@@ -145,6 +157,24 @@ class Engine:
         """The drafters this engine can use; with several, their combination comes first."""
         names = list(self._factories)
         return [",".join(names), *names] if len(names) > 1 else names
+
+    def controller(self, drafter: Drafter, opts: GenerateOptions) -> Controller:
+        """The adaptive controller for ``drafter``; it keeps learning across generations.
+
+        The first call measures the target's (and draft model's) verification
+        costs, about a second and a half, cached on disk per model and build.
+        """
+        if self._costs is None:
+            from localspec.costs import load_or_measure
+
+            self._costs = load_or_measure(self.ctx, n_threads=self.n_threads)
+            if self.draft_ctx is not None:
+                self._costs.set_model_drafter("draft", load_or_measure(self.draft_ctx, n_threads=self.n_threads))
+        ctl = self._controllers.get(drafter.name)
+        if ctl is None:
+            ctl = self._controllers[drafter.name] = Controller(self._costs, [drafter.name])
+        ctl.fixed_k = opts.draft_max
+        return ctl
 
     def make_drafter(self, sampler: Sampler, opts: GenerateOptions) -> Drafter | None:
         if not opts.speculative or opts.draft_max == 0 or not self._factories:
@@ -247,6 +277,7 @@ class Generation(Iterator[Event]):
         self.opts = opts
         self.sampler = Sampler(opts.sampling)
         self.drafter = engine.make_drafter(self.sampler, opts)
+        self.controller = engine.controller(self.drafter, opts) if self.drafter is not None else None
         self.tally = _Tally(len(prompt))
         self.tokens: list[int] = []
         self.text_parts: list[str] = []
@@ -317,8 +348,14 @@ class Generation(Iterator[Event]):
                 if room < 0:
                     reason = "context"
                     break
-                k = min(opts.draft_max, remaining - 1, room) if self.drafter is not None else 0
-                step = speculative_step(ctx, history, self.drafter, self.sampler, max(k, 0))
+                reason_text = ""
+                k = 0
+                if self.drafter is not None:
+                    decision = self.controller.plan(max(0, min(AUTO_DRAFT_MAX, remaining - 1, room)))
+                    k, reason_text = decision.k, decision.reason
+                step = speculative_step(ctx, history, self.drafter, self.sampler, k)
+                if self.drafter is not None:
+                    self.controller.observe(step, batch_tokens=1 + step.verified)
                 tally.add(step)
                 for i, tok in enumerate(step.tokens):
                     if model.is_eog(tok):
@@ -337,7 +374,8 @@ class Generation(Iterator[Event]):
                         reason = "length"
                         break
                 yield StepEvent(tally.steps, step.drafter, step.drafted, step.accepted, len(step.tokens),
-                                step.draft_s * 1e3, step.verify_s * 1e3, step.python_s * 1e3, step.verified)
+                                step.draft_s * 1e3, step.verify_s * 1e3, step.python_s * 1e3, step.verified,
+                                reason_text)
             for t, text, src in releaser.finish():
                 self.text_parts.append(text)
                 yield TokenEvent(t, text, src)

@@ -42,6 +42,7 @@ class StepEvent:
     verify_ms: float
     python_ms: float
     verified: int = 0  # candidate tokens the target computed (a tree counts every node)
+    decision: str = ""  # why the controller drafted this many tokens (or none)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 
 
 def test_json_output_parses_and_is_consistent(smollm2_path, smollm2_q4_0_path):
-    proc = localspec("generate", str(smollm2_path), "--draft", str(smollm2_q4_0_path),
+    proc = localspec("generate", str(smollm2_path), "--draft", str(smollm2_q4_0_path), "--draft-max", "4",
                      "--prompt", "The three primary colours are", "--max-tokens", "48", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -35,7 +35,8 @@ def engine(smollm2_path: Path, smollm2_q4_0_path: Path) -> Iterator[Engine]:
 
 def make_app(engine: Engine, history_dir: Path, *, max_tokens: int = 16, measure: bool = False,
              **kwargs: object) -> LocalspecApp:
-    return LocalspecApp(engine, GenerateOptions(max_tokens=max_tokens), history_dir=history_dir,
+    # A fixed draft length: these tests check that drafting shows, not whether it pays here.
+    return LocalspecApp(engine, GenerateOptions(max_tokens=max_tokens, draft_max=4), history_dir=history_dir,
                         measure_on_start=measure, plain_tokens=8, **kwargs)  # type: ignore[arg-type]
 
 

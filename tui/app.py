@@ -81,7 +81,8 @@ class LocalspecApp(App[int]):
         if system is not None:
             self.session.system = system or None
         self.drafter_choices = [*names, OFF]
-        wanted = self.base_opts.drafter if self.base_opts.speculative and self.base_opts.draft_max > 0 else OFF
+        wanted = (self.base_opts.drafter if self.base_opts.speculative and self.base_opts.draft_max != 0
+                  else OFF)
         self.drafter = wanted if wanted in self.drafter_choices else self.drafter_choices[0]
         self.colours = drafter_colours(names)
         self.colour = True
@@ -114,7 +115,7 @@ class LocalspecApp(App[int]):
         self.sub_title = self.model_line()
         self.query_one("#chat", VerticalScroll).anchor()
         dashboard = self.query_one(Dashboard)
-        dashboard.draft_max = self.base_opts.draft_max
+        dashboard.draft_max = self.base_opts.draft_max or 0  # 0: the adaptive controller decides
         dashboard.drafter = self.drafter
         self.query_one(StatusLine).drafter = self.drafter
         self._show_system_note()

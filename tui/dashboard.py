@@ -131,8 +131,16 @@ class Dashboard(VerticalScroll):
         return tokens_per_step_ceiling(self.reached_alpha)
 
     @property
+    def gamma(self) -> int:
+        """The draft length: fixed by --draft-max, else the controller's average so far."""
+        if self.draft_max > 0:
+            return self.draft_max
+        drafting_steps = sum(d.steps for d in self.stats.drafters)
+        return max(1, round(self.stats.drafted / drafting_steps)) if drafting_steps else 1
+
+    @property
     def expected_tau(self) -> float:
-        return expected_tokens_per_step(self.reached_alpha, self.draft_max)
+        return expected_tokens_per_step(self.reached_alpha, self.gamma)
 
     @property
     def tokens_per_second(self) -> float:
@@ -168,7 +176,8 @@ class Dashboard(VerticalScroll):
         if not self.query("#dash-acceptance"):  # not composed yet: on_mount renders
             return
         s = self.stats
-        gamma = "" if self.drafter == "off" else f"  γ {self.draft_max}"
+        gamma = ("" if self.drafter == "off" else
+                 f"  γ {self.draft_max}" if self.draft_max > 0 else f"  γ auto (≈{self.gamma})")
         self.query_one("#dash-drafter", Static).update(
             Content.assemble("drafter ", (self.drafter, "bold"), gamma, "\n", self.legend))
         self.query_one("#dash-acceptance", Static).update("\n".join([
@@ -177,7 +186,7 @@ class Dashboard(VerticalScroll):
             f"{sum(s.position_accepted)}/{sum(s.position_drafted)} judged",
             f"τ tokens/step   {self.tau:5.2f}  {s.tokens} tokens / {s.steps} steps",
             f"ceiling 1/(1−α) {_fmt(self.ceiling):>5}",
-            f"expected τ γ={self.draft_max:<2} {self.expected_tau:5.2f}" if self.drafter != "off"
+            f"expected τ γ={self.gamma:<2} {self.expected_tau:5.2f}" if self.drafter != "off"
             else "expected τ      (drafting off)",
         ]))
         rows = [f"{i + 1:>2} {bar(a)} {a:4.2f} ({n})"

@@ -40,8 +40,10 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when this text appears (repeatable)")
     s = p.add_argument_group("speculation")
-    s.add_argument("--draft-max", type=int, default=5, metavar="G",
-                   help="most tokens drafted per step, gamma (default 5; 0 turns speculation off)")
+    s.add_argument("--draft-max", type=int, default=None, metavar="G",
+                   help="draft exactly up to G tokens per step (0 turns speculation off); by default an "
+                        "adaptive controller picks the length each step from measured costs and acceptance, "
+                        "and drafts nothing where speculation would be slower than plain decoding")
     s.add_argument("--p-min", type=float, default=0.0, metavar="P",
                    help="stop drafting when the draft's top probability falls below P (default 0)")
 
