@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec import history
+from localspec import history, paths  # noqa: F401 - history used below; paths.os is where writes happen
 from localspec.errors import LocalspecError
 from localspec.events import DrafterStats, GenerationStats
 from localspec.history import (
@@ -97,9 +97,9 @@ def test_a_crash_mid_write_leaves_the_previous_file_intact(monkeypatch: pytest.M
                 raise Crash
             f.write = write  # type: ignore[method-assign]
             return f
-        monkeypatch.setattr(history.os, "fdopen", half_writer)
+        monkeypatch.setattr(paths.os, "fdopen", half_writer)
     else:
-        monkeypatch.setattr(history.os, fail_at, crash)
+        monkeypatch.setattr(paths.os, fail_at, crash)
     with pytest.raises(Crash):
         save_session(s, tmp_path)
     monkeypatch.undo()
