@@ -1,0 +1,145 @@
+"""Model-free drafting on the real model: lossless alone, combined, and at temperature."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from localspec.backend import Context, Model
+from localspec.drafting.specs import parse_draft
+from localspec.engine import Engine, GenerateOptions
+from localspec.events import DoneEvent, StepEvent
+from localspec.sampling import Sampler, SamplingParams
+from localspec.speculative import speculative_step
+
+from greedy import assert_matches_plain, plain_greedy
+
+pytestmark = pytest.mark.slow
+
+SOURCE = '''def parse_config(path):
+    """Read a key = value file into a dict."""
+    result = {}
+    with open(path) as fh:
+        for line in fh:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, _, value = line.partition("=")
+            result[key.strip()] = value.strip()
+    return result
+'''
+
+PROMPTS = [
+    # input-grounded: the answer repeats the prompt's text
+    "Here is a Python function:\n\n" + SOURCE + "\nRepeat the function exactly, then stop.\n\n" + SOURCE[:40],
+    "Passage: The committee met on Tuesday. It approved the budget for the new library and postponed the "
+    "vote on the park.\nQuote the sentence about the library: \"",
+    "monday: 1\ntuesday: 2\nwednesday: 3\nthursday: 4\nfriday: 5\nmonday: 1\ntuesday: 2\n",
+    # free-form
+    "Once upon a time, in a small village by the sea,",
+]
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_path):
+    return Model(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [plain_greedy(target, target.tokenize(p), 96) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, smollm2_path):
+    """A REST datastore built from a small corpus that contains the source above."""
+    from localspec.drafting.corpus import build_store_from_corpus
+    from localspec.gguf_info import tokenizer_fingerprint
+
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "config.py").write_text(SOURCE * 2)
+    (folder / "notes.txt").write_text("monday: 1\ntuesday: 2\nwednesday: 3\nthursday: 4\nfriday: 5\n" * 3)
+    model = Model(smollm2_path, vocab_only=True)
+    out = folder / "corpus.lsstore"
+    build_store_from_corpus([str(folder)], lambda text: model.tokenize(text, add_special=False),
+                            tokenizer_fingerprint(smollm2_path), out)
+    return out
+
+
+def generate(engine: Engine, prompt: str, **kw):
+    events = list(engine.generate(prompt, GenerateOptions(**kw)))
+    assert isinstance(events[-1], DoneEvent)
+    return events[-1], [e for e in events if isinstance(e, StepEvent)]
+
+
+@pytest.mark.parametrize("drafters", ["ngram", "rest:STORE", "lookahead", "ngram,rest:STORE", "ngram,DRAFT"])
+def test_greedy_output_with_each_drafter_is_plain_greedy(target, references, store, smollm2_q4_0_path,
+                                                         drafters, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_NO_HISTORY", "1")  # the personal store is tested on its own
+    text = drafters.replace("STORE", str(store)).replace("DRAFT", str(smollm2_q4_0_path))
+    specs = parse_draft(text)
+    draft_model = next((Model(s.arg) for s in specs if s.kind == "model"), None)
+    engine = Engine(target, draft=draft_model, specs=[s for s in specs if s.kind != "model"], n_ctx=1024)
+    accepted = 0
+    for prompt, ref in zip(PROMPTS, references):
+        done, steps = generate(engine, prompt, max_tokens=96, draft_max=6)
+        assert_matches_plain(done.tokens, ref)
+        accepted += done.stats.accepted
+        # Provenance names the drafter that proposed each accepted token.
+        names = {s.drafter for s in steps if s.accepted}
+        assert names <= set(engine.drafter_names()[-len(specs):])
+    assert accepted > 0, f"{drafters} never had a token accepted on input-grounded prompts"
+
+
+def test_combined_stats_report_acceptance_per_drafter(target, store, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_NO_HISTORY", "1")
+    engine = Engine(target, specs=parse_draft(f"ngram,rest:{store}"), n_ctx=1024)
+    done, steps = generate(engine, PROMPTS[0], max_tokens=64, draft_max=6)
+    per = {d.name: d for d in done.stats.drafters}
+    assert set(per) <= {"ngram", "rest:corpus"} and per
+    assert sum(d.accepted for d in per.values()) == done.stats.accepted
+    assert sum(d.drafted for d in per.values()) == done.stats.drafted
+
+
+def test_first_token_distribution_with_ngram_at_temperature(target):
+    """T=0.9: with deterministic n-gram drafts, the first emitted token follows the target's p."""
+    from localspec.drafting.ngram import NgramDrafter
+
+    params = SamplingParams(temperature=0.9, seed=99)
+    sampler = Sampler(params)
+    # A context that repeats, so the n-gram drafter proposes (and is sometimes rejected).
+    prompt = target.tokenize("red, blue, red, green, red, blue, red, green, red,")
+    ctx = Context(target, n_ctx=256, n_seq=8)
+    ctx.append(prompt[:-1])
+    ctx.append(prompt[-1:])
+    p = sampler.distribution(ctx.logits(-1)).copy()
+    ctx.rollback_to(len(prompt) - 1)
+    drafter = NgramDrafter(max_branches=3)
+
+    trials, counts, drafted = 2000, Counter(), 0
+    for _ in range(trials):
+        history = list(prompt)
+        step = speculative_step(ctx, history, drafter, sampler, max_draft=3)
+        counts[step.tokens[0]] += 1
+        drafted += step.drafted > 0
+        ctx.rollback_to(len(prompt) - 1)
+        drafter.reset()
+    assert drafted == trials  # every step verified a proposal
+    big = [int(t) for t in np.argsort(p)[::-1] if p[t] * trials >= 5]
+    expected = [p[t] * trials for t in big]
+    observed = [counts[t] for t in big]
+    # Everything else pooled; folded into the last category when too rare to stand alone.
+    rest_e, rest_o = trials - sum(expected), trials - sum(observed)
+    if rest_e >= 5:
+        expected.append(rest_e)
+        observed.append(rest_o)
+    else:
+        expected[-1] += rest_e
+        observed[-1] += rest_o
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    df = len(expected) - 1
+    # Significance 0.001, Wilson-Hilferty approximation of the chi-square quantile.
+    critical = df * (1 - 2 / (9 * df) + 3.090 * (2 / (9 * df)) ** 0.5) ** 3 if df > 0 else 10.83
+    assert chi2 < critical, (chi2, critical, df)
