@@ -75,6 +75,20 @@ def check_engine_options(args: argparse.Namespace) -> None:
             raise InvalidOptionError(f"--{name.replace('_', '-')} must be a number, not NaN")
 
 
+def resolve_name(text: str, registry=None):
+    """``text`` resolved through the registry, its notice on stderr; a bare path must exist."""
+    from localspec.registry import load_registry
+
+    resolved = (registry or load_registry()).resolve(text)
+    if resolved.notice:
+        print(f"localspec: {resolved.notice}", file=sys.stderr)
+    if resolved.spec is None:
+        assert resolved.path is not None
+        if not resolved.path.exists():  # a directory or a non-GGUF file gets gguf_info's own message
+            raise ModelFileError(f"model file not found: {text}; check the path or use a name from `localspec models`")
+    return resolved
+
+
 def resolve_model(text: str | None, *, offline: bool = False) -> Path:
     """A model argument (registry name, alias or path; None: the default) as a local GGUF path.
 
@@ -90,13 +104,9 @@ def resolve_model(text: str | None, *, offline: bool = False) -> Path:
         if spec is None:
             raise InvalidOptionError("no model given and models.toml names no default; pass MODEL")
         return hub.pull(spec, offline=offline)
-    resolved = registry.resolve(text)
-    if resolved.notice:
-        print(f"localspec: {resolved.notice}", file=sys.stderr)
+    resolved = resolve_name(text, registry)
     if resolved.spec is None:
         assert resolved.path is not None
-        if not resolved.path.exists():
-            raise ModelFileError(f"model file not found: {text}; check the path or use a name from `localspec models`")
         return resolved.path
     return hub.pull(resolved.spec, offline=offline)
 

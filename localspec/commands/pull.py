@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from localspec import hub
-from localspec.errors import ModelFileError
+from localspec.commands.common import resolve_name
 from localspec.registry import load_registry
 
 
@@ -40,14 +40,9 @@ def run(args: argparse.Namespace) -> int:
     """Pull each model in turn; the first failure stops the command with its error."""
     registry = load_registry()
     for text in args.names:
-        resolved = registry.resolve(text)
-        if resolved.notice:
-            print(f"localspec: {resolved.notice}", file=sys.stderr)
+        resolved = resolve_name(text, registry)
         if resolved.spec is None:
             # A path is already local: there is nothing to pull, only to confirm.
-            assert resolved.path is not None
-            if not resolved.path.is_file():
-                raise ModelFileError(f"{resolved.path} does not exist")
             print(resolved.path)
             continue
         spec = resolved.spec

@@ -8,7 +8,6 @@ here, inside the handler: nothing else in ``localspec`` depends on Textual.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from localspec.commands.common import (
     add_model_options,
