@@ -73,6 +73,16 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
 
 
+def batch_invariant() -> bool:
+    """Whether a position's logits are the same whatever else shares its batch.
+
+    True for a CPU build without llamafile's sgemm (scripts/setup.sh builds it
+    so): then greedy speculative decoding is token-identical to plain greedy
+    decoding, not merely equal up to near-ties. GPU builds are not assumed to be.
+    """
+    return "LLAMAFILE = 1" not in system_info() and not gpu_offload_supported()
+
+
 def default_threads() -> int:
     """Threads for decoding: every core this process may use."""
     try:
