@@ -225,16 +225,21 @@ def la_engine(target):
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_output_equals_plain_decoding(la_engine, target, prompt: str) -> None:
+    """Token-identical to plain greedy, or parting only at a numerical near-tie.
+
+    Even a batch-invariant build is not exact here: cells freed by the window
+    and rejected branches are refilled by later tokens, so the cache no longer
+    lists positions in order and attention sums in another order (measured up
+    to ~0.4 logits). ``assert_matches_plain`` fails on any divergence where
+    the target was sure, which is how a logic error shows.
+    """
     from greedy import assert_matches_plain, plain_greedy
 
-    from localspec.backend import batch_invariant
     from localspec.engine import GenerateOptions
 
     plain = plain_greedy(target, la_engine.tokenize(prompt), 64)
     done = list(la_engine.generate(prompt, GenerateOptions(max_tokens=64, draft_max=5)))[-1]
-    identical = assert_matches_plain(done.tokens, plain)  # fails on a divergence that is no near-tie
-    if batch_invariant():
-        assert identical, "a batch-invariant build must give exactly plain greedy's tokens"
+    assert_matches_plain(done.tokens, plain)
 
 
 @pytest.mark.slow
@@ -248,6 +253,85 @@ def test_lookahead_gets_tokens_accepted_on_repetitive_text(la_engine) -> None:
     assert done.stats.accepted > 0
     assert any(isinstance(e, StepEvent) and e.drafter == "lookahead" and e.accepted > 0 for e in events)
     assert any(isinstance(e, TokenEvent) and e.drafter == "lookahead" for e in events)
+
+
+@pytest.mark.slow
+def test_the_jacobi_window_alone_gets_tokens_accepted(target) -> None:
+    """With the history's n-grams kept out of the pool, every candidate comes from the window."""
+    from localspec.drafting.specs import DrafterSpec
+    from localspec.engine import Engine, GenerateOptions
+
+    engine = Engine(target, specs=[DrafterSpec("lookahead")], n_ctx=512)
+    drafter = LookaheadDrafter(learn_history=False)
+    engine._factories["lookahead"] = lambda sampler, opts: drafter
+    done = list(engine.generate(REPETITIVE, GenerateOptions(max_tokens=48, draft_max=5)))[-1]
+    assert drafter.stats.window_steps > 0
+    assert done.stats.accepted >= 10
+
+
+class Capturing:
+    """A LookaheadDrafter whose window levels are set by hand and whose window logits are kept."""
+
+    def __init__(self, inner: LookaheadDrafter, levels: list[list[int]]) -> None:
+        self.inner, self.levels, self.name = inner, levels, inner.name
+        self.rows: list[np.ndarray] = []
+
+    def propose(self, history, max_tokens):
+        from dataclasses import replace
+
+        self.inner.propose(history, max_tokens)  # anchors the window here
+        self.inner._levels = self.levels
+        proposal = self.inner.propose(history, max_tokens)
+        extra = proposal.extra
+        assert extra is not None
+        first = len(extra.tokens) - self.inner.width
+
+        def keep(get):
+            self.rows = [np.array(get(first + i)) for i in range(self.inner.width)]
+            extra.on_logits(get)
+
+        return replace(proposal, extra=replace(extra, on_logits=keep))
+
+    def accepted(self, history, n_accepted):
+        self.inner.accepted(history, n_accepted)
+
+    def reset(self):
+        self.inner.reset()
+
+
+@pytest.mark.slow
+def test_each_window_column_computes_the_logits_of_its_own_chain(target) -> None:
+    """The sequence-id mapping, checked against the model: column i's newest token
+    gets the logits of [history, last, level 0 up to column i, column i upward] decoded alone.
+
+    A token leaking into or missing from a chain moved logits by 4 to 17 when
+    measured; where the cells sit (other sequences' cells interleaved between
+    a chain's) moved them by up to ~0.8, even on a batch-invariant build.
+    """
+    from localspec.backend import Context
+    from localspec.sampling import Sampler, SamplingParams
+    from localspec.speculative import speculative_step
+
+    history = target.tokenize(CODE)
+    rng = np.random.default_rng(0)
+    width, n_levels = 4, 3
+    levels = [[int(t) for t in rng.choice(history, width)] for _ in range(n_levels)]
+    drafter = Capturing(LookaheadDrafter(width=width, ngram=n_levels + 1, max_candidates=3, max_seqs=8), levels)
+    ctx = Context(target, n_ctx=256, n_seq=9)
+    ctx.append(history[:-1])
+    last = history[-1]
+    speculative_step(ctx, list(history), drafter, Sampler(SamplingParams()), 3)
+    assert len(drafter.rows) == width
+    alone = Context(target, n_ctx=256)
+    for i in range(width):
+        chain = [last, *levels[0][1:i + 1], *(levels[j][i] for j in range(1, n_levels))]
+        alone.rollback_to(0)
+        alone.append(history[:-1])
+        alone.append(chain)
+        want, got = np.asarray(alone.logits(-1)), drafter.rows[i]
+        assert float(np.abs(got - want).max()) < 2.0, f"column {i} does not see exactly its chain"
+    ctx.close()
+    alone.close()
 
 
 @pytest.mark.slow

@@ -30,12 +30,20 @@ the logits of the newest level give, by argmax, the next iteration's guesses
 one position further on (``fresh``). The chain of column f, extended by its
 fresh guess, is an N-gram over offsets f..f+N-1; it goes into the pool.
 
-Cost on a CPU: a step computes W-1 + W*(N-2) window tokens plus up to G*(N-1)
-candidates, and verification there is compute-bound (each batch token costs
-about as much as it would alone). llama.cpp's W=15, N=5, G=15 means ~120
-tokens per step; the defaults here (W=5, N=4, G=5: 14 window tokens, at most
-15 candidate nodes) keep a step near a few single-token decodes, while
-W + G = 10 sequences fits the engine's 32 with room for larger settings.
+Moving on. A step that emits e tokens (accepted + the target's own) moves the
+last token e positions on, so old level j + e becomes new level j: every
+guess keeps its absolute position, the oldest levels drop out, and levels the
+stack cannot supply are filled from the one before (``shift_levels``). This
+is llama.cpp's level shift, one level per emitted token; llama.cpp refills
+the newest level with a copy of level 0, which sits N-2 positions off.
+
+Cost on a CPU: a step computes W-1 + W*(N-2) window tokens plus up to
+G*(N-1) candidates, and verification there is compute-bound (on the 2-core
+test machine a 16-token batch cost ~8 single-token decodes, a 30-token one
+~12). llama.cpp's W=15, N=5, G=15 means ~120 tokens a step; the defaults here
+(W=5, N=4, G=5: 14 window tokens, at most 15 candidate nodes) keep a step
+near 30, and W + G = 10 sequences leaves the engine's 32 room for larger
+settings where a GPU makes batch tokens cheap.
 
 Everything here is pure Python on token lists; the step (speculative.py)
 does the decoding.
@@ -187,6 +195,7 @@ class LookaheadDrafter:
     max_candidates: int = 5
     max_seqs: int = 32
     max_keys: int = 1 << 16
+    learn_history: bool = True  # False: the pool holds the window's n-grams only (to measure the window)
     name: str = "lookahead"
     stats: LookaheadStats = field(default_factory=LookaheadStats)
 
@@ -279,6 +288,8 @@ class LookaheadDrafter:
 
     def _index_history(self, history: Sequence[int]) -> None:
         """Add every complete N-gram of ``history`` not yet added (all of it after a reset)."""
+        if not self.learn_history:
+            return
         n = self.ngram
         if self._indexed > len(history):
             self._indexed = 0  # a shorter history is a different one
