@@ -88,10 +88,14 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     t1 = time.perf_counter()
     decode_before = target.decode_seconds
 
+    proposal = _fit_context(proposal, target.n_ctx - len(target.tokens))
+
     # verify + accept (a chain, or a tree of branches in one batch)
     if isinstance(proposal, TreeProposal) and (len(proposal.tree) or proposal.extra):
         accepted, next_token = _verify_tree(target, history, proposal, sampler)
         drafted, verified = max(proposal.tree.depths, default=0), len(proposal.tree)
+        if proposal.extra is not None:
+            verified += len(proposal.extra.tokens)
     else:
         draft = proposal.tokens[:max_draft]
         probs = proposal.probs[: len(draft)] if proposal.probs is not None else None
@@ -115,6 +119,27 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
         python_s=(t2 - t1) - verify_s,
         verified=verified,
     )
+
+
+def _fit_context(proposal: Proposal | TreeProposal, free_cells: int) -> Proposal | TreeProposal:
+    """Shrink a proposal whose batch would not fit in the cache's free cells (near the context's end).
+
+    A verification batch takes one cell per token, ``last`` included. A tree
+    first loses its extra tokens (lookahead's window), then falls back to its
+    most probable branch; a chain is cut.
+    """
+    if not isinstance(proposal, TreeProposal):
+        if 1 + len(proposal.tokens) <= free_cells:
+            return proposal
+        keep = max(0, free_cells - 1)
+        probs = proposal.probs[:keep] if proposal.probs is not None else None
+        return Proposal(tuple(proposal.tokens[:keep]), probs, proposal.drafter)
+    extra = len(proposal.extra.tokens) if proposal.extra is not None else 0
+    if 1 + len(proposal.tree) + extra <= free_cells:
+        return proposal
+    if 1 + len(proposal.tree) <= free_cells:
+        return TreeProposal(proposal.tree, proposal.drafter)
+    return Proposal(proposal.tokens[: max(0, free_cells - 1)], None, proposal.drafter)
 
 
 def _verify_chain(target: Context, history: Sequence[int], draft: Sequence[int],

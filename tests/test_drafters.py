@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.drafting.base import Proposal, TreeProposal
+from localspec.drafting.base import BatchExtra, Proposal, TreeProposal
 from localspec.drafting.combine import DrafterSet, PositionAcceptance
 from localspec.drafting.specs import DrafterSpec, parse_draft
 from localspec.drafting.tree import tree_from_branches
@@ -135,3 +135,42 @@ def test_multi_branch_verification_leaves_the_cache_as_if_the_branch_was_decoded
     # The decoys' sequences are gone: only sequence 0 holds cells.
     for seq in range(1, 8):
         assert tree_ctx.seq_pos_max(seq) == -1
+
+
+def window(n: int) -> BatchExtra:
+    return BatchExtra(tuple(range(n)), tuple(range(1, n + 1)), tuple((0,) for _ in range(n)),
+                      (True,) * n, lambda get: None)
+
+
+def test_a_proposal_is_shrunk_to_the_free_cells_at_the_end_of_the_context():
+    from localspec.speculative import _fit_context
+
+    tree = tree_from_branches([(1, 2, 3), (1, 4), (5,)])  # 5 nodes, depth 3
+    full = TreeProposal(tree, "lookahead", window(6))
+    assert _fit_context(full, 1 + 5 + 6) is full
+    no_window = _fit_context(full, 1 + 5 + 5)
+    assert isinstance(no_window, TreeProposal) and no_window.tree is tree and no_window.extra is None
+    chain = _fit_context(full, 3)  # `last` and two draft tokens fit
+    assert isinstance(chain, Proposal) and chain.tokens == full.tokens[:2] and chain.drafter == "lookahead"
+    assert _fit_context(full, 1).tokens == ()
+    probs = tuple(np.full(4, 0.25) for _ in range(3))
+    cut = _fit_context(Proposal((1, 2, 3), probs, "draft"), 3)
+    assert cut.tokens == (1, 2) and len(cut.probs) == 2
+
+
+class Windowed(Fixed):
+    """A drafter with no candidates yet but a window to run (lookahead before its pool fills)."""
+
+    def propose(self, history, max_tokens):
+        self.calls += 1
+        return TreeProposal(tree_from_branches(()), self.name, window(4))
+
+
+def test_drafter_set_runs_a_lookahead_window_when_nobody_has_candidates():
+    la, empty = Windowed("lookahead", ()), Fixed("ngram", ())
+    combo = DrafterSet([empty, la])
+    p = combo.propose([0], 4)
+    assert isinstance(p, TreeProposal) and p.extra is not None
+    # ... but candidates with a positive expected value win over a bare window.
+    combo = DrafterSet([Fixed("ngram", (1, 2)), la])
+    assert combo.propose([0], 4).drafter == "ngram"

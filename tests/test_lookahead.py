@@ -358,3 +358,20 @@ def test_after_each_step_the_cache_holds_the_history_minus_its_last_token(la_eng
         assert ctx.seq_pos_max(0) == len(history) - 2
         assert [ctx.seq_pos_max(s) for s in range(1, ctx.n_seq)] == [-1] * (ctx.n_seq - 1)
     assert drafter.stats.window_steps == windows + 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("specs", ["lookahead", "ngram,lookahead"])
+def test_drafting_runs_to_the_end_of_the_context(target, specs: str) -> None:
+    """Near the end of the window the batch (candidates and the Jacobi window) is shrunk to what fits."""
+    from localspec.drafting.specs import parse_draft
+    from localspec.engine import Engine, GenerateOptions
+
+    engine = Engine(target, specs=parse_draft(specs), n_ctx=256)
+    prompt = REPETITIVE * 8
+    n_prompt = len(engine.tokenize(prompt))
+    assert n_prompt < 220
+    done = list(engine.generate(prompt, GenerateOptions(max_tokens=1000, draft_max=5)))[-1]
+    assert done.finish_reason == "context"
+    assert n_prompt + len(done.tokens) == engine.n_ctx + 1
+    assert done.stats.verified > done.stats.drafted  # the window was decoded beside the candidates

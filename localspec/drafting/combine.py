@@ -81,6 +81,10 @@ class DrafterSet:
             value = self.acceptance[d.name].expected_accepted(tree_depth(p))
             if value > best_value:
                 best, best_value = p, value
+            elif best_value == 0.0 and isinstance(p, TreeProposal) and p.extra is not None and not best.tokens:
+                # Nothing to verify yet, but lookahead's window advances only when it is decoded:
+                # run it rather than a bare plain step, so its n-gram pool can fill.
+                best = p
         for d in self.drafters:
             if d.name in self.expensive and self.acceptance[d.name].expected_accepted(max_tokens) > best_value:
                 best = d.propose(history, max_tokens)
