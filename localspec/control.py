@@ -61,6 +61,7 @@ from long ago weighs little against a fresh probe).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
@@ -250,6 +251,37 @@ class ControllerStats:
     def measured_gain(self) -> float:
         """Measured speedup of the drafting steps over plain (1.0 before any)."""
         return self.measured_plain_ms / self.measured_ms if self.measured_ms > 0 else 1.0
+
+    def since(self, before: "ControllerStats") -> "ControllerStats":
+        """The counts added after ``before`` (a copy taken earlier), e.g. one generation's."""
+        choices: dict[str, dict[int, int]] = {}
+        for name, ks in self.choices.items():
+            old = before.choices.get(name, {})
+            row = {k: n - old.get(k, 0) for k, n in ks.items() if n - old.get(k, 0)}
+            if row:
+                choices[name] = row
+        return ControllerStats(
+            steps=self.steps - before.steps, plain_steps=self.plain_steps - before.plain_steps,
+            draft_steps=self.draft_steps - before.draft_steps, probes=self.probes - before.probes,
+            probe_successes=self.probe_successes - before.probe_successes, choices=choices,
+            expected_tokens=self.expected_tokens - before.expected_tokens,
+            expected_ms=self.expected_ms - before.expected_ms,
+            expected_plain_ms=self.expected_plain_ms - before.expected_plain_ms,
+            measured_tokens=self.measured_tokens - before.measured_tokens,
+            measured_ms=self.measured_ms - before.measured_ms,
+            measured_plain_ms=self.measured_plain_ms - before.measured_plain_ms,
+            probe_budget_ms=self.probe_budget_ms, last_reason=self.last_reason,
+        )
+
+    def copy(self) -> "ControllerStats":
+        return dataclasses.replace(self, choices={n: dict(ks) for n, ks in self.choices.items()})
+
+    @property
+    def mean_k(self) -> float:
+        """Mean draft length over the steps that drafted (probes included)."""
+        n = sum(c for name, ks in self.choices.items() if name != "plain" for c in ks.values())
+        total = sum(k * c for name, ks in self.choices.items() if name != "plain" for k, c in ks.items())
+        return total / n if n else 0.0
 
     def to_dict(self) -> dict[str, object]:
         return {

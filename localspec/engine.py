@@ -22,7 +22,7 @@ from localspec.drafting.combine import DrafterSet
 from localspec.drafting.model import ModelDrafter
 from localspec.drafting.specs import DrafterSpec
 from localspec.errors import ContextOverflowError, InvalidOptionError, UnsupportedModelError
-from localspec.events import DoneEvent, DrafterStats, Event, GenerationStats, StepEvent, TokenEvent
+from localspec.events import ControlSummary, DoneEvent, DrafterStats, Event, GenerationStats, StepEvent, TokenEvent
 from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import StepResult, speculative_step
 from localspec.textstream import TokenReleaser
@@ -218,8 +218,10 @@ class Engine:
 class _Tally:
     """Running counts behind GenerationStats."""
 
-    def __init__(self, prompt_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, controller: Controller | None = None) -> None:
         self.prompt_tokens = prompt_tokens
+        self.controller = controller
+        self.control_before = controller.stats.copy() if controller is not None else None
         self.tokens = self.steps = self.drafted = self.accepted = self.verified = 0
         self.prefill_s = self.draft_s = self.verify_s = self.python_s = 0.0
         self.start = self.end = 0.0
@@ -259,7 +261,16 @@ class _Tally:
             verify_ms=self.verify_s * 1e3, python_ms=self.python_s * 1e3,
             position_drafted=tuple(self.pos_drafted), position_accepted=tuple(self.pos_accepted),
             drafters=tuple(DrafterStats(name, *row) for name, row in self.by_drafter.items()),
+            control=self._control(),
         )
+
+    def _control(self) -> ControlSummary | None:
+        if self.controller is None or self.control_before is None:
+            return None
+        c = self.controller.stats.since(self.control_before)
+        return ControlSummary(draft_steps=c.draft_steps, plain_steps=c.plain_steps, probes=c.probes,
+                              mean_k=c.mean_k, expected_gain=c.expected_gain, measured_gain=c.measured_gain,
+                              last_reason=c.last_reason if c.steps else "")
 
 
 class Generation(Iterator[Event]):
@@ -278,7 +289,7 @@ class Generation(Iterator[Event]):
         self.sampler = Sampler(opts.sampling)
         self.drafter = engine.make_drafter(self.sampler, opts)
         self.controller = engine.controller(self.drafter, opts) if self.drafter is not None else None
-        self.tally = _Tally(len(prompt))
+        self.tally = _Tally(len(prompt), self.controller)
         self.tokens: list[int] = []
         self.text_parts: list[str] = []
         self.result: DoneEvent | None = None

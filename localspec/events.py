@@ -60,6 +60,25 @@ class DrafterStats:
 
 
 @dataclass(frozen=True)
+class ControlSummary:
+    """What the adaptive controller decided during one generation, and how it turned out.
+
+    ``expected_gain``: the speedup over plain decoding its estimates promised
+    for the drafting steps; ``measured_gain``: what those steps really gave
+    (both 1.0 when it never drafted outside probes). ``last_reason`` is the
+    reason for its most recent decision, in words.
+    """
+
+    draft_steps: int = 0
+    plain_steps: int = 0
+    probes: int = 0
+    mean_k: float = 0.0
+    expected_gain: float = 1.0
+    measured_gain: float = 1.0
+    last_reason: str = ""
+
+
+@dataclass(frozen=True)
 class GenerationStats:
     """Totals for one generation.
 
@@ -84,6 +103,7 @@ class GenerationStats:
     position_drafted: tuple[int, ...] = ()
     position_accepted: tuple[int, ...] = ()
     drafters: tuple[DrafterStats, ...] = field(default=())
+    control: ControlSummary | None = None  # None: no controller (plain decoding)
 
     @property
     def acceptance_rate(self) -> float:
@@ -119,6 +139,7 @@ class GenerationStats:
         """Plain JSON-able numbers; the keys scripts rely on are stable."""
         out = asdict(self)
         out.pop("drafters")
+        out["control"] = asdict(self.control) if self.control is not None else None
         out.update(
             acceptance_rate=self.acceptance_rate,
             conditional_acceptance=self.conditional_acceptance,

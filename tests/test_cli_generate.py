@@ -48,6 +48,11 @@ def test_json_output_parses_and_is_consistent(smollm2_path, smollm2_q4_0_path):
     assert out["finish_reason"] in ("length", "stop")
     assert out["tokens"] <= 48
     assert s["tokens_per_second"] > 0
+    # What the controller decided: every step is a drafting, plain or probe step; k was fixed at 4.
+    c = s["control"]
+    assert c["draft_steps"] + c["plain_steps"] + c["probes"] == s["steps"]
+    assert 0 < c["mean_k"] <= 4 and "--draft-max 4" in c["last_reason"]  # shorter near max-tokens
+    assert c["expected_gain"] > 0 and c["measured_gain"] > 0
 
 
 def test_text_streams_to_stdout_and_stats_to_stderr(smollm2_path):

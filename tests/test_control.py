@@ -353,6 +353,21 @@ def test_stats_count_choices_probes_and_gains() -> None:
     assert summary["choices"]["d"] and summary["last_reason"].startswith("d: expected")
 
 
+def test_stats_since_an_earlier_copy_count_one_generation() -> None:
+    sim = Sim(GPU, {"d": lambda t: 0.8}, seed=5)
+    sim.run(200)
+    before = sim.ctl.stats.copy()
+    sim.run(100)
+    delta = sim.ctl.stats.since(before)
+    assert delta.steps == 100 == delta.plain_steps + delta.draft_steps + delta.probes
+    assert sum(sum(ks.values()) for ks in delta.choices.values()) == 100
+    drafted = [d.k for d in sim.decisions[200:] if not d.plain]
+    assert delta.mean_k == pytest.approx(sum(drafted) / len(drafted))
+    assert delta.measured_gain > 2.0 and delta.last_reason == sim.ctl.stats.last_reason
+    # The copy is independent: later steps did not change it.
+    assert before.steps == 200 and sum(sum(ks.values()) for ks in before.choices.values()) == 200
+
+
 def test_reason_says_when_the_next_probe_comes() -> None:
     ctl = Controller(CostModel(CPU), ["draft"])
     ctl.costs.set_draft_cost("draft", *DRAFT_MODEL)

@@ -99,6 +99,9 @@ def test_a_turn_streams_and_the_dashboard_agrees_with_the_engine(engine: Engine,
             total = s.draft_ms + s.verify_ms + s.python_ms
             assert d.time_split == pytest.approx((s.draft_ms / total, s.verify_ms / total, s.python_ms / total))
             assert d.speed_samples and all(x > 0 for x in d.speed_samples)
+            c = s.control
+            assert c is not None and c.draft_steps + c.plain_steps + c.probes == s.steps
+            assert c.last_reason and c.last_reason in d.control_text
 
             # ... and says so on screen (a snapshot of the whole app, checked for labels and values).
             screen = svg_text(app.export_screenshot())
@@ -108,7 +111,8 @@ def test_a_turn_streams_and_the_dashboard_agrees_with_the_engine(engine: Engine,
                 "ceiling 1/(1−α)", "expected τ γ=4 ", "Acceptance by draft position",
                 f"reply {s.tokens_per_second:.1f} tok/s · plain {app.plain_tok_s:.1f} tok/s",
                 f"speedup {d.speedup:.2f}×", "Time per step", "draft ", "verify ", "python ",
-                "Name three colours.", "drafter draft", "GPU offload:",
+                "Name three colours.", "drafter draft", "GPU offload:", "Controller",
+                f"draft {c.draft_steps} · plain {c.plain_steps} · probes {c.probes}", "why    ",
             ):
                 assert expected in screen, (expected, screen)
             for a, n in zip(s.position_acceptance, s.position_drafted, strict=True):

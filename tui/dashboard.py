@@ -85,6 +85,8 @@ class Dashboard(VerticalScroll):
         yield Static(id="dash-split")
         yield Label("Drafters", classes="dash-title")
         yield Static(id="dash-drafters")
+        yield Label("Controller", classes="dash-title")
+        yield Static(id="dash-control")
 
     def on_mount(self) -> None:
         self._render_all()
@@ -203,6 +205,19 @@ class Dashboard(VerticalScroll):
         drafters = [f"{d.name:<10} α {d.acceptance_rate:4.2f}  {d.accepted}/{d.drafted} in {d.steps} steps"
                     for d in s.drafters]
         self.query_one("#dash-drafters", Static).update("\n".join(drafters) or "none used")
+        self.query_one("#dash-control", Static).update(self.control_text)
+
+    @property
+    def control_text(self) -> str:
+        """What the adaptive controller decided this reply and why (empty of numbers when off)."""
+        c = self.stats.control
+        if c is None:
+            return "off (plain decoding)" if self.drafter == "off" else "waiting for a reply"
+        return "\n".join([
+            f"steps  draft {c.draft_steps} · plain {c.plain_steps} · probes {c.probes}",
+            f"gain   expected {c.expected_gain:4.2f}× · measured {c.measured_gain:4.2f}×",
+            f"why    {c.last_reason or '…'}",
+        ])
 
     def _split_content(self) -> Content:
         fractions = self.time_split
