@@ -71,7 +71,8 @@ class Engine:
     """
 
     def __init__(self, target: Model, *, draft: Model | None = None, specs: Sequence[DrafterSpec] = (),
-                 n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512) -> None:
+                 n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
+                 personal_history: bool = True) -> None:
         if n_ctx < 16:
             raise InvalidOptionError(f"--ctx {n_ctx} is too small: use at least 16 tokens")
         model_free = [s for s in specs if s.kind != "model"]
@@ -89,6 +90,8 @@ class Engine:
         self.draft = draft
         self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
                           if draft is not None else None)
+        self.personal_history = personal_history
+        self._model_free_specs = model_free
         self._factories: dict[str, DrafterFactory] = {}
         if self.draft_ctx is not None:
             draft_ctx = self.draft_ctx
@@ -103,7 +106,7 @@ class Engine:
             from localspec.drafting.personal import personal_ngram_drafter
 
             # The context's n-grams plus the user's past outputs (LOCALSPEC_NO_HISTORY=1: context only).
-            drafter = personal_ngram_drafter(self.target.path, max_branches=4)
+            drafter = personal_ngram_drafter(self.target.path, max_branches=4, personal=self.personal_history)
         elif spec.kind == "rest":
             from localspec.drafting.rest import RestDrafter
 
@@ -116,10 +119,31 @@ class Engine:
             raise InvalidOptionError(f"unknown drafter kind {spec.kind!r}")
         return lambda sampler, opts: drafter
 
+    def reset_learning(self) -> None:
+        """Forget what the drafters and controllers learned (n-gram pools, acceptance estimates).
+
+        The measured costs stay: they belong to the machine. ``localspec bench``
+        calls this before each run so that no run profits from an earlier one.
+        """
+        self._controllers.clear()
+        for spec in self._model_free_specs:
+            self._factories[spec.name] = self._model_free_factory(spec)
+
+    def cost_model(self, *, measure: bool = True) -> CostModel | None:
+        """The costs the controllers plan with (measured or loaded on first use; None if not yet and not
+        ``measure``)."""
+        if self._costs is None and measure:
+            from localspec.costs import load_or_measure
+
+            self._costs = load_or_measure(self.ctx, n_threads=self.n_threads)
+            if self.draft_ctx is not None:
+                self._costs.set_model_drafter("draft", load_or_measure(self.draft_ctx, n_threads=self.n_threads))
+        return self._costs
+
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, *, specs: Sequence[DrafterSpec] = (),
              n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = -1,
-             draft_n_gpu_layers: int = -1) -> "Engine":
+             draft_n_gpu_layers: int = -1, personal_history: bool = True) -> "Engine":
         """Check the files from their GGUF metadata first (no weights read), then load.
 
         ``draft`` is the draft model's GGUF path; ``specs`` the model-free drafters.
@@ -132,7 +156,8 @@ class Engine:
             check_draft_compatible(target_info, draft_info)
         target_model = Model(target, n_gpu_layers=n_gpu_layers)
         draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers) if draft is not None else None
-        return cls(target_model, draft=draft_model, specs=specs, n_ctx=n_ctx, n_threads=n_threads)
+        return cls(target_model, draft=draft_model, specs=specs, n_ctx=n_ctx, n_threads=n_threads,
+                   personal_history=personal_history)
 
     @property
     def n_ctx(self) -> int:
@@ -164,15 +189,11 @@ class Engine:
         The first call measures the target's (and draft model's) verification
         costs, about a second and a half, cached on disk per model and build.
         """
-        if self._costs is None:
-            from localspec.costs import load_or_measure
-
-            self._costs = load_or_measure(self.ctx, n_threads=self.n_threads)
-            if self.draft_ctx is not None:
-                self._costs.set_model_drafter("draft", load_or_measure(self.draft_ctx, n_threads=self.n_threads))
+        costs = self.cost_model()
+        assert costs is not None
         ctl = self._controllers.get(drafter.name)
         if ctl is None:
-            ctl = self._controllers[drafter.name] = Controller(self._costs, [drafter.name])
+            ctl = self._controllers[drafter.name] = Controller(costs, [drafter.name])
         ctl.fixed_k = opts.draft_max
         return ctl
 

@@ -10,14 +10,23 @@ from pathlib import Path
 from localspec.errors import InvalidOptionError, ModelFileError
 
 
-def add_model_options(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+DRAFT_HELP = ("drafters, comma-separated: a draft model (name or GGUF path sharing the target's "
+              "vocabulary), ngram (lookup in the context), lookahead (Jacobi decoding), "
+              "rest:STORE (a datastore from `localspec index`); several are combined per step")
+
+
+def add_model_options(p: argparse.ArgumentParser, *, model_required: bool = True,
+                      draft_configs: bool = False) -> None:
+    """MODEL, --draft and the engine options. ``draft_configs``: --draft repeats, one configuration each."""
     p.add_argument("model", metavar="MODEL", nargs=None if model_required else "?",
                    help="target model: a name from `localspec models` (downloaded on first use) or a "
                         "GGUF path" + ("" if model_required else "; default: the embedded SmolLM2-135M"))
-    p.add_argument("--draft", metavar="DRAFT", default=None,
-                   help="drafters, comma-separated: a draft model (name or GGUF path sharing the target's "
-                        "vocabulary), ngram (lookup in the context), lookahead (Jacobi decoding), "
-                        "rest:STORE (a datastore from `localspec index`); several are combined per step")
+    if draft_configs:
+        p.add_argument("--draft", metavar="DRAFT[@K]", action="append", default=[],
+                       help="a configuration to compare with plain decoding (repeatable): " + DRAFT_HELP
+                            + "; @K fixes the draft length at K, otherwise the adaptive controller decides")
+    else:
+        p.add_argument("--draft", metavar="DRAFT", default=None, help=DRAFT_HELP)
     p.add_argument("--offline", action="store_true",
                    help="never download: use only models already on disk")
     p.add_argument("--ctx", type=int, default=4096, metavar="N", help="context window in tokens (default 4096)")

@@ -372,11 +372,12 @@ def _write_atomically(path: Path, parts: list[bytes]) -> None:
             f.write(part)
 
 
-def personal_ngram_drafter(model_path: str | os.PathLike[str], *, max_branches: int = 4) -> NgramDrafter:
+def personal_ngram_drafter(model_path: str | os.PathLike[str], *, max_branches: int = 4,
+                           personal: bool = True) -> NgramDrafter:
     """The context n-gram drafter with ``model_path``'s personal store as a source
-    (none with ``LOCALSPEC_NO_HISTORY=1``). Raises StoreError for an unusable store file."""
+    (none with ``personal=False`` or ``LOCALSPEC_NO_HISTORY=1``). Raises StoreError for an unusable store file."""
     drafter = NgramDrafter(max_branches=max_branches)
-    if not history_disabled():
+    if personal and not history_disabled():
         from localspec.gguf_info import tokenizer_fingerprint
 
         drafter.sources.append(PersonalStore.open(tokenizer_fingerprint(model_path)))

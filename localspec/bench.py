@@ -1,0 +1,434 @@
+"""``localspec bench``'s measurement: plain vs each drafter configuration, alternating, in one process.
+
+Every round runs each task once with every configuration, plain included,
+back to back (the order rotates each round), so drift in the machine's speed
+hits all alike; a configuration's speed is judged by its ratio to the plain
+run of the same task and round. Before each run the engine forgets what its
+drafters and controllers learned (``Engine.reset_learning``) and the personal
+store of past outputs is not used, so no run profits from an earlier run of
+the same prompt: each is measured as a first reply in a new session.
+
+Next to the measured ratio stands the one the formula predicts from that
+run's own measured acceptance and the machine's measured costs (see
+``predicted_speedup``): where they part, the acceptance was not the
+independent per-token coin the formula assumes, or the costs moved.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from localspec.errors import InvalidOptionError
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+KINDS = ("grounded", "structured", "free")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt of the suite: a user turn (chat template applied when the model has one)."""
+
+    name: str
+    prompt: str
+    kind: str = "free"
+    temperature: float = 0.0
+    max_tokens: int = 128
+
+
+@dataclass(frozen=True)
+class Config:
+    """A way to decode: ``drafter`` names from the engine (None: plain), ``draft_max`` None = adaptive."""
+
+    label: str
+    drafter: str | None
+    draft_max: int | None = None
+
+
+PLAIN = Config("plain", None, 0)
+
+
+def load_tasks(text: str, source: str) -> list[Task]:
+    """Tasks from TOML text (``[[task]]`` tables); errors name ``source`` and what is wrong."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise InvalidOptionError(f"{source}: not valid TOML ({err}); fix the file") from None
+    rows = data.get("task")
+    if not isinstance(rows, list) or not rows:
+        raise InvalidOptionError(f"{source}: no [[task]] tables; each task needs a name and a prompt")
+    tasks: list[Task] = []
+    for i, row in enumerate(rows, 1):
+        where = f"{source}: task {i}"
+        unknown = set(row) - {"name", "prompt", "kind", "temperature", "max_tokens"}
+        if unknown:
+            raise InvalidOptionError(f"{where}: unknown key {sorted(unknown)[0]!r}; "
+                                     "use name, prompt, kind, temperature, max_tokens")
+        if not isinstance(row.get("name"), str) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+            raise InvalidOptionError(f"{where}: needs a string name and a non-empty string prompt")
+        kind = row.get("kind", "free")
+        if kind not in KINDS:
+            raise InvalidOptionError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        temperature, max_tokens = row.get("temperature", 0.0), row.get("max_tokens", 128)
+        if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 5:
+            raise InvalidOptionError(f"{where}: temperature must be a number in 0..5")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidOptionError(f"{where}: max_tokens must be a positive integer")
+        tasks.append(Task(row["name"], row["prompt"], kind, float(temperature), max_tokens))
+    names = [t.name for t in tasks]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise InvalidOptionError(f"{source}: two tasks are named {dup!r}; names must differ")
+    return tasks
+
+
+def builtin_tasks() -> list[Task]:
+    text = resources.files("localspec").joinpath("data/bench_tasks.toml").read_text(encoding="utf-8")
+    return load_tasks(text, "the built-in prompt suite")
+
+
+def parse_config(text: str) -> tuple[str, int | None]:
+    """``DRAFT[@K]`` as (the --draft text, fixed length K or None for the adaptive controller)."""
+    draft, sep, k = text.rpartition("@")
+    if not sep or not k.isdigit():
+        return text, None
+    if not draft:
+        raise InvalidOptionError(f"bench configuration {text!r} names no drafter; write DRAFT@K, e.g. ngram@5")
+    return draft, int(k)
+
+
+# --- numbers -------------------------------------------------------------------------------------
+def expected_tokens(alpha: float, gamma: float) -> float:
+    """(1 − α^(γ+1)) / (1 − α): tokens per drafting step at acceptance α and draft length γ."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
+
+
+def predicted_speedup(*, steps: int, drafting_steps: int, drafted: int, verified: int, alpha: float,
+                      draft_ms: float, verify_ms: Callable[[float], float], plain_ms: float,
+                      overhead_ms: Callable[[float], float] = lambda k: 0.0) -> float:
+    """The speedup over plain decoding that the formula gives for a run's measured behaviour.
+
+    Drafting steps (mean length γ = drafted/drafting_steps, mean verification
+    batch b = 1 + verified/drafting_steps) each emit (1 − α^(γ+1)) / (1 − α)
+    tokens and cost the measured draft time per step + verify_ms(b) +
+    overhead_ms(γ); the remaining steps are plain: one token for ``plain_ms``.
+    Plain decoding emits one token per ``plain_ms``.
+    """
+    if steps <= 0 or plain_ms <= 0:
+        return 1.0
+    plain_steps = steps - drafting_steps
+    tokens, ms = float(plain_steps), plain_steps * plain_ms
+    if drafting_steps > 0:
+        gamma = drafted / drafting_steps
+        batch = 1.0 + verified / drafting_steps
+        tokens += drafting_steps * expected_tokens(alpha, gamma)
+        ms += draft_ms + drafting_steps * (verify_ms(batch) + overhead_ms(gamma))
+    return tokens / ms * plain_ms
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One generation of one task with one configuration, in one round."""
+
+    task: str
+    config: str
+    round: int
+    tokens: int
+    tokens_per_second: float
+    ratio: float                 # tokens/s over the plain run of the same task and round
+    predicted: float             # the formula's speedup from this run's α and the cost model
+    alpha: float                 # conditional acceptance (per position reached)
+    tau: float                   # tokens per target pass
+    drafted: int
+    accepted: int
+    steps: int
+    draft_ms: float
+    verify_ms: float
+    python_ms: float
+    same_as_plain: bool | None   # greedy tasks: output identical to plain's (None when sampled)
+    control: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """min–median–max of a configuration's ratios (over rounds, or over every run)."""
+
+    ratio_min: float
+    ratio_median: float
+    ratio_max: float
+    tokens_per_second: float
+    predicted: float
+    alpha: float
+    tau: float
+    split: tuple[float, float, float]  # draft / verify / python shares of step time
+    runs: int
+    draft_ms_per_step: float = 0.0     # drafting time per step (all steps, plain ones count 0)
+
+
+def summarise(runs: Sequence[RunResult]) -> Summary:
+    ratios = [r.ratio for r in runs]
+    total = [r.draft_ms + r.verify_ms + r.python_ms for r in runs]
+    t = sum(total)
+    split = ((sum(r.draft_ms for r in runs) / t, sum(r.verify_ms for r in runs) / t,
+              sum(r.python_ms for r in runs) / t) if t > 0 else (0.0, 0.0, 0.0))
+    med = statistics.median
+    return Summary(min(ratios), med(ratios), max(ratios), med(r.tokens_per_second for r in runs),
+                   med(r.predicted for r in runs), med(r.alpha for r in runs), med(r.tau for r in runs),
+                   split, len(runs), sum(r.draft_ms for r in runs) / max(1, sum(r.steps for r in runs)))
+
+
+@dataclass
+class BenchResult:
+    model: str
+    configs: list[Config]
+    tasks: list[Task]
+    rounds: int
+    runs: list[RunResult] = field(default_factory=list)
+    costs: dict[str, Any] = field(default_factory=dict)
+
+    def by_task(self) -> dict[str, dict[str, Summary]]:
+        out: dict[str, dict[str, Summary]] = {}
+        for task in self.tasks:
+            out[task.name] = {c.label: summarise([r for r in self.runs if r.task == task.name and r.config == c.label])
+                              for c in self.configs if any(r.task == task.name and r.config == c.label
+                                                           for r in self.runs)}
+        return out
+
+    def overall(self, kind: str | None = None) -> dict[str, Summary]:
+        """Each configuration over every run (of tasks of ``kind``, or all)."""
+        names = {t.name for t in self.tasks if kind is None or t.kind == kind}
+        out: dict[str, Summary] = {}
+        for c in self.configs:
+            runs = [r for r in self.runs if r.config == c.label and r.task in names]
+            if runs:
+                out[c.label] = summarise(runs)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "rounds": self.rounds,
+            "configs": [asdict(c) for c in self.configs],
+            "tasks": [asdict(t) for t in self.tasks],
+            "costs": self.costs,
+            "by_task": {t: {c: asdict(s) for c, s in row.items()} for t, row in self.by_task().items()},
+            "overall": {c: asdict(s) for c, s in self.overall().items()},
+            "overall_by_kind": {k: {c: asdict(s) for c, s in self.overall(k).items()}
+                                for k in KINDS if any(t.kind == k for t in self.tasks)},
+            "runs": [asdict(r) for r in self.runs],
+        }
+
+
+# --- running -------------------------------------------------------------------------------------
+def run_bench(engine, tasks: Sequence[Task], configs: Sequence[Config], *, rounds: int = 3,
+              chat: bool = True, max_tokens: int | None = None,
+              progress: Callable[[str], None] | None = None) -> BenchResult:
+    """Measure every configuration on every task, ``rounds`` times, alternating with plain.
+
+    ``engine``: a ``localspec.engine.Engine`` holding every drafter the
+    configurations name. ``max_tokens`` overrides each task's own.
+    """
+    from localspec.engine import GenerateOptions
+    from localspec.events import DoneEvent
+    from localspec.sampling import SamplingParams
+
+    if rounds < 1:
+        raise InvalidOptionError(f"--rounds {rounds} is out of range: use at least 1")
+    configs = [PLAIN, *[c for c in configs if c.label != PLAIN.label]]
+    result = BenchResult(Path(engine.target.path).stem, configs, list(tasks), rounds)
+    use_chat = chat and engine.target.chat_template() is not None
+
+    def prompt_tokens(task: Task) -> list[int]:
+        if use_chat:
+            return engine.chat_tokens([{"role": "user", "content": task.prompt}])
+        return engine.tokenize(task.prompt)
+
+    def generate(tokens: list[int], task: Task, config: Config, seed: int) -> DoneEvent:
+        engine.reset_learning()
+        opts = GenerateOptions(max_tokens=max_tokens or task.max_tokens,
+                               sampling=SamplingParams(temperature=task.temperature, seed=seed),
+                               draft_max=config.draft_max, speculative=config.drafter is not None,
+                               drafter=config.drafter)
+        done = None
+        for event in engine.generate(tokens, opts):
+            if isinstance(event, DoneEvent):
+                done = event
+        assert done is not None
+        return done
+
+    for task in tasks:
+        tokens = prompt_tokens(task)
+        if progress:
+            progress(f"{task.name}: warming up")
+        generate(tokens, task, PLAIN, seed=0)  # page cache, allocator, the prompt's first prefill
+        for rnd in range(rounds):
+            shift = rnd % len(configs)
+            order = configs[shift:] + configs[:shift]
+            done: dict[str, DoneEvent] = {}
+            for config in order:
+                if progress:
+                    progress(f"{task.name}: round {rnd + 1}/{rounds}, {config.label}")
+                done[config.label] = generate(tokens, task, config, seed=1000 * rnd + 17)
+            plain = done[PLAIN.label]
+            for config in configs:
+                result.runs.append(_run_result(engine, task, config, rnd, done[config.label], plain))
+    costs = engine.cost_model(measure=False)
+    if costs is not None:
+        result.costs = costs.to_dict()
+    return result
+
+
+def _run_result(engine, task: Task, config: Config, rnd: int, done, plain) -> RunResult:
+    s = done.stats
+    plain_tps = plain.stats.tokens_per_second
+    ratio = s.tokens_per_second / plain_tps if plain_tps > 0 else math.nan
+    predicted = 1.0
+    costs = engine.cost_model(measure=False)
+    drafting_steps = sum(d.steps for d in s.drafters)
+    if config.drafter is not None and costs is not None:
+        predicted = predicted_speedup(
+            steps=s.steps, drafting_steps=drafting_steps, drafted=s.drafted, verified=s.verified,
+            alpha=s.conditional_acceptance, draft_ms=s.draft_ms, verify_ms=costs.verify_ms,
+            plain_ms=costs.plain_ms(), overhead_ms=costs.overhead_ms)
+    return RunResult(
+        task=task.name, config=config.label, round=rnd, tokens=s.tokens, tokens_per_second=s.tokens_per_second,
+        ratio=ratio, predicted=predicted, alpha=s.conditional_acceptance, tau=s.tokens_per_step,
+        drafted=s.drafted, accepted=s.accepted, steps=s.steps, draft_ms=s.draft_ms, verify_ms=s.verify_ms,
+        python_ms=s.python_ms,
+        same_as_plain=(done.tokens == plain.tokens) if task.temperature == 0 else None,
+        control=asdict(s.control) if s.control is not None else None,
+    )
+
+
+# --- showing -------------------------------------------------------------------------------------
+def _bar(ratio: float, width: int = 24, top: float = 2.0) -> str:
+    """A bar for a ratio on a 0..``top`` scale with a tick at 1.0 (plain)."""
+    cells = [" "] * width
+    one = round(width / top) - 1
+    filled = max(0, min(width, round(ratio / top * width)))
+    for i in range(filled):
+        cells[i] = "█"
+    if cells[one] == " ":
+        cells[one] = "│"
+    return "".join(cells) + ("▶" if ratio > top else "")
+
+
+def format_table(result: BenchResult) -> str:
+    """The terminal report: per task and overall, one line per configuration."""
+    head = (f"{'task':<14}{'config':<18}{'tok/s':>8}  {'× plain min–med–max':<21}{'pred×':>6}"
+            f"{'α':>6}{'τ':>6}  {'draft/verify/py %':<18}{'draft ms/step':>13}")
+    lines = [f"localspec bench · {result.model} · {result.rounds} round(s), alternating with plain", "", head,
+             "─" * len(head)]
+
+    def row(label: str, config: str, s: Summary) -> str:
+        split = "/".join(f"{100 * x:.0f}" for x in s.split)
+        spread = ("1.00" if config == PLAIN.label
+                  else f"{s.ratio_min:.2f}–{s.ratio_median:.2f}–{s.ratio_max:.2f}")
+        pred = "" if config == PLAIN.label else f"{s.predicted:.2f}"
+        acc = "" if config == PLAIN.label else f"{s.alpha:.2f}"
+        draft = "" if config == PLAIN.label else f"{s.draft_ms_per_step:.3f}"
+        return (f"{label:<14}{config:<18}{s.tokens_per_second:>8.1f}  {spread:<21}{pred:>6}{acc:>6}"
+                f"{s.tau:>6.2f}  {split:<18}{draft:>13}")
+
+    for task, configs in result.by_task().items():
+        for i, (config, s) in enumerate(configs.items()):
+            lines.append(row(task if i == 0 else "", config, s))
+    lines += ["", "overall (every run; the bar is the median ratio, │ marks plain speed):"]
+    groups = [(None, "all tasks")] + [(k, f"{k} tasks") for k in KINDS if any(t.kind == k for t in result.tasks)]
+    for kind, title in groups:
+        summaries = result.overall(kind)
+        lines.append(f"  {title}")
+        for config, s in summaries.items():
+            if config == PLAIN.label:
+                continue
+            lines.append(f"    {config:<18}{s.ratio_min:.2f}–{s.ratio_median:.2f}–{s.ratio_max:.2f}×  "
+                         f"{_bar(s.ratio_median)}  predicted {s.predicted:.2f}×")
+    differing = [r for r in result.runs if r.same_as_plain is False]
+    if differing:
+        lines += ["", f"note: {len(differing)} greedy run(s) parted from plain output at a numerical near-tie "
+                      "(llama.cpp batch shapes); see --json"]
+    return "\n".join(lines)
+
+
+def chart_svg(result: BenchResult) -> str:
+    """A bar chart (SVG) of each configuration's median ratio to plain per task, with min–max whiskers."""
+    configs = [c.label for c in result.configs if c.label != PLAIN.label]
+    table = result.by_task()
+    tasks = list(table)
+    palette = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
+    bar_w, gap, left, top, height = 14, 18, 60, 40, 240
+    group_w = max(1, len(configs)) * bar_w + gap
+    width = left + len(tasks) * group_w + 180
+    peak = max([1.5] + [s.ratio_max for row in table.values() for c, s in row.items() if c != PLAIN.label])
+    scale = height / (peak * 1.1)
+
+    def y(v: float) -> float:
+        return top + height - v * scale
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 90}" '
+           f'font-family="sans-serif" font-size="11">',
+           f'<text x="{left}" y="20" font-size="14">{_esc(result.model)}: tokens/s relative to plain decoding '
+           f'(median, min–max over {result.rounds} round(s))</text>']
+    for v in [x / 2 for x in range(0, int(peak * 1.1 * 2) + 1)]:
+        out.append(f'<line x1="{left}" x2="{left + len(tasks) * group_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
+                   f'stroke="{"#333" if v == 1 else "#ddd"}" stroke-width="{2 if v == 1 else 1}"/>')
+        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.1f}×</text>')
+    for ti, task in enumerate(tasks):
+        x0 = left + ti * group_w + gap / 2
+        for ci, config in enumerate(configs):
+            s = table[task].get(config)
+            if s is None:
+                continue
+            x = x0 + ci * bar_w
+            colour = palette[ci % len(palette)]
+            out.append(f'<rect class="bar" data-task="{_esc(task)}" data-config="{_esc(config)}" '
+                       f'data-ratio="{s.ratio_median:.4f}" x="{x:.1f}" y="{y(s.ratio_median):.1f}" '
+                       f'width="{bar_w - 2}" height="{s.ratio_median * scale:.1f}" fill="{colour}"/>')
+            cx = x + (bar_w - 2) / 2
+            out.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y(s.ratio_min):.1f}" y2="{y(s.ratio_max):.1f}" '
+                       f'stroke="#000"/>')
+        out.append(f'<text x="{x0 + len(configs) * bar_w / 2:.1f}" y="{top + height + 16}" text-anchor="end" '
+                   f'transform="rotate(-30 {x0 + len(configs) * bar_w / 2:.1f} {top + height + 16})">'
+                   f'{_esc(task)}</text>')
+    lx = left + len(tasks) * group_w + 20
+    for ci, config in enumerate(configs):
+        out.append(f'<rect x="{lx}" y="{top + ci * 18}" width="12" height="12" '
+                   f'fill="{palette[ci % len(palette)]}"/>')
+        out.append(f'<text x="{lx + 18}" y="{top + ci * 18 + 10}">{_esc(config)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def write_chart(result: BenchResult, path: Path) -> None:
+    from localspec.paths import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(chart_svg(result).encode("utf-8"))
+
+
+def configs_from_args(drafts: Sequence[str], names: Mapping[str, str]) -> list[Config]:
+    """Bench configurations from ``--draft`` values; ``names`` maps each --draft text to engine drafter names."""
+    out: list[Config] = []
+    for text in drafts:
+        draft, k = parse_config(text)
+        label = names[draft] + (f"@{k}" if k is not None else "")
+        out.append(Config(label, names[draft], k))
+    labels = [c.label for c in out]
+    dup = next((x for x in labels if labels.count(x) > 1), None)
+    if dup is not None:
+        raise InvalidOptionError(f"--draft {dup} is given twice; each configuration once")
+    return out

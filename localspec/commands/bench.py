@@ -1,0 +1,127 @@
+"""``localspec bench``: is speculation worth it here? Plain vs drafter configurations, measured as ratios."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from localspec.commands.common import add_model_options, check_engine_options, resolve_drafters, resolve_model
+from localspec.errors import InvalidOptionError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure plain vs speculative decoding on a prompt suite",
+        description="Run plain decoding and each --draft configuration on the same prompts in one process, "
+                    "alternating, and report per task and overall: tokens/s and the ratio to plain "
+                    "(min–median–max over rounds), the speedup the formula predicts from the measured "
+                    "acceptance and costs, α, τ and where the step time went. Every run starts without "
+                    "learned drafting state and without the personal store, like a first reply.",
+        epilog="Example: localspec bench MODEL --draft ngram --draft DRAFT.gguf --draft DRAFT.gguf@5 "
+               "--chart bench.svg",
+    )
+    add_model_options(p, model_required=False, draft_configs=True)
+    p.add_argument("--tasks", default=None, metavar="NAMES",
+                   help="comma-separated task names from the suite (default: all); see --list-tasks")
+    p.add_argument("--tasks-file", type=Path, default=None, metavar="FILE",
+                   help="your own prompts: a TOML file of [[task]] tables (name, prompt; optional kind, "
+                        "temperature, max_tokens), instead of the built-in suite")
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                   help="a prompt of your own as one more task (repeatable)")
+    p.add_argument("--list-tasks", action="store_true", help="list the built-in tasks and exit")
+    p.add_argument("--rounds", type=int, default=3, metavar="N", help="alternating rounds per task (default 3)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="tokens per run for every task (default: each task's own, 128–192)")
+    p.add_argument("--no-chat", action="store_true", help="feed prompts raw, without the chat template")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON on stdout")
+    p.add_argument("--chart", type=Path, default=None, metavar="FILE.svg",
+                   help="also write a bar chart of the ratios (SVG, opens in any browser)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run)
+
+
+def select_tasks(args: argparse.Namespace):
+    from localspec.bench import Task, builtin_tasks, load_tasks
+
+    if args.tasks_file is not None:
+        try:
+            text = args.tasks_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise InvalidOptionError(f"cannot read --tasks-file {args.tasks_file}: {err}") from None
+        tasks = load_tasks(text, str(args.tasks_file))
+    else:
+        tasks = builtin_tasks() if not args.prompt or args.tasks else []
+    if args.tasks:
+        wanted = [n.strip() for n in args.tasks.split(",") if n.strip()]
+        known = {t.name: t for t in tasks}
+        missing = [n for n in wanted if n not in known]
+        if missing:
+            raise InvalidOptionError(f"no task named {missing[0]!r}; tasks: {', '.join(known)}")
+        tasks = [known[n] for n in wanted]
+    for i, text in enumerate(args.prompt, 1):
+        if not text.strip():
+            raise InvalidOptionError("--prompt is empty; give the text of a prompt")
+        tasks.append(Task(f"prompt-{i}", text))
+    return tasks
+
+
+def run(args: argparse.Namespace) -> int:
+    from localspec.bench import builtin_tasks, configs_from_args, format_table, run_bench, write_chart
+
+    if args.list_tasks:
+        for t in builtin_tasks():
+            print(f"{t.name:<14} {t.kind:<11} T={t.temperature:g}  max {t.max_tokens} tokens")
+        return 0
+    check_engine_options(args)
+    if args.rounds < 1:
+        raise InvalidOptionError(f"--rounds {args.rounds} is out of range: use at least 1")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise InvalidOptionError(f"--max-tokens {args.max_tokens} is out of range: use at least 1")
+    tasks = select_tasks(args)
+    if not args.draft:
+        raise InvalidOptionError("nothing to compare: give at least one --draft configuration "
+                                 "(e.g. --draft ngram)")
+
+    from localspec.bench import parse_config
+    from localspec.drafting.specs import parse_draft
+
+    draft_path = None
+    specs = {}
+    names: dict[str, str] = {}
+    for text in args.draft:
+        draft, _ = parse_config(text)
+        model_path, model_free = resolve_drafters(draft, offline=args.offline)
+        if model_path is not None:
+            if draft_path is not None and model_path != draft_path:
+                raise InvalidOptionError("bench compares one draft model at a time; "
+                                         f"got {draft_path.name} and {model_path.name}")
+            draft_path = model_path
+        for spec in model_free:
+            specs[spec.name] = spec
+        names[draft] = ",".join(s.name for s in parse_draft(draft))
+    configs = configs_from_args(args.draft, names)
+    target = resolve_model(args.model, offline=args.offline)
+
+    from localspec.engine import Engine
+
+    engine = Engine.load(target, draft_path, specs=list(specs.values()), n_ctx=args.ctx, n_threads=args.threads,
+                         n_gpu_layers=args.gpu_layers, draft_n_gpu_layers=args.gpu_layers, personal_history=False)
+    progress = None if args.quiet else (lambda msg: print(f"localspec bench: {msg}", file=sys.stderr, flush=True))
+    if progress:
+        progress("measuring verification costs (cached per model, build and thread count)")
+    engine.cost_model()
+    result = run_bench(engine, tasks, configs, rounds=args.rounds, chat=not args.no_chat,
+                       max_tokens=args.max_tokens, progress=progress)
+    if args.chart is not None:
+        write_chart(result, args.chart)
+    if args.json:
+        json.dump(result.to_dict(), sys.stdout, ensure_ascii=False, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(format_table(result))
+        if args.chart is not None:
+            print(f"\nchart written to {args.chart}")
+    return 0
