@@ -35,11 +35,8 @@ def corpus(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def index_cli(monkeypatch: pytest.MonkeyPatch):
-    """`localspec ...` in process, with `index` registered (cli.py lists it once the lead adds it)."""
-    if "index" not in cli.COMMANDS:
-        monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, "index"))
-
+def index_cli():
+    """`localspec ...` in process."""
     def main(*argv: str) -> int:
         return cli.main(list(argv))
 

@@ -23,9 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    """``localspec.cli.main`` with ``run`` registered and the data dir in tmp_path."""
-    if "run" not in localspec.cli.COMMANDS:
-        monkeypatch.setattr(localspec.cli, "COMMANDS", (*localspec.cli.COMMANDS, "run"))
+    """``localspec.cli.main`` with the data dir in tmp_path."""
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path / "data"))
     return localspec.cli.main
 
@@ -121,11 +119,8 @@ def test_run_loads_the_engine_then_hands_the_app_the_resumed_session(
 
 # --- a real terminal ------------------------------------------------------------
 def localspec_command() -> list[str]:
-    """How a user starts localspec; registers ``run`` on the fly until cli.COMMANDS lists it."""
-    if "run" in localspec.cli.COMMANDS:
-        return [sys.executable, "-m", "localspec"]
-    shim = "import sys, localspec.cli as c; c.COMMANDS = (*c.COMMANDS, 'run'); sys.exit(c.main())"
-    return [sys.executable, "-c", shim]
+    """How a user starts localspec."""
+    return [sys.executable, "-m", "localspec"]
 
 
 class Tmux:
