@@ -30,8 +30,10 @@ known before planning (cheap lookups, passed as ``offers``) can be scored
 every step for free against what was emitted (``observe_shadow``). The others
 are *probed*: after ``wait`` unobserved steps, one step drafts ``probe_k``
 tokens with them. ``wait`` doubles after each failed probe (up to
-``max_wait``) and falls back to ``min_wait`` after a success (more tokens
-accepted than the estimate expected).
+``max_wait``) and falls back to ``min_wait`` after a success: more tokens
+accepted than the estimate expected, at a rate that could beat plain
+decoding at all (a drafter that is often right but too costly ever to pay
+is not worth watching closely).
 
 Probes are paid from a budget: every non-probe step adds ``probe_share`` x
 T0 x (tokens emitted) — a share of what plain decoding would have spent on
@@ -493,9 +495,11 @@ class Controller:
             stats.probes += 1
             stats.probe_budget_ms -= step_ms - t0 * n_tokens
             state = self._drafters[name]
-            # Success: the probe kept more than the estimate expects (a drafter gone
-            # good beats a stale low estimate; a useless one never does).
-            if step.accepted > decision.expected_tokens - 1.0:
+            # Success: the probe kept more than the estimate expects (a drafter gone good beats a
+            # stale low estimate; a useless one never does), and acceptance as good as the probe's
+            # could pay at all. A drafter that is often right but too costly to win (a draft model
+            # as slow as the target) fails like a useless one, so its probes thin out.
+            if step.accepted > decision.expected_tokens - 1.0 and self._could_win(name, step.accepted / decision.k):
                 stats.probe_successes += 1
                 state.wait = self.min_wait
             else:
@@ -512,6 +516,18 @@ class Controller:
             stats.measured_tokens += n_tokens
             stats.measured_ms += step_ms
             stats.measured_plain_ms += n_tokens * t0
+
+    def _could_win(self, name: str, alpha: float) -> bool:
+        """Whether drafting with ``name`` would beat plain by the margin at acceptance ``alpha`` per position."""
+        t0 = self.costs.plain_ms()
+        width = self._drafters[name].width
+        ks = [k for k in ([self.fixed_k] if self.fixed_k is not None else range(1, self.k_cap + 1)) if k]
+        for k in ks:
+            tokens = float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+            ms = self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + width * k) + self.costs.overhead_ms(k)
+            if tokens / ms * t0 >= 1.0 + self.margin:
+                return True
+        return False
 
     def observe_shadow(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int]) -> None:
         """Score a deterministic drafter's proposal that was not verified this step.

@@ -325,6 +325,17 @@ def test_probe_overhead_bound_with_a_useless_drafter(points: Mapping[int, float]
     assert stats.probes > 0 and stats.probe_successes == 0
 
 
+def test_an_accurate_drafter_too_costly_to_win_is_probed_ever_more_rarely() -> None:
+    """A draft model as slow as the target (the Q4_0 self-draft on a CPU) is often right, yet can never pay:
+    its probes must not count as successes, or they would recur every ``min_wait`` steps."""
+    sim = Sim(CPU, {"d": lambda t: 0.75}, draft_costs={"d": DRAFT_MODEL})
+    sim.run(3000)
+    stats = sim.ctl.stats
+    assert stats.draft_steps == 0 and stats.probe_successes == 0
+    assert stats.probes <= 12  # waits doubling: 8, 16, ..., 512, then every 512 steps
+    assert sim.speed_vs_plain >= 0.97
+
+
 def test_probe_budget_holds_over_a_short_run_on_cpu() -> None:
     """On a CPU the prior already says no, so only probes cost: the budget keeps every prefix >= 0.97x."""
     sim = Sim(CPU, {"d": lambda t: 0.0}, draft_costs={"d": DRAFT_MODEL})
