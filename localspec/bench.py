@@ -259,12 +259,7 @@ def run_bench(engine, tasks: Sequence[Task], configs: Sequence[Config], *, round
                                sampling=SamplingParams(temperature=task.temperature, seed=seed),
                                draft_max=config.draft_max, speculative=config.drafter is not None,
                                drafter=config.drafter)
-        done = None
-        for event in engine.generate(tokens, opts):
-            if isinstance(event, DoneEvent):
-                done = event
-        assert done is not None
-        return done
+        return engine.generate(tokens, opts).run()
 
     for task in tasks:
         tokens = prompt_tokens(task)

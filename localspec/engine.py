@@ -327,6 +327,13 @@ class Generation(Iterator[Event]):
     def cancel(self) -> None:
         self._cancel = True
 
+    def run(self) -> DoneEvent:
+        """Consume the remaining events; the final DoneEvent (for callers that need no streaming)."""
+        for _ in self:
+            pass
+        assert self.result is not None, "a generation always ends with a DoneEvent"
+        return self.result
+
     def stats(self) -> GenerationStats:
         return self.tally.snapshot()
 
