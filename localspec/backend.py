@@ -61,6 +61,12 @@ def _last_error_line() -> str:
     return ""
 
 
+def recent_log() -> list[str]:
+    """The last lines llama.cpp logged (at most 40; a model load starts afresh), e.g. its
+    ``offloaded N/M layers to GPU`` summary right after a ``Model`` is loaded."""
+    return list(_log_tail)
+
+
 def gpu_offload_supported() -> bool:
     """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, Vulkan...)."""
     _ensure_init()

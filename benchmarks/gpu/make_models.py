@@ -1,0 +1,259 @@
+"""Write llama-architecture GGUF models with random weights, fast, for the GPU check.
+
+The check needs a target and a draft of realistic *shapes* (what a decode
+costs depends on the shapes and the quantization, not on what the weights
+learned), on a machine without network. Writing 8B random F16 weights and then
+quantizing them would take minutes, so the big matrices are written directly
+as Q4_0 or Q8_0 blocks: random 4-/8-bit codes with one f16 scale per tensor,
+chosen so every matrix roughly preserves the variance of its input (entries of
+std 1/sqrt(n_in)). Norms are F32 ones. The tokenizer is SmolLM2's
+(``tokenizer.json.gz``, 49152 tokens).
+
+Random weights alone give greedy decoding that is either noise or one token
+repeated, and then acceptance rates mean nothing. So the models share a
+hidden *successor* permutation ``succ`` of the ordinary tokens: the output
+matrix is the token embedding with its rows permuted (row ``succ[t]`` holds
+``t``'s embedding), so the residual stream's embedding term votes for
+``succ[t]``; the transformer layers add a context-dependent perturbation
+(``--residual-scale``) that sometimes overrules it. Greedy decoding therefore
+walks a long cycle of ``succ`` (no short repetition) with context-dependent
+detours, and a draft built with the same seed agrees with the target most of
+the time but not always: the regime where speculative decoding is interesting.
+
+    python benchmarks/gpu/make_models.py OUT_DIR            # target-8b.gguf, draft-0.5b.gguf
+    python benchmarks/gpu/make_models.py OUT_DIR --tiny     # target-tiny.gguf, draft-tiny.gguf (CPU tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tokenizer as tokenizer_file  # noqa: E402  (the sibling module, not a package)
+
+# Bytes per block of 32 weights: an f16 scale, then 16 bytes of nibbles (Q4_0) or 32 int8 (Q8_0).
+_BLOCK = 32
+_BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}
+# Codes must have mean zero: a Q4_0 code is q - 8 for a nibble q, and uniform nibbles would
+# give every weight a mean of -0.5 scale, a rank-one component that deep stacks amplify until
+# every position predicts the same token. So the code -8 (Q4_0) or -128 (Q8_0) is replaced by
+# 0: codes -7..7 (-127..127) uniform, 0 twice as likely. Their std in units of the scale:
+_CODE_STD = {"Q4_0": math.sqrt(2 * sum(v * v for v in range(8)) / 16),
+             "Q8_0": math.sqrt(2 * sum(v * v for v in range(128)) / 256)}
+# llama.cpp's llama_ftype numbers for general.file_type.
+_FILE_TYPE = {"Q4_0": 2, "Q8_0": 7}
+# How much of the margin the embedding term holds over the best other token the layers may
+# spend: about this share of greedy steps follow `succ` (measured on the shapes below).
+DEFAULT_NOISE = 1.2
+# Random attention mixes the whole context into every position, so a sequence seen before is
+# not continued the same way the second time (a trained model copies it: induction heads).
+# Attention's output projection is scaled down by this factor: the perturbation then depends
+# mostly on the current token, and a repeated passage is mostly repeated again.
+DEFAULT_ATTN_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A llama-architecture model's dimensions."""
+
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_head_kv: int
+    d_ffn: int
+    rope_base: float = 500000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def n_params(self, n_vocab: int) -> int:
+        kv = self.n_head_kv * self.head_dim
+        per_layer = 2 * self.d_model * self.d_model + 2 * self.d_model * kv + 3 * self.d_model * self.d_ffn
+        return self.n_layer * per_layer + 2 * n_vocab * self.d_model
+
+
+SHAPES = {
+    # Llama-3-8B's body (its vocabulary is 128k; ours is the tokenizer's 49152).
+    "8b": Shape(32, 4096, 32, 8, 14336),
+    # Qwen2.5-0.5B's body.
+    "0.5b": Shape(24, 896, 14, 2, 4864, rope_base=1000000.0),
+    # For tests and a CPU dry run: seconds to write and to run.
+    "tiny": Shape(2, 128, 4, 2, 256),
+    "tiny-draft": Shape(1, 64, 2, 1, 128),
+}
+
+
+def successor(token_type: list[int], seed: int) -> np.ndarray:
+    """The hidden next-token map: a random permutation of the ordinary tokens (type 1);
+    control tokens map to a random ordinary token (and nothing maps to them, so greedy
+    decoding never ends on EOS by construction)."""
+    rng = np.random.default_rng(seed)
+    types = np.asarray(token_type)
+    normal = np.flatnonzero(types == 1)
+    succ = np.empty(len(types), dtype=np.int64)
+    succ[normal] = normal[rng.permutation(len(normal))]
+    other = np.flatnonzero(types != 1)
+    succ[other] = rng.choice(normal, size=len(other))
+    return succ
+
+
+def default_residual_scale(shape: Shape, n_vocab: int, noise: float = DEFAULT_NOISE) -> float:
+    """Scale of the layers' output projections so that their sum perturbs the residual
+    stream by ``noise`` times what the embedding's vote can absorb.
+
+    With embedding entries of std 1, token t's own logit is ~d_model against others
+    of std ~sqrt(d_model (1 + r^2)) for a perturbation r times the embedding's size;
+    the largest of n_vocab such values is ~sqrt(2 ln n_vocab) std, so `succ` wins
+    while r < r_max = sqrt(d_model / (2 ln n_vocab) - 1). Each of the 2 n_layer
+    branches adds about unit variance per unit scale.
+    """
+    z = 2.0 * math.log(n_vocab)
+    r_max = math.sqrt(max(shape.d_model / z - 1.0, 0.05))
+    return noise * r_max / math.sqrt(2 * shape.n_layer)
+
+
+def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str, std: float) -> np.ndarray:
+    """A ``rows x cols`` matrix as quantized blocks of random codes: uint8 ``(rows, cols/32*bytes)``."""
+    if cols % _BLOCK:
+        raise ValueError(f"row length {cols} is not a multiple of {_BLOCK}")
+    nb = cols // _BLOCK
+    width = _BLOCK_BYTES[qtype]
+    out = np.empty((rows, nb, width), dtype=np.uint8)
+    codes = out[:, :, 2:]
+    codes[...] = rng.integers(0, 256, size=(rows, nb, width - 2), dtype=np.uint8)
+    if qtype == "Q4_0":  # a zero nibble (code -8) becomes 8 (code 0), in each half of the byte
+        codes |= ((codes & 0x0F) == 0).view(np.uint8) * np.uint8(0x08)
+        codes |= ((codes & 0xF0) == 0).view(np.uint8) * np.uint8(0x80)
+    else:  # int8 -128 becomes 0
+        codes[codes == 0x80] = 0
+    scale = np.float16(std / _CODE_STD[qtype])
+    out[:, :, :2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
+    return out.reshape(rows, nb * width)
+
+
+def write_model(path: Path, shape: Shape, tok: dict, *, qtype: str = "Q4_0", seed: int = 0,
+                succ_seed: int = 1234, residual_scale: float | None = None, attn_share: float = DEFAULT_ATTN_SHARE,
+                name: str | None = None) -> Path:
+    """Write one random-weight llama GGUF to ``path`` (via ``path.partial``, then renamed)."""
+    import gguf
+
+    n_vocab = len(tok["tokens"])
+    if residual_scale is None:
+        residual_scale = default_residual_scale(shape, n_vocab)
+    rng = np.random.default_rng(seed)
+    succ = successor(tok["token_type"], succ_seed)
+    d, kv, ffn = shape.d_model, shape.n_head_kv * shape.head_dim, shape.d_ffn
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+
+    # Tensor list in file order: (name, rows, cols, kind); kind = weight init.
+    plan: list[tuple[str, int, int, str]] = [("token_embd.weight", n_vocab, d, "embd")]
+    for i in range(shape.n_layer):
+        p = f"blk.{i}."
+        plan += [(p + "attn_norm.weight", 1, d, "norm"),
+                 (p + "attn_q.weight", d, d, "in"), (p + "attn_k.weight", kv, d, "in"),
+                 (p + "attn_v.weight", kv, d, "in"), (p + "attn_output.weight", d, d, "out"),
+                 (p + "ffn_norm.weight", 1, d, "norm"),
+                 (p + "ffn_gate.weight", ffn, d, "in"), (p + "ffn_up.weight", ffn, d, "in"),
+                 (p + "ffn_down.weight", d, ffn, "out_ffn")]
+    plan += [("output_norm.weight", 1, d, "norm"), ("output.weight", n_vocab, d, "output")]
+
+    tmp = path.with_name(path.name + ".partial")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name(name or path.stem)
+    writer.add_context_length(8192)
+    writer.add_embedding_length(d)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_rope_freq_base(shape.rope_base)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(_FILE_TYPE[qtype])
+    writer.add_string("localspec.random_weights", f"seed={seed} succ_seed={succ_seed} "
+                      f"residual_scale={residual_scale:.4g} attn_share={attn_share:.3g} qtype={qtype}")
+    tokenizer_file.add_to_writer(writer, tok)
+    width = _BLOCK_BYTES[qtype]
+    for tname, rows, cols, kind in plan:
+        if kind == "norm":
+            writer.add_tensor_info(tname, (cols,), np.dtype(np.float32), cols * 4)
+        else:
+            writer.add_tensor_info(tname, (rows, cols // _BLOCK * width), np.dtype(np.uint8),
+                                   rows * cols // _BLOCK * width, raw_dtype=qt)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+
+    embd: np.ndarray | None = None
+    for tname, rows, cols, kind in plan:
+        if kind == "norm":
+            data = np.ones(cols, dtype=np.float32)
+        elif kind == "embd":
+            # Entries of std 1: each token's own logit (~d_model) then stands far above the rest.
+            data = embd = random_blocks(rng, rows, cols, qtype, 1.0)
+        elif kind == "output":
+            # Row succ[t] is t's embedding: the embedding term of the residual votes for succ[t].
+            # Rows nothing maps to (control tokens) get their own random codes.
+            assert embd is not None
+            data = random_blocks(rng, rows, cols, qtype, 1.0)
+            data[succ[tok_normal(tok)]] = embd[tok_normal(tok)]
+        elif kind == "in":
+            data = random_blocks(rng, rows, cols, qtype, 1.0 / math.sqrt(cols))
+        elif kind == "out":
+            data = random_blocks(rng, rows, cols, qtype, attn_share * residual_scale / math.sqrt(cols))
+        else:  # out_ffn: silu(gate) * up has ~0.6 the rms of its inputs; make up for it
+            data = random_blocks(rng, rows, cols, qtype, residual_scale / (0.6 * math.sqrt(cols)))
+        writer.write_tensor_data(data)
+    writer.close()
+    os.replace(tmp, path)
+    return path
+
+
+def tok_normal(tok: dict) -> np.ndarray:
+    return np.flatnonzero(np.asarray(tok["token_type"]) == 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU tests), not 8B and 0.5B")
+    p.add_argument("--qtype", choices=sorted(_BLOCK_BYTES), default="Q4_0")
+    p.add_argument("--draft-qtype", choices=sorted(_BLOCK_BYTES), default=None,
+                   help="the draft's quantization (default: --qtype)")
+    p.add_argument("--noise", type=float, default=DEFAULT_NOISE,
+                   help="how strongly the layers perturb the successor vote (0: pure cycle, ~1: mostly noise)")
+    p.add_argument("--attn-share", type=float, default=DEFAULT_ATTN_SHARE,
+                   help="attention's share of the perturbation (0: a pure function of the current token)")
+    p.add_argument("--only", choices=["target", "draft"], default=None)
+    args = p.parse_args(argv)
+    tok = tokenizer_file.load()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    pairs = [("target", "tiny" if args.tiny else "8b", args.qtype, 1),
+             ("draft", "tiny-draft" if args.tiny else "0.5b", args.draft_qtype or args.qtype, 2)]
+    for role, shape_name, qtype, seed in pairs:
+        label = "tiny" if args.tiny else shape_name
+        if args.only and role != args.only:
+            continue
+        shape = SHAPES[shape_name]
+        path = args.out_dir / f"{role}-{label}.gguf"
+        t0 = time.perf_counter()
+        scale = default_residual_scale(shape, len(tok["tokens"]), args.noise)
+        write_model(path, shape, tok, qtype=qtype, seed=seed, residual_scale=scale,
+                    attn_share=args.attn_share, name=f"random-{shape_name}-{qtype}")
+        print(f"{path}: {shape.n_params(len(tok['tokens'])) / 1e9:.2f}B params {qtype}, "
+              f"{path.stat().st_size / 2**30:.2f} GiB, residual scale {scale:.3f}, "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
