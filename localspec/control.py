@@ -13,11 +13,13 @@ position, a step emits on average
 
 and takes
 
-    T(k) = draft_ms(d, k) + verify_ms(1 + w_d k) + overhead_ms(k)
+    T(k) = draft_ms(d, k) + verify_ms(1 + w_d k + x_d) + overhead_ms(k)
 
 where w_d is the drafter's verified tokens per planned draft token (1 for a
 full chain, more for a tree of branches, less for a drafter that often comes
-back empty). Plain decoding emits 1 token in T0 = verify_ms(1) + overhead_ms(0).
+back empty) and x_d the tokens its every batch carries besides the
+candidates (lookahead's Jacobi window; known up front, so the controller
+need not first lose time to learn what a window costs). Plain decoding emits 1 token in T0 = verify_ms(1) + overhead_ms(0).
 The controller picks the (d, k) with the highest E/T and drafts only when that
 beats plain by ``margin`` (5%); otherwise it decodes plainly. A user's fixed
 ``--draft-max`` forces k; the controller then only chooses the drafter.
@@ -299,6 +301,7 @@ class ControllerStats:
 class _DrafterState:
     acceptance: DecayingAcceptance
     width: float = 1.0      # verified tokens per planned draft token
+    extra: float = 0.0      # tokens every verification batch carries besides the candidates (a window)
     last_seen: int = 0      # step of the last acceptance observation
     wait: int = 0           # unobserved steps before the next probe
 
@@ -316,7 +319,8 @@ class Controller:
 
     def __init__(self, costs: CostModel, drafters: Sequence[str], *, fixed_k: int | None = None,
                  k_cap: int = 15, margin: float = 0.05, probe_share: float = 0.025, probe_k: int = 3,
-                 min_wait: int = 8, max_wait: int = 512, prior: float = 0.6) -> None:
+                 min_wait: int = 8, max_wait: int = 512, prior: float = 0.6,
+                 extra_tokens: Mapping[str, int] | None = None) -> None:
         if fixed_k is not None and fixed_k < 0:
             raise ValueError(f"fixed_k must be >= 0, not {fixed_k}")
         self.costs = costs
@@ -327,7 +331,8 @@ class Controller:
         self.probe_k = probe_k
         self.min_wait = min_wait
         self.max_wait = max_wait
-        self._drafters = {name: _DrafterState(DecayingAcceptance(prior=prior), wait=min_wait)
+        self._drafters = {name: _DrafterState(DecayingAcceptance(prior=prior), wait=min_wait,
+                                              extra=float((extra_tokens or {}).get(name, 0)))
                           for name in drafters}
         self.stats = ControllerStats()
         self._step = 0
@@ -355,7 +360,7 @@ class Controller:
         for a in rates:
             run *= a
             tokens += run
-        ms = (self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + state.width * k)
+        ms = (self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + state.width * k + state.extra)
               + self.costs.overhead_ms(k))
         return tokens, ms
 
@@ -483,7 +488,7 @@ class Controller:
             self.costs.observe_draft(name, decision.k, step.draft_s * 1e3)
             state.acceptance.update(decision.k, step.accepted,
                                     idle_steps=max(0, self._step - state.last_seen - 1))
-            state.width += 0.1 * ((batch - 1) / decision.k - state.width)
+            state.width += 0.1 * (max(0.0, batch - 1 - state.extra) / decision.k - state.width)
             state.last_seen = self._step
 
         # counters, the probe budget, probe outcomes
@@ -520,11 +525,12 @@ class Controller:
     def _could_win(self, name: str, alpha: float) -> bool:
         """Whether drafting with ``name`` would beat plain by the margin at acceptance ``alpha`` per position."""
         t0 = self.costs.plain_ms()
-        width = self._drafters[name].width
+        state = self._drafters[name]
         ks = [k for k in ([self.fixed_k] if self.fixed_k is not None else range(1, self.k_cap + 1)) if k]
         for k in ks:
             tokens = float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-            ms = self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + width * k) + self.costs.overhead_ms(k)
+            ms = (self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + state.width * k + state.extra)
+                  + self.costs.overhead_ms(k))
             if tokens / ms * t0 >= 1.0 + self.margin:
                 return True
         return False

@@ -193,7 +193,8 @@ class Engine:
         assert costs is not None
         ctl = self._controllers.get(drafter.name)
         if ctl is None:
-            ctl = self._controllers[drafter.name] = Controller(costs, [drafter.name])
+            extra = {drafter.name: getattr(drafter, "batch_extra_tokens", 0)}
+            ctl = self._controllers[drafter.name] = Controller(costs, [drafter.name], extra_tokens=extra)
         ctl.fixed_k = opts.draft_max
         return ctl
 

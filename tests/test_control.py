@@ -265,6 +265,23 @@ def test_estimator_prior_and_idle_forgetting() -> None:
     assert est.rate(0) > low + 0.2
 
 
+def test_a_window_every_batch_carries_is_charged_from_the_first_step() -> None:
+    """Lookahead's 14-token window: on the CPU even a good prior cannot pay for it, on a GPU it can."""
+    cpu = Controller(CostModel(CPU), ["lookahead"], extra_tokens={"lookahead": 14})
+    assert cpu.plan(8).plain
+    tokens, ms = cpu.evaluate("lookahead", 4)
+    assert ms == pytest.approx(cpu.costs.draft_ms("lookahead", 4) + cpu.costs.verify_ms(1 + 4 + 14)
+                               + cpu.costs.overhead_ms(4))
+    unknown = Controller(CostModel(CPU), ["lookahead"])  # without it a probe would look 4x cheaper than it is
+    assert unknown.evaluate("lookahead", 3)[1] < cpu.evaluate("lookahead", 3)[1] / 2
+    gpu = Controller(CostModel(GPU), ["lookahead"], extra_tokens={"lookahead": 14})
+    assert not gpu.plan(8).plain
+    # Learning the width leaves the window out: a batch of 1 + 4 candidates + 14 window tokens for k = 4.
+    decision = gpu.plan(4)
+    gpu.observe(FakeStep((1, 2), "lookahead", 4, 1, 0.0, 0.01, 0.0, 18), batch_tokens=1 + 4 + 14)
+    assert decision.k == 4 and gpu._drafters["lookahead"].width == pytest.approx(1.0)
+
+
 def test_switches_drafters_when_one_degrades() -> None:
     """Two drafters trade places at step 400; neither is scored for free, so the new best is found by probes."""
     sim = Sim(GPU, {"a": lambda t: 0.9 if t < 400 else 0.1, "b": lambda t: 0.1 if t < 400 else 0.9})

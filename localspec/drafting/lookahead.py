@@ -218,6 +218,11 @@ class LookaheadDrafter:
     def n_levels(self) -> int:
         return self.ngram - 1
 
+    @property
+    def batch_extra_tokens(self) -> int:
+        """Tokens the window adds to every verification batch (what ``window_batch`` emits)."""
+        return self.width * self.n_levels - 1
+
     def reset(self) -> None:
         self._levels = None
         self._fresh = None
