@@ -251,6 +251,8 @@ def run_bench(engine, tasks: Sequence[Task], configs: Sequence[Config], *, round
     def prompt_tokens(task: Task) -> list[int]:
         if use_chat:
             return engine.chat_tokens([{"role": "user", "content": task.prompt}])
+        if chat:  # a base model (no template): a plain question-and-answer frame, so it answers
+            return engine.tokenize(f"Question: {task.prompt}\n\nAnswer:\n")
         return engine.tokenize(task.prompt)
 
     def generate(tokens: list[int], task: Task, config: Config, seed: int) -> DoneEvent:

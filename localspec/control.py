@@ -19,7 +19,8 @@ where w_d is the drafter's verified tokens per planned draft token (1 for a
 full chain, more for a tree of branches, less for a drafter that often comes
 back empty) and x_d the tokens its every batch carries besides the
 candidates (lookahead's Jacobi window; known up front, so the controller
-need not first lose time to learn what a window costs). Plain decoding emits 1 token in T0 = verify_ms(1) + overhead_ms(0).
+need not first lose time to learn what a window costs). Plain decoding
+emits 1 token in T0 = verify_ms(1) + overhead_ms(0).
 The controller picks the (d, k) with the highest E/T and drafts only when that
 beats plain by ``margin`` (5%); otherwise it decodes plainly. A user's fixed
 ``--draft-max`` forces k; the controller then only chooses the drafter.
@@ -535,7 +536,8 @@ class Controller:
                 return True
         return False
 
-    def observe_shadow(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int]) -> None:
+    def observe_shadow(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
+                       deferred: bool = False) -> None:
         """Score a deterministic drafter's proposal that was not verified this step.
 
         ``branches``: its candidate continuations (one for a chain);
@@ -545,13 +547,15 @@ class Controller:
         draft matching them is exactly as likely as its being accepted; past
         the end of ``emitted`` the outcome is unknown and not counted. Not for
         sampled drafts (a draft model), whose acceptance is min(1, p/q), and
-        not for the drafter the step used (``observe`` counted it).
+        not for the drafter the step used (``observe`` counted it). ``deferred``:
+        ``emitted`` is what followed a proposal of some steps ago (scored once
+        enough tokens are known), so the last step's use does not matter.
         """
         state = self._drafters.get(name)
         depth = max((len(b) for b in branches), default=0)
-        if state is None or depth == 0 or name == self._last_used:
+        if state is None or depth == 0 or (name == self._last_used and not deferred):
             return
-        matched = max(_common_prefix(b, emitted) for b in branches)
+        matched = max(common_prefix(b, emitted) for b in branches)
         if matched >= len(emitted):
             state.acceptance.update(matched, matched, idle_steps=max(0, self._step - state.last_seen - 1))
         else:
@@ -561,7 +565,43 @@ class Controller:
         state.last_seen = self._step
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+class UnusedProposals:
+    """Proposals a step did not verify, kept until the text that followed them can judge them.
+
+    A plain step emits one token, which would only ever judge a proposal's
+    first position; so an unused proposal waits until its depth is covered
+    (or it has parted from the text), and is then scored at every position
+    (``Controller.observe_shadow``), teaching the controller a lookup's
+    acceptance by position without paying for a verification.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, tuple[tuple[int, ...], ...]]] = []  # (history index, branches)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, start: int, branches: Sequence[Sequence[int]]) -> None:
+        """A proposal for the text from ``history[start]`` on."""
+        if any(branches):
+            self._pending.append((start, tuple(tuple(b) for b in branches if b)))
+
+    def ready(self, history: Sequence[int]) -> list[tuple[tuple[tuple[int, ...], ...], list[int]]]:
+        """(branches, what followed, up to their depth) of each proposal the history now judges."""
+        out, pending = [], []
+        for start, branches in self._pending:
+            followed = list(history[start:])
+            depth = max(len(b) for b in branches)
+            matched = max(common_prefix(b, followed) for b in branches)
+            if len(followed) >= depth or matched < len(followed):
+                out.append((branches, followed[:depth]))
+            else:
+                pending.append((start, branches))
+        self._pending = pending
+        return out
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:

@@ -15,9 +15,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from localspec.backend import Context, Model
 from localspec.chat import Message, render_chat
-from localspec.control import Controller
+from localspec.control import Controller, UnusedProposals, proposal_branches, proposal_offer
 from localspec.costs import CostModel
-from localspec.drafting.base import Drafter
+from localspec.drafting.base import Drafter, Proposal, TreeProposal
 from localspec.drafting.combine import DrafterSet
 from localspec.drafting.model import ModelDrafter
 from localspec.drafting.specs import DrafterSpec
@@ -316,6 +316,7 @@ class Generation(Iterator[Event]):
         self.text_parts: list[str] = []
         self.result: DoneEvent | None = None
         self.warnings: list[str] = []
+        self._unused = UnusedProposals()
         self._cancel = False
         self._events = self._run()
 
@@ -344,6 +345,14 @@ class Generation(Iterator[Event]):
             self.tally.end = self.tally.end or time.perf_counter()
             self.result = DoneEvent("interrupted", "".join(self.text_parts), tuple(self.tokens), self.stats())
         return self.result
+
+    def _score_unused(self, history: Sequence[int], unused: Proposal | TreeProposal | None, emitted: int) -> None:
+        """Score cheap proposals the step did not verify, once the text that followed can judge them."""
+        assert self.drafter is not None and self.controller is not None
+        if unused is not None:
+            self._unused.add(len(history) - emitted, proposal_branches(unused))
+        for branches, followed in self._unused.ready(history):
+            self.controller.observe_shadow(self.drafter.name, branches, followed, deferred=True)
 
     def _remember(self, reason: str) -> None:
         """Add a finished reply to the personal store (when an n-gram drafter keeps one)."""
@@ -390,12 +399,24 @@ class Generation(Iterator[Event]):
                     break
                 reason_text = ""
                 k = 0
+                premade = None
                 if self.drafter is not None:
-                    decision = self.controller.plan(max(0, min(AUTO_DRAFT_MAX, remaining - 1, room)))
+                    max_k = max(0, min(AUTO_DRAFT_MAX, remaining - 1, room))
+                    offers = None
+                    if getattr(self.drafter, "cheap", False) and max_k > 0:
+                        # A lookup costs microseconds: make it first, so the controller plans with
+                        # what it offers and scores it even on steps that decode plainly.
+                        t = time.perf_counter()
+                        proposal = self.drafter.propose(history, min(max_k, opts.draft_max or max_k))
+                        premade = (proposal, time.perf_counter() - t)
+                        offers = {self.drafter.name: proposal_offer(proposal)}
+                    decision = self.controller.plan(max_k, offers)
                     k, reason_text = decision.k, decision.reason
-                step = speculative_step(ctx, history, self.drafter, self.sampler, k)
+                step = speculative_step(ctx, history, self.drafter, self.sampler, k, premade)
                 if self.drafter is not None:
                     self.controller.observe(step, batch_tokens=1 + step.verified)
+                    self._score_unused(history, premade[0] if premade is not None and not step.drafted else None,
+                                       len(step.tokens))
                 tally.add(step)
                 for i, tok in enumerate(step.tokens):
                     if model.is_eog(tok):

@@ -77,14 +77,22 @@ class _LazyDistributions(Sequence[np.ndarray]):
 
 
 def speculative_step(target: Context, history: list[int], drafter: Drafter | None,
-                     sampler: Sampler, max_draft: int) -> StepResult:
+                     sampler: Sampler, max_draft: int,
+                     premade: tuple[Proposal | TreeProposal, float] | None = None) -> StepResult:
     """Draft up to ``max_draft`` tokens, verify them in one target pass, keep the accepted prefix.
 
-    ``history`` is extended in place with the emitted tokens.
+    ``history`` is extended in place with the emitted tokens. ``premade``: a
+    proposal ``drafter`` already made for this history (and the seconds it
+    took), e.g. so the controller could see it before choosing ``max_draft``;
+    it is cut to ``max_draft``.
     """
     t0 = time.perf_counter()
     # propose
-    proposal = drafter.propose(history, max_draft) if drafter is not None and max_draft > 0 else NO_PROPOSAL
+    if premade is not None:
+        proposal = _cut(premade[0], max_draft) if max_draft > 0 else NO_PROPOSAL
+        t0 -= premade[1]
+    else:
+        proposal = drafter.propose(history, max_draft) if drafter is not None and max_draft > 0 else NO_PROPOSAL
     t1 = time.perf_counter()
     decode_before = target.decode_seconds
 
@@ -107,6 +115,8 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     n_acc = len(accepted)
     history.extend((*accepted, next_token))
     if drafter is not None:
+        if premade is not None and hasattr(drafter, "verified"):
+            drafter.verified(drafted)  # a premade proposal may have been cut, or not used at all
         drafter.accepted(history, n_acc)
     t2 = time.perf_counter()
     return StepResult(
@@ -119,6 +129,14 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
         python_s=(t2 - t1) - verify_s,
         verified=verified,
     )
+
+
+def _cut(proposal: Proposal | TreeProposal, depth: int) -> Proposal | TreeProposal:
+    """A proposal no deeper than ``depth``."""
+    if isinstance(proposal, TreeProposal):
+        return TreeProposal(proposal.tree.truncated(depth), proposal.drafter, proposal.extra)
+    probs = proposal.probs[:depth] if proposal.probs is not None else None
+    return Proposal(tuple(proposal.tokens[:depth]), probs, proposal.drafter)
 
 
 def _fit_context(proposal: Proposal | TreeProposal, free_cells: int) -> Proposal | TreeProposal:

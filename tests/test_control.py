@@ -396,6 +396,31 @@ def test_stats_since_an_earlier_copy_count_one_generation() -> None:
     assert before.steps == 200 and sum(sum(ks.values()) for ks in before.choices.values()) == 200
 
 
+def test_unused_proposals_wait_until_the_text_judges_every_position() -> None:
+    from localspec.control import UnusedProposals
+
+    book = UnusedProposals()
+    history = [9, 9, 9]
+    book.add(3, [(1, 2, 3, 4)])          # a chain of depth 4 for what follows history[:3]
+    book.add(3, [(1, 2, 7), (5,)])       # a tree
+    book.add(3, [])                      # nothing proposed: nothing kept
+    assert len(book) == 2
+    history.append(1)                    # a plain step emitted one token: both still match
+    assert book.ready(history) == [] and len(book) == 2
+    history.append(2)
+    history.append(3)                    # the tree's (1, 2, 7) parted at its third position
+    assert book.ready(history) == [(((1, 2, 7), (5,)), [1, 2, 3])]
+    history.append(4)                    # the chain's depth is covered, every position matched
+    assert book.ready(history) == [(((1, 2, 3, 4),), [1, 2, 3, 4])]
+    assert len(book) == 0
+    # Scored that way, deep positions learn: a lookup right 4 deep raises the rate at position 3.
+    ctl = Controller(CostModel(CPU), ["ngram"])
+    before = ctl.acceptance("ngram").rate(3)
+    for _ in range(5):
+        ctl.observe_shadow("ngram", [(1, 2, 3, 4)], [1, 2, 3, 4], deferred=True)
+    assert ctl.acceptance("ngram").rate(3) > before
+
+
 def test_reason_says_when_the_next_probe_comes() -> None:
     ctl = Controller(CostModel(CPU), ["draft"])
     ctl.costs.set_draft_cost("draft", *DRAFT_MODEL)

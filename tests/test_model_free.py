@@ -143,3 +143,19 @@ def test_first_token_distribution_with_ngram_at_temperature(target):
     # Significance 0.001, Wilson-Hilferty approximation of the chi-square quantile.
     critical = df * (1 - 2 / (9 * df) + 3.090 * (2 / (9 * df)) ** 0.5) ** 3 if df > 0 else 10.83
     assert chi2 < critical, (chi2, critical, df)
+
+
+@pytest.mark.parametrize("drafters", ["ngram", "ngram,rest:STORE"])
+def test_adaptive_lookups_are_planned_from_their_offers_and_learn_on_plain_steps(target, references, store,
+                                                                                 drafters, monkeypatch):
+    """No --draft-max: a lookup proposes before the controller plans, which drafts no deeper than the
+    offer (and no more confidently than the lookup itself), and the output stays plain greedy."""
+    monkeypatch.setenv("LOCALSPEC_NO_HISTORY", "1")
+    engine = Engine(target, specs=parse_draft(drafters.replace("STORE", str(store))), n_ctx=1024)
+    done, steps = generate(engine, PROMPTS[0], max_tokens=96)
+    assert_matches_plain(done.tokens, references[0])
+    c = done.stats.control
+    assert c is not None and c.draft_steps > 0 and done.stats.accepted > 0
+    assert all(s.decision for s in steps)
+    # Steps where the lookup had nothing decode plainly, and say so.
+    assert any(not s.drafted and "no drafter has a proposal" in s.decision for s in steps)

@@ -35,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=3, metavar="N", help="alternating rounds per task (default 3)")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",
                    help="tokens per run for every task (default: each task's own, 128–192)")
-    p.add_argument("--no-chat", action="store_true", help="feed prompts raw, without the chat template")
+    p.add_argument("--no-chat", action="store_true",
+                   help="feed prompts as they are (default: one user turn in the chat template, or a "
+                        "Question:/Answer: frame for a model without one)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON on stdout")
     p.add_argument("--chart", type=Path, default=None, metavar="FILE.svg",
                    help="also write a bar chart of the ratios (SVG, opens in any browser)")

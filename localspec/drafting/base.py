@@ -103,7 +103,15 @@ class TreeProposal:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """What the speculative step needs from any drafter."""
+    """What the speculative step needs from any drafter.
+
+    Optional, by attribute: ``cheap = True`` says ``propose`` is a lookup
+    costing microseconds, so the engine proposes before the controller plans
+    (the controller then sees the offer, and scores it even on plain steps);
+    ``verified(depth)`` is then told how deep that proposal was verified (0:
+    not at all) before ``accepted``; ``batch_extra_tokens`` counts tokens every
+    verification batch carries besides the candidates (lookahead's window).
+    """
 
     name: str
 

@@ -92,6 +92,16 @@ class DrafterSet:
         self._last = (best.drafter, tree_depth(best)) if tree_depth(best) else None
         return best
 
+    @property
+    def cheap(self) -> bool:
+        """Whether every member is a cheap lookup (then the engine proposes before planning)."""
+        return all(getattr(d, "cheap", False) for d in self.drafters)
+
+    def verified(self, depth: int) -> None:
+        """The last proposal was verified only ``depth`` deep (0: not at all); judge it on that much."""
+        if self._last is not None:
+            self._last = (self._last[0], min(depth, self._last[1])) if depth else None
+
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         chosen = None
         if self._last is not None:

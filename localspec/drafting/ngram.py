@@ -13,7 +13,7 @@ All of this is pure Python on token lists: no model, no llama_cpp.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence
 
 import numpy as np
 
@@ -337,6 +337,7 @@ class NgramDrafter:
     max_branches: int = 1  # > 1: propose a trie of continuations when the evidence splits
     name: str = "ngram"
     stats: DrafterStats = field(default_factory=DrafterStats)
+    cheap: ClassVar[bool] = True  # a lookup: the engine may propose before planning (see Drafter)
 
     def __post_init__(self) -> None:
         self._index = NgramIndex(self.n_min, self.n_max)

@@ -24,6 +24,8 @@ CONTEXT_TAIL = 64
 class RestDrafter:
     """Drafts from a memory-mapped datastore; deterministic, stateless between steps."""
 
+    cheap = True  # a lookup: the engine may propose before planning (see Drafter)
+
     def __init__(self, store: Store, *, name: str = "rest", policy: DraftPolicy | None = None,
                  max_branches: int = 4, max_candidates: int = 8) -> None:
         self.store = store

@@ -59,6 +59,16 @@ class CandidateTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def truncated(self, depth: int) -> "CandidateTree":
+        """The nodes at depth <= ``depth``, in the same order (a parent is never cut before its child)."""
+        keep = [i for i, d in enumerate(self.depths) if d <= depth]
+        if len(keep) == len(self):
+            return self
+        index = {old: new for new, old in enumerate(keep)}
+        return CandidateTree(tuple(self.tokens[i] for i in keep),
+                             tuple(ROOT if self.parents[i] == ROOT else index[self.parents[i]] for i in keep),
+                             tuple(self.depths[i] for i in keep), tuple(self.probs[i] for i in keep))
+
     def child(self, node: int, token: int) -> int | None:
         """The child of ``node`` (``ROOT`` for the root) holding ``token``, if any."""
         return self._children.get((node, token))
