@@ -174,3 +174,30 @@ def test_drafter_set_runs_a_lookahead_window_when_nobody_has_candidates():
     # ... but candidates with a positive expected value win over a bare window.
     combo = DrafterSet([Fixed("ngram", (1, 2)), la])
     assert combo.propose([0], 4).drafter == "ngram"
+
+
+def test_a_premade_proposal_is_cut_to_the_planned_depth():
+    from localspec.speculative import _cut
+
+    tree = tree_from_branches([(1, 2, 3), (1, 4), (5,)])
+    cut = _cut(TreeProposal(tree, "ngram", window(3)), 2)
+    assert isinstance(cut, TreeProposal) and sorted(cut.tree.branches) == [(1, 2), (1, 4), (5,)]
+    assert cut.extra is not None and cut.drafter == "ngram"
+    probs = tuple(np.full(4, 0.25) for _ in range(3))
+    chain = _cut(Proposal((1, 2, 3), probs, "draft"), 1)
+    assert chain.tokens == (1,) and len(chain.probs) == 1
+
+
+def test_drafter_set_judges_a_premade_proposal_only_as_deep_as_it_was_verified():
+    a = Fixed("ngram", (1, 2, 3))
+    a.cheap = True
+    combo = DrafterSet([a])
+    assert combo.cheap and not DrafterSet([a, Fixed("draft", (7,))]).cheap
+    combo.propose([0], 3)
+    combo.verified(0)             # the controller chose plain: nothing to judge
+    combo.accepted([0, 5], 0)
+    assert combo.acceptance["ngram"].reached == []
+    combo.propose([0], 3)
+    combo.verified(2)             # cut to 2 and both kept
+    combo.accepted([0, 1, 2, 9], 2)
+    assert combo.acceptance["ngram"].reached == [1, 1] and combo.acceptance["ngram"].kept == [1, 1]

@@ -133,3 +133,13 @@ def test_unpruned_tree_holds_exactly_the_maximal_branches(branches: list[list[in
     assert len(tree) == len({b[:k] for b in given_ for k in range(1, len(b) + 1)})
     for i, parent in enumerate(tree.parents):
         assert parent < i
+
+
+def test_truncated_keeps_the_shallow_nodes_in_order() -> None:
+    tree = build_tree([((1, 2, 3), 3.0), ((1, 4), 1.0), ((5, 6), 1.0)], max_nodes=10, max_depth=4)
+    cut = tree.truncated(1)
+    assert set(cut.tokens) == {1, 5} and all(d == 1 for d in cut.depths) and all(p == ROOT for p in cut.parents)
+    two = tree.truncated(2)
+    assert sorted(two.branches) == [(1, 2), (1, 4), (5, 6)]
+    assert two.probs == tuple(p for p, d in zip(tree.probs, tree.depths) if d <= 2)
+    assert tree.truncated(3) is tree and len(tree.truncated(0)) == 0
