@@ -352,8 +352,9 @@ def format_table(result: BenchResult) -> str:
                          f"{_bar(s.ratio_median)}  predicted {s.predicted:.2f}×")
     differing = [r for r in result.runs if r.same_as_plain is False]
     if differing:
-        lines += ["", f"note: {len(differing)} greedy run(s) parted from plain output at a numerical near-tie "
-                      "(llama.cpp batch shapes); see --json"]
+        lines += ["", f"note: {len(differing)} greedy run(s) parted from plain output: llama.cpp's numerics "
+                      "differ between batch shapes and cache layouts, so near-ties can resolve differently "
+                      "(README: Exactness and floating point); see --json"]
     return "\n".join(lines)
 
 

@@ -59,6 +59,8 @@ class GenerateOptions:
 TREE_SEQUENCES = 32
 # The most tokens the controller drafts per step when the user fixes no --draft-max.
 AUTO_DRAFT_MAX = 16
+# A cheap drafter proposes before planning only while its proposals cost at most this share of a plain step.
+LOOKUP_SHARE = 0.02
 
 DrafterFactory = Callable[[Sampler, GenerateOptions], Drafter]
 
@@ -317,6 +319,8 @@ class Generation(Iterator[Event]):
         self.result: DoneEvent | None = None
         self.warnings: list[str] = []
         self._unused = UnusedProposals()
+        self._lookup_ms: float | None = None  # running mean time of a premade proposal
+        self._lookups = 0
         self._cancel = False
         self._events = self._run()
 
@@ -345,6 +349,20 @@ class Generation(Iterator[Event]):
             self.tally.end = self.tally.end or time.perf_counter()
             self.result = DoneEvent("interrupted", "".join(self.text_parts), tuple(self.tokens), self.stats())
         return self.result
+
+    def _lookup_first(self) -> bool:
+        """Whether to propose before planning: the drafter is a lookup, and it has stayed cheap here.
+
+        Paid every step, even when the controller then decodes plainly, a lookup
+        must cost little beside a plain step: a REST query over a large store
+        (~1 ms) next to a 135M model's ~15 ms step would cost more than it saves.
+        Past ``LOOKUP_SHARE`` of the plain step the drafter is asked only when
+        the controller plans to draft.
+        """
+        if not getattr(self.drafter, "cheap", False):
+            return False
+        assert self.controller is not None
+        return self._lookup_ms is None or self._lookup_ms <= LOOKUP_SHARE * self.controller.costs.plain_ms()
 
     def _score_unused(self, history: Sequence[int], unused: Proposal | TreeProposal | None, emitted: int) -> None:
         """Score cheap proposals the step did not verify, once the text that followed can judge them."""
@@ -403,13 +421,17 @@ class Generation(Iterator[Event]):
                 if self.drafter is not None:
                     max_k = max(0, min(AUTO_DRAFT_MAX, remaining - 1, room))
                     offers = None
-                    if getattr(self.drafter, "cheap", False) and max_k > 0:
+                    if max_k > 0 and self._lookup_first():
                         # A lookup costs microseconds: make it first, so the controller plans with
                         # what it offers and scores it even on steps that decode plainly.
                         t = time.perf_counter()
                         proposal = self.drafter.propose(history, min(max_k, opts.draft_max or max_k))
                         premade = (proposal, time.perf_counter() - t)
                         offers = {self.drafter.name: proposal_offer(proposal)}
+                        if self._lookups:  # the first lookup indexes the whole prompt: not a step's cost
+                            ms = premade[1] * 1e3
+                            self._lookup_ms = ms if self._lookup_ms is None else 0.8 * self._lookup_ms + 0.2 * ms
+                        self._lookups += 1
                     decision = self.controller.plan(max_k, offers)
                     k, reason_text = decision.k, decision.reason
                 step = speculative_step(ctx, history, self.drafter, self.sampler, k, premade)

@@ -159,3 +159,33 @@ def test_adaptive_lookups_are_planned_from_their_offers_and_learn_on_plain_steps
     assert all(s.decision for s in steps)
     # Steps where the lookup had nothing decode plainly, and say so.
     assert any(not s.drafted and "no drafter has a proposal" in s.decision for s in steps)
+
+
+def test_a_lookup_that_turns_out_costly_is_no_longer_asked_before_planning(target, monkeypatch):
+    """Proposing first is paid on every step; a 'cheap' drafter that takes longer than a plain step's 2%
+    is asked only when the controller plans to draft."""
+    import time
+
+    monkeypatch.setenv("LOCALSPEC_NO_HISTORY", "1")
+    engine = Engine(target, specs=parse_draft("ngram"), n_ctx=1024)
+    inner = engine._factories["ngram"](None, None)
+    calls: list[int] = []
+
+    class SlowLookup:
+        name, cheap = "ngram", True
+
+        def propose(self, history, max_tokens):
+            calls.append(len(history))
+            time.sleep(0.02)
+            return inner.propose(history, max_tokens)
+
+        def accepted(self, history, n_accepted):
+            inner.accepted(history, n_accepted)
+
+        def reset(self):
+            inner.reset()
+
+    engine._factories["ngram"] = lambda sampler, opts: SlowLookup()
+    done, steps = generate(engine, PROMPTS[3], max_tokens=40)
+    assert len(steps) >= 20 and calls[0] == done.stats.prompt_tokens  # the first step asked first ...
+    assert len(calls) < len(steps) // 2  # ... then only steps planned to draft did
