@@ -505,7 +505,8 @@ class Controller:
             # stale low estimate; a useless one never does), and acceptance as good as the probe's
             # could pay at all. A drafter that is often right but too costly to win (a draft model
             # as slow as the target) fails like a useless one, so its probes thin out.
-            if step.accepted > decision.expected_tokens - 1.0 and self._could_win(name, step.accepted / decision.k):
+            rate = step.accepted / decision.k
+            if step.accepted > decision.expected_tokens - 1.0 and self._could_win(name, rate, decision.k):
                 stats.probe_successes += 1
                 state.wait = self.min_wait
             else:
@@ -523,18 +524,16 @@ class Controller:
             stats.measured_ms += step_ms
             stats.measured_plain_ms += n_tokens * t0
 
-    def _could_win(self, name: str, alpha: float) -> bool:
-        """Whether drafting with ``name`` would beat plain by the margin at acceptance ``alpha`` per position."""
+    def _could_win(self, name: str, alpha: float, k: int) -> bool:
+        """Whether a ``k``-token draft by ``name``, accepted at ``alpha`` per position, would beat plain by the
+        margin at the estimated costs (judging a probe at its own length: a 3-token probe that was fully
+        accepted says little about 15-token drafts)."""
         t0 = self.costs.plain_ms()
         state = self._drafters[name]
-        ks = [k for k in ([self.fixed_k] if self.fixed_k is not None else range(1, self.k_cap + 1)) if k]
-        for k in ks:
-            tokens = float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-            ms = (self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + state.width * k + state.extra)
-                  + self.costs.overhead_ms(k))
-            if tokens / ms * t0 >= 1.0 + self.margin:
-                return True
-        return False
+        tokens = float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+        ms = (self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + state.width * k + state.extra)
+              + self.costs.overhead_ms(k))
+        return tokens / ms * t0 >= 1.0 + self.margin
 
     def observe_shadow(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
                        deferred: bool = False) -> None:
