@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from localspec.control import expected_tokens_per_step
 from localspec.errors import InvalidOptionError
 
 try:  # Python 3.11+
@@ -106,13 +107,6 @@ def parse_config(text: str) -> tuple[str, int | None]:
 
 
 # --- numbers -------------------------------------------------------------------------------------
-def expected_tokens(alpha: float, gamma: float) -> float:
-    """(1 − α^(γ+1)) / (1 − α): tokens per drafting step at acceptance α and draft length γ."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
-
-
 def predicted_speedup(*, steps: int, drafting_steps: int, drafted: int, verified: int, alpha: float,
                       draft_ms: float, verify_ms: Callable[[float], float], plain_ms: float,
                       overhead_ms: Callable[[float], float] = lambda k: 0.0) -> float:
@@ -131,7 +125,7 @@ def predicted_speedup(*, steps: int, drafting_steps: int, drafted: int, verified
     if drafting_steps > 0:
         gamma = drafted / drafting_steps
         batch = 1.0 + verified / drafting_steps
-        tokens += drafting_steps * expected_tokens(alpha, gamma)
+        tokens += drafting_steps * expected_tokens_per_step(alpha, gamma)
         ms += draft_ms + drafting_steps * (verify_ms(batch) + overhead_ms(gamma))
     return tokens / ms * plain_ms
 

@@ -159,6 +159,16 @@ class DecayingAcceptance:
         self.kept = [k * factor for k in self.kept]
 
 
+def expected_tokens_per_step(alpha: float, gamma: float) -> float:
+    """(1 − α^(γ+1)) / (1 − α): tokens per target pass when each drafted token is kept with probability α.
+
+    With α = 1 every draft is kept and a step yields γ + 1 tokens. γ may be a mean (fractional).
+    """
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
+
+
 # --- what the controller takes and gives --------------------------------------
 @dataclass(frozen=True)
 class Offer:
@@ -361,9 +371,13 @@ class Controller:
         for a in rates:
             run *= a
             tokens += run
-        ms = (self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + state.width * k + state.extra)
-              + self.costs.overhead_ms(k))
-        return tokens, ms
+        return tokens, self._step_ms(name, k)
+
+    def _step_ms(self, name: str, k: int) -> float:
+        """T(k): drafting ``k`` tokens with ``name``, verifying its batch, and the step's Python work."""
+        state = self._drafters[name]
+        return (self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + state.width * k + state.extra)
+                + self.costs.overhead_ms(k))
 
     # --- planning -----------------------------------------------------------
     def plan(self, max_k: int, offers: Mapping[str, Offer] | None = None) -> Decision:
@@ -528,12 +542,8 @@ class Controller:
         """Whether a ``k``-token draft by ``name``, accepted at ``alpha`` per position, would beat plain by the
         margin at the estimated costs (judging a probe at its own length: a 3-token probe that was fully
         accepted says little about 15-token drafts)."""
-        t0 = self.costs.plain_ms()
-        state = self._drafters[name]
-        tokens = float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-        ms = (self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + state.width * k + state.extra)
-              + self.costs.overhead_ms(k))
-        return tokens / ms * t0 >= 1.0 + self.margin
+        speedup = expected_tokens_per_step(alpha, k) / self._step_ms(name, k) * self.costs.plain_ms()
+        return speedup >= 1.0 + self.margin
 
     def observe_shadow(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
                        deferred: bool = False) -> None:

@@ -147,11 +147,7 @@ def _fit_context(proposal: Proposal | TreeProposal, free_cells: int) -> Proposal
     most probable branch; a chain is cut.
     """
     if not isinstance(proposal, TreeProposal):
-        if 1 + len(proposal.tokens) <= free_cells:
-            return proposal
-        keep = max(0, free_cells - 1)
-        probs = proposal.probs[:keep] if proposal.probs is not None else None
-        return Proposal(tuple(proposal.tokens[:keep]), probs, proposal.drafter)
+        return proposal if 1 + len(proposal.tokens) <= free_cells else _cut(proposal, max(0, free_cells - 1))
     extra = len(proposal.extra.tokens) if proposal.extra is not None else 0
     if 1 + len(proposal.tree) + extra <= free_cells:
         return proposal

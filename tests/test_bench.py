@@ -19,13 +19,13 @@ from localspec.bench import (
     builtin_tasks,
     chart_svg,
     configs_from_args,
-    expected_tokens,
     format_table,
     load_tasks,
     parse_config,
     predicted_speedup,
     summarise,
 )
+from localspec.control import expected_tokens_per_step as expected_tokens
 from localspec.errors import InvalidOptionError
 
 

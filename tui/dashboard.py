@@ -16,21 +16,12 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import Label, Sparkline, Static
 
+from localspec.control import expected_tokens_per_step
 from localspec.events import GenerationStats
 
 BAR_WIDTH = 20
 SPEED_SAMPLES = 90
 SPLIT_STYLES = ("#5fb3f5", "#f2c14e", "#e06c75")  # draft / verify / python
-
-
-def expected_tokens_per_step(alpha: float, gamma: int) -> float:
-    """(1 − α^(γ+1)) / (1 − α): tokens per target pass when each drafted token is kept with probability α.
-
-    With α = 1 every draft is kept and a step yields γ + 1 tokens.
-    """
-    if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 def tokens_per_step_ceiling(alpha: float) -> float:
