@@ -68,11 +68,13 @@ def bench(args) -> dict:
     plain = Engine(target, n_ctx=args.ctx, n_threads=args.threads)
     spec = Engine(target, draft=Model(draft_path), n_ctx=args.ctx, n_threads=args.threads)
     opts_plain = GenerateOptions(max_tokens=args.max_tokens, speculative=False)
-    opts_spec = GenerateOptions(max_tokens=args.max_tokens, draft_max=args.draft_max, p_min=args.p_min)
+    opts_spec = spec_options(args)
+    if opts_spec.draft_max is None:
+        spec.cost_model()  # measure the cost curve now, not inside the first timed run
     rows = {}
     for name, prompt in PROMPTS.items():
         run_once(plain, prompt, opts_plain)  # warm-up (page cache, allocator)
-        ratios, plain_tps, spec_tps, alphas, taus, outside = [], [], [], [], [], []
+        ratios, plain_tps, spec_tps, alphas, taus, outside, identical = [], [], [], [], [], [], 0
         for _ in range(args.rounds):
             a, _ = run_once(plain, prompt, opts_plain)
             b, out = run_once(spec, prompt, opts_spec)
@@ -82,18 +84,28 @@ def bench(args) -> dict:
             alphas.append(b.stats.acceptance_rate)
             taus.append(b.stats.tokens_per_step)
             outside.append(out)
-            assert a.tokens == b.tokens, "greedy speculative output differs from plain"
+            # Greedy: the same tokens, unless the build is not batch-invariant and the two part at
+            # a near-tie (README, "Exactness and floating point"); counted, not asserted here.
+            identical += a.tokens == b.tokens
         rows[name] = {
             "plain_tps": statistics.median(plain_tps), "spec_tps": statistics.median(spec_tps),
             "ratio_min": min(ratios), "ratio_median": statistics.median(ratios), "ratio_max": max(ratios),
             "alpha": statistics.median(alphas), "tau": statistics.median(taus),
-            "python_share": statistics.median(outside),
+            "python_share": statistics.median(outside), "identical": f"{identical}/{args.rounds}",
         }
-    return {"target": str(target_path), "draft": str(draft_path), "draft_max": args.draft_max, "rows": rows}
+    return {"target": str(target_path), "draft": str(draft_path), "draft_max": opts_spec.draft_max, "rows": rows}
+
+
+def spec_options(args):
+    from localspec.engine import GenerateOptions
+
+    draft_max = None if args.adaptive else args.draft_max
+    return GenerateOptions(max_tokens=args.max_tokens, draft_max=draft_max, p_min=args.p_min)
 
 
 def peak_rss_mb(mode: str, args) -> float:
-    cmd = [sys.executable, __file__, "--child", mode, "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx)]
+    cmd = [sys.executable, __file__, "--child", mode, "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx),
+           "--draft-max", str(args.draft_max), "--p-min", str(args.p_min)] + (["--adaptive"] if args.adaptive else [])
     if args.target:
         cmd += [args.target, "--draft", args.draft]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -105,9 +117,11 @@ def child(mode: str, args) -> None:
 
     target_path, draft_path = (Path(args.target), Path(args.draft)) if args.target else default_models()
     engine = Engine.load(target_path, draft_path if mode == "spec" else None, n_ctx=args.ctx)
+    opts = spec_options(args) if mode == "spec" else GenerateOptions(max_tokens=args.max_tokens, speculative=False)
     for prompt in PROMPTS.values():
-        for _ in engine.generate(prompt, GenerateOptions(max_tokens=args.max_tokens)):
-            pass
+        done = engine.generate(prompt, opts).run()
+        if mode == "spec":
+            assert done.stats.drafted > 0, "the speculative child never drafted: its peak would be plain's"
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
@@ -117,7 +131,8 @@ def main() -> None:
     p.add_argument("--draft")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--draft-max", type=int, default=5)
+    p.add_argument("--draft-max", type=int, default=5, help="fixed draft length (default 5)")
+    p.add_argument("--adaptive", action="store_true", help="let the adaptive controller choose the length")
     p.add_argument("--p-min", type=float, default=0.0)
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--threads", type=int, default=None)
@@ -138,11 +153,11 @@ def main() -> None:
         return
     print(f"target {result['target']}\ndraft  {result['draft']}  (draft_max {result['draft_max']})")
     print(f"{'prompt':<10}{'plain t/s':>10}{'spec t/s':>10}{'ratio min/med/max':>22}{'alpha':>7}{'tau':>6}"
-          f"{'py share':>9}")
+          f"{'py share':>9}{'same':>6}")
     for name, r in result["rows"].items():
         print(f"{name:<10}{r['plain_tps']:>10.1f}{r['spec_tps']:>10.1f}"
               f"{r['ratio_min']:>10.2f}/{r['ratio_median']:.2f}/{r['ratio_max']:.2f}"
-              f"{r['alpha']:>7.2f}{r['tau']:>6.2f}{100 * r['python_share']:>8.1f}%")
+              f"{r['alpha']:>7.2f}{r['tau']:>6.2f}{100 * r['python_share']:>8.1f}%{r['identical']:>6}")
     if "peak_rss_mb" in result:
         m = result["peak_rss_mb"]
         print(f"peak RSS: plain {m['plain']:.0f} MB, speculative {m['spec']:.0f} MB")

@@ -27,9 +27,13 @@ class Completion:
 
 
 def options(*, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-            min_p: float = 0.0, seed: int | None = None, stop: Sequence[str] = (), draft_max: int = 5,
+            min_p: float = 0.0, seed: int | None = None, stop: Sequence[str] = (), draft_max: int | None = None,
             p_min: float = 0.0, speculative: bool = True) -> GenerateOptions:
-    """GenerateOptions from flat keyword arguments."""
+    """GenerateOptions from flat keyword arguments.
+
+    ``draft_max=None`` (the default, as in ``GenerateOptions``) lets the adaptive
+    controller choose the draft length each step; an int fixes it (0: plain).
+    """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     return GenerateOptions(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop), draft_max=draft_max,
                            p_min=p_min, speculative=speculative)
@@ -41,5 +45,6 @@ def complete(engine: Engine, prompt: str | Sequence[int], **kw: Any) -> Completi
     for event in engine.generate(prompt, options(**kw)):
         if isinstance(event, DoneEvent):
             done = event
-    assert done is not None
+    if done is None:  # a Generation always ends with a DoneEvent
+        raise RuntimeError("the generation ended without a DoneEvent")
     return Completion(done.text, done.finish_reason, done.tokens, done.stats)

