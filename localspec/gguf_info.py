@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable, Union
 
 import gguf
 import numpy as np
@@ -40,6 +41,11 @@ _U64 = struct.Struct("<Q")
 _SMALL_ARRAY = 1024  # arrays up to this many elements are kept even when not asked for
 _TOKENS, _TOKEN_TYPES = "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")
+_STREAM_BLOCK = 1 << 20  # a header read from a stream grows in whole MiB, doubling
+
+HeaderSource = Union[str, "os.PathLike[str]", BinaryIO]
+"""Where a header is read from: a GGUF path, or a seekable binary file object (e.g. a file on the
+Hub read by HTTP range requests, ``localspec.rangefile``) whose ``name`` names it in messages."""
 
 
 class _Truncated(Exception):
@@ -110,6 +116,7 @@ class GGUFInfo:
     token_embd_bytes: int
     output_bytes: int
     other_bytes: int
+    source: BinaryIO | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -130,15 +137,33 @@ class GGUFInfo:
 
 
 class _Parser:
-    """Sequential little-endian reader over the header bytes; raises _Truncated past the end."""
+    """Sequential little-endian reader over the header bytes; raises _Truncated past the end.
 
-    def __init__(self, buf: mmap.mmap, keep: frozenset[str]) -> None:
+    ``buf`` holds the file's first bytes. Without ``more`` it is the whole file (an mmap). With
+    ``more``, the file is ``total`` bytes long and ``more(end)`` returns a longer prefix of it, at
+    least ``end`` bytes, so a stream is read only as far as the header goes.
+    """
+
+    def __init__(self, buf: Any, keep: frozenset[str], *, total: int | None = None,
+                 more: Callable[[int], bytes] | None = None) -> None:
         self.buf, self.keep, self.pos, self.size = buf, keep, 0, len(buf)
+        self.total = self.size if total is None else total
+        self._more = more
         self.where = "the file header"
+
+    def _need(self, end: int) -> None:
+        """Make bytes ``[0, end)`` available in ``buf``; _Truncated when the file is shorter."""
+        if end <= self.size:
+            return
+        if self._more is not None and end <= self.total:
+            self.buf = self._more(end)
+            self.size = len(self.buf)
+        if end > self.size:
+            raise _Truncated(self.where)
 
     def _scalar(self, s: struct.Struct) -> Any:
         if self.pos + s.size > self.size:
-            raise _Truncated(self.where)
+            self._need(self.pos + s.size)
         (value,) = s.unpack_from(self.buf, self.pos)
         self.pos += s.size
         return value
@@ -146,7 +171,7 @@ class _Parser:
     def _bytes(self) -> bytes:
         n = self._scalar(_U64)
         if self.pos + n > self.size:
-            raise _Truncated(self.where)
+            self._need(self.pos + n)
         value = self.buf[self.pos:self.pos + n]
         self.pos += n
         return value
@@ -159,13 +184,14 @@ class _Parser:
                 return [self._bytes() for _ in range(count)]
             if wanted:
                 return [self._bytes().decode("utf-8", errors="replace") for _ in range(count)]
-            unpack, pos, size = _U64.unpack_from, self.pos, self.size
+            unpack, pos, buf, size = _U64.unpack_from, self.pos, self.buf, self.size
             for _ in range(count):  # step over each string by its length
                 if pos + 8 > size:
-                    raise _Truncated(self.where)
-                pos += 8 + unpack(self.buf, pos)[0]
+                    self._need(pos + 8)
+                    buf, size = self.buf, self.size
+                pos += 8 + unpack(buf, pos)[0]
             if pos > size:
-                raise _Truncated(self.where)
+                self._need(pos)
             self.pos = pos
             return _SkippedArray(count)
         if elem_type == _VT.ARRAY:
@@ -175,7 +201,7 @@ class _Parser:
         item = _SCALARS[elem_type]
         end = self.pos + count * item.size
         if end > self.size:
-            raise _Truncated(self.where)
+            self._need(end)
         value: Any = _SkippedArray(count)
         if wanted:
             value = np.frombuffer(self.buf, np.dtype(item.format), count, self.pos).copy()
@@ -200,9 +226,9 @@ class _Parser:
         if version not in (2, 3):
             raise ValueError(f"it uses GGUF version {version}; only versions 2 and 3 are supported")
         n_tensors, n_kv = self._scalar(_U64), self._scalar(_U64)
-        if n_tensors > self.size or n_kv > self.size:
+        if n_tensors > self.total or n_kv > self.total:
             raise ValueError(f"its header is corrupt (it claims {n_tensors:,} tensors and {n_kv:,} "
-                             f"metadata entries in a {self.size:,}-byte file)")
+                             f"metadata entries in a {self.total:,}-byte file)")
         metadata: dict[str, Any] = {}
         for i in range(n_kv):
             self.where = f"metadata entry {i + 1} of {n_kv}"
@@ -252,10 +278,21 @@ def _describe_non_gguf(head: bytes) -> tuple[str, str]:
     return f"it starts with bytes {head[:4].hex(' ')} instead of the magic 'GGUF'", again
 
 
-def _read_header(path: str | Path, keep: frozenset[str] = frozenset()) -> tuple[Path, int, _Header]:
-    """Validate ``path`` as a complete GGUF file and parse its header; ModelFileError otherwise."""
-    path = Path(path).expanduser()
-    again = "the download or copy was cut short — delete it and fetch it again"
+_AGAIN = "the download or copy was cut short — delete it and fetch it again"
+
+
+def _read_header(source: HeaderSource, keep: frozenset[str] = frozenset()) -> tuple[Path, int, _Header]:
+    """Validate ``source`` as a complete GGUF file and parse its header; ModelFileError otherwise.
+
+    Returns the path (a file object's ``name`` as a Path), the file's size and the header.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        return _read_file_header(Path(source).expanduser(), keep)
+    return _read_stream_header(source, keep)
+
+
+def _read_file_header(path: Path, keep: frozenset[str]) -> tuple[Path, int, _Header]:
+    """A header from a file on disk, parsed over an mmap."""
     if not path.exists():
         raise ModelFileError(f"model file not found: {path}; check the path, "
                              "or download a registered model with `localspec pull NAME`")
@@ -266,31 +303,74 @@ def _read_header(path: str | Path, keep: frozenset[str] = frozenset()) -> tuple[
     try:
         with path.open("rb") as f:
             size = path.stat().st_size
-            head = f.read(64)
-            if size == 0:
-                raise ModelFileError(f"model file {path} is empty (0 bytes); {again}")
-            if head[:4] != b"GGUF":
-                what, fix = _describe_non_gguf(head)
-                raise ModelFileError(f"{path} is not a GGUF model file: {what}; {fix}")
+            _check_magic(str(path), size, f.read(64))
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                parser = _Parser(buf, keep)
-                try:
-                    header = parser.parse()
-                except _Truncated as cut:
-                    raise ModelFileError(f"model file {path} is truncated: its GGUF header stops at byte {size} "
-                                         f"inside {cut}; {again}") from None
-                except ValueError as err:
-                    raise ModelFileError(f"cannot read model file {path}: {err}; download it again or "
-                                         "use another build of the model") from None
+                header = _parse_checked(str(path), _Parser(buf, keep))
     except OSError as err:
         raise ModelFileError(f"cannot read model file {path}: {err.strerror or err}; "
                              "check that it is a readable file") from None
+    return path, size, header
+
+
+def _read_stream_header(f: BinaryIO, keep: frozenset[str]) -> tuple[Path, int, _Header]:
+    """A header from a seekable file object, read only as far as the header goes."""
+    name = str(getattr(f, "name", "<stream>"))
+    size = f.seek(0, os.SEEK_END)
+    more = _prefix_reader(f, size)
+    buf = more(min(size, 64))
+    _check_magic(name, size, buf[:64])
+    return Path(name), size, _parse_checked(name, _Parser(buf, keep, total=size, more=more))
+
+
+def _prefix_reader(f: BinaryIO, total: int) -> Callable[[int], bytes]:
+    """``more`` for _Parser over ``f``: the first ``end`` or more bytes, read once each.
+
+    The prefix grows to at least twice its length in whole MiB, so a header of n bytes costs
+    about log2(n / 1 MiB) reads and copies O(n) bytes in all.
+    """
+    chunks: list[bytes] = []
+    have = 0
+
+    def more(end: int) -> bytes:
+        nonlocal have
+        want = min(total, -(-max(end, 2 * have, _STREAM_BLOCK) // _STREAM_BLOCK) * _STREAM_BLOCK)
+        f.seek(have)
+        while have < want:
+            chunk = f.read(want - have)
+            if not chunk:
+                break  # the file is shorter than it said: the parser reports it truncated
+            chunks.append(chunk)
+            have += len(chunk)
+        return b"".join(chunks)
+
+    return more
+
+
+def _check_magic(name: str, size: int, head: bytes) -> None:
+    if size == 0:
+        raise ModelFileError(f"model file {name} is empty (0 bytes); {_AGAIN}")
+    if head[:4] != b"GGUF":
+        what, fix = _describe_non_gguf(head)
+        raise ModelFileError(f"{name} is not a GGUF model file: {what}; {fix}")
+
+
+def _parse_checked(name: str, parser: _Parser) -> _Header:
+    """Parse the header and check the file holds every tensor it describes."""
+    try:
+        header = parser.parse()
+    except _Truncated as cut:
+        raise ModelFileError(f"model file {name} is truncated: its GGUF header stops at byte {parser.total} "
+                             f"inside {cut}; {_AGAIN}") from None
+    except ValueError as err:
+        raise ModelFileError(f"cannot read model file {name}: {err}; download it again or "
+                             "use another build of the model") from None
+    size = parser.total
     needed = header.data_offset + max((t.offset + t.n_bytes for t in header.tensors), default=0)
     if needed > size:
-        raise ModelFileError(f"model file {path} is truncated: it has {size:,} bytes but its "
+        raise ModelFileError(f"model file {name} is truncated: it has {size:,} bytes but its "
                              f"{len(header.tensors)} tensors need {needed:,} ({100 * size / needed:.0f}% "
-                             f"present); {again}")
-    return path, size, header
+                             f"present); {_AGAIN}")
+    return header
 
 
 # --- interpreting the metadata -------------------------------------------------------------
@@ -336,13 +416,14 @@ def _file_type_name(value: Any) -> str | None:
     return None if name == "GUESSED" else name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
-def read_info(path: str | Path) -> GGUFInfo:
+def read_info(source: HeaderSource) -> GGUFInfo:
     """Read a GGUF model's header into a GGUFInfo, without loading weights or token texts.
 
+    ``source`` is a path or a seekable binary file object (read only as far as the header).
     Raises ModelFileError (one line naming the file, the problem and the fix) when the
     path is missing, a directory, unreadable, not GGUF, or truncated.
     """
-    path, size, header = _read_header(path)
+    path, size, header = _read_header(source)
     meta = header.metadata
     arch = str(meta.get("general.architecture", "unknown"))
 
@@ -399,6 +480,7 @@ def read_info(path: str | Path) -> GGUFInfo:
         bits_per_weight=8 * tensor_total / n_params if n_params else 0.0,
         sliding_window=window, swa_layers=swa, layer_bytes=tuple(layer_bytes),
         token_embd_bytes=token_embd, output_bytes=output, other_bytes=other,
+        source=None if isinstance(source, (str, os.PathLike)) else source,
     )
 
 
@@ -412,8 +494,8 @@ class _Vocab:
     token_types: np.ndarray | None
 
 
-def _read_vocab(path: str | Path) -> _Vocab:
-    _, _, header = _read_header(path, keep=frozenset({_TOKENS, _TOKEN_TYPES}))
+def _read_vocab(source: HeaderSource) -> _Vocab:
+    _, _, header = _read_header(source, keep=frozenset({_TOKENS, _TOKEN_TYPES}))
     meta = header.metadata
     tokens = meta.get(_TOKENS, [])
     types = meta.get(_TOKEN_TYPES)
@@ -421,18 +503,18 @@ def _read_vocab(path: str | Path) -> _Vocab:
                   np.asarray(types, dtype=np.int32) if types is not None else None)
 
 
-def read_tokens(path: str | Path) -> list[str]:
+def read_tokens(source: HeaderSource) -> list[str]:
     """Every token's text by id, as stored in the GGUF (invalid UTF-8 shown as U+FFFD)."""
-    return [t.decode("utf-8", errors="replace") for t in _read_vocab(path).tokens]
+    return [t.decode("utf-8", errors="replace") for t in _read_vocab(source).tokens]
 
 
-def tokenizer_fingerprint(path: str | Path) -> str:
+def tokenizer_fingerprint(source: HeaderSource) -> str:
     """SHA-256 hex over the vocabulary type, every token's bytes and the token types.
 
     Two files share a fingerprint exactly when they tokenize alike by these fields, so a
     datastore built for one tokenizer can refuse to serve another.
     """
-    vocab = _read_vocab(path)
+    vocab = _read_vocab(source)
     h = hashlib.sha256(b"localspec-tokenizer-v1\0" + vocab.vocab_type.encode() + b"\0")
     # Length-prefixing each token keeps ["ab", "c"] and ["a", "bc"] apart.
     h.update(b"".join(_U32.pack(len(t)) + t for t in vocab.tokens))
@@ -488,11 +570,22 @@ def _llama_specials(info: GGUFInfo) -> tuple[str, int | None, int | None, bool, 
     return kind, bos, eos, add_bos, add_eos
 
 
-def _as_info(model: GGUFInfo | str | Path) -> GGUFInfo:
+def _as_info(model: GGUFInfo | HeaderSource) -> GGUFInfo:
     return model if isinstance(model, GGUFInfo) else read_info(model)
 
 
-def check_draft_compatible(target: GGUFInfo | str | Path, draft: GGUFInfo | str | Path) -> None:
+def _origin(info: GGUFInfo) -> HeaderSource:
+    """Where ``info``'s header can be read again."""
+    return info.source if info.source is not None else info.path
+
+
+def _same_file(a: GGUFInfo, b: GGUFInfo) -> bool:
+    if a.source is not None or b.source is not None:
+        return a.source is b.source
+    return a.path.resolve() == b.path.resolve()
+
+
+def check_draft_compatible(target: GGUFInfo | HeaderSource, draft: GGUFInfo | HeaderSource) -> None:
     """Raise IncompatibleDraftError unless llama.cpp would accept ``draft`` for ``target``.
 
     The rules, in llama.cpp's order: same vocabulary type; same add-BOS flag and, when BOS
@@ -519,9 +612,9 @@ def check_draft_compatible(target: GGUFInfo | str | Path, draft: GGUFInfo | str 
     if abs(t.n_vocab - d.n_vocab) > _VOCAB_MAX_SIZE_DIFFERENCE:
         raise fail(f"vocabulary size differs by more than {_VOCAB_MAX_SIZE_DIFFERENCE} "
                    f"(target {t.n_vocab}, draft {d.n_vocab})")
-    if t.path.resolve() == d.path.resolve():
+    if _same_file(t, d):
         return  # the same file: its tokens match themselves
-    t_tokens, d_tokens = _read_vocab(t.path).tokens, _read_vocab(d.path).tokens
+    t_tokens, d_tokens = _read_vocab(_origin(t)).tokens, _read_vocab(_origin(d)).tokens
     for i in range(_VOCAB_CHECK_START_TOKEN_ID, min(len(t_tokens), len(d_tokens))):
         if t_tokens[i] != d_tokens[i]:
             t_text = t_tokens[i].decode("utf-8", errors="replace")

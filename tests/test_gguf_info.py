@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import struct
 from pathlib import Path
@@ -315,3 +316,59 @@ def test_token_text_from_id_5(tmp_path: Path) -> None:
     changed = VOCAB[:7] + ["Ω"] + VOCAB[8:]
     with pytest.raises(IncompatibleDraftError, match=r"token 7 differs \(target 'tok7', draft 'Ω'\)"):
         check_draft_compatible(t, write_vocab_gguf(tmp_path / "d7.gguf", changed))
+
+
+# --- headers from file objects (the Hub, read by range requests) ---------------------------------
+
+
+class CountingFile:
+    """A seekable file over ``data`` that records every read, named like a file on the Hub."""
+
+    def __init__(self, data: bytes, name: str = "org/repo-GGUF/model.gguf") -> None:
+        self.data, self.name, self.pos, self.reads = data, name, 0, []
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = (0, self.pos, len(self.data))[whence] + offset
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.data) if n < 0 else min(len(self.data), self.pos + n)
+        self.reads.append((self.pos, end))
+        out, self.pos = self.data[self.pos:end], end
+        return out
+
+
+@pytest.mark.parametrize("fixture", ["smollm2_path", "gemma_path"])
+def test_a_header_from_a_file_object_reads_only_the_header(fixture: str, request: pytest.FixtureRequest) -> None:
+    path: Path = request.getfixturevalue(fixture)
+    from_path = read_info(path)
+    stream = CountingFile(path.read_bytes())
+    from_stream = read_info(stream)  # type: ignore[arg-type]
+    assert from_stream.path == Path("org/repo-GGUF/model.gguf") and from_stream.source is stream
+    assert from_stream == dataclasses.replace(from_path, path=from_stream.path)
+    header_end = read_info(path).file_size - read_info(path).tensor_bytes  # the header and padding
+    # Read in order, each byte once, in whole MiB, and no further than about twice the header.
+    reads = stream.reads
+    assert all(a == b_end for (_, b_end), (a, _) in zip(reads, reads[1:]))
+    top = reads[-1][1]
+    assert top % (1 << 20) == 0 and top < 2 * header_end + (1 << 20) and top < len(stream.data) // 10
+    assert tokenizer_fingerprint(stream) == tokenizer_fingerprint(path)  # type: ignore[arg-type]
+
+
+def test_draft_check_reads_vocabularies_through_file_objects(smollm2_path: Path, gemma_path: Path) -> None:
+    target = read_info(CountingFile(smollm2_path.read_bytes(), "a/b/smol.gguf"))  # type: ignore[arg-type]
+    check_draft_compatible(target, read_info(CountingFile(smollm2_path.read_bytes())))  # type: ignore[arg-type]
+    check_draft_compatible(target, smollm2_path)  # a file object and a path: tokens compared
+    with pytest.raises(IncompatibleDraftError, match="vocabulary type differs"):
+        check_draft_compatible(target, read_info(CountingFile(gemma_path.read_bytes())))  # type: ignore[arg-type]
+
+
+def test_a_truncated_file_object_is_reported_like_a_file(smollm2_path: Path) -> None:
+    data = smollm2_path.read_bytes()
+    with pytest.raises(ModelFileError, match=r"model file org/repo-GGUF/model\.gguf is truncated: its GGUF header "
+                                             r"stops at byte 100000 inside metadata key 'tokenizer\.ggml\.tokens'"):
+        read_info(CountingFile(data[:100_000]))  # type: ignore[arg-type]
+    with pytest.raises(ModelFileError, match=r"is truncated: it has 49,181,216 bytes"):
+        read_info(CountingFile(data[:len(data) // 2]))  # type: ignore[arg-type]
+    with pytest.raises(ModelFileError, match=r"org/repo-GGUF/model\.gguf is not a GGUF model file: it is an HTML"):
+        read_info(CountingFile(b"<!DOCTYPE html><html>login</html>"))  # type: ignore[arg-type]
