@@ -47,10 +47,12 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils import build_hf_headers, get_session
 from huggingface_hub.utils.tqdm import disable_progress_bars
 
 from localspec.errors import DownloadError
 from localspec.pypi_models import PypiModel, sha256_file, cache_dir, ensure_pypi_model
+from localspec.rangefile import HttpRangeFile
 from localspec.registry import ModelSpec
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -124,6 +126,37 @@ def pull(spec: ModelSpec, *, offline: bool = False, progress: bool = True) -> Pa
     if spec.repo is not None:
         return _pull_from_hub(spec, progress=progress)
     raise DownloadError(f"{spec.name} has no source to download from; give it repo and file in {spec.origin}")
+
+
+def open_header(spec: ModelSpec, *, offline: bool = False) -> HttpRangeFile:
+    """``spec``'s file on the Hub as a file object that fetches only the byte ranges read from it.
+
+    For planning a model that is not downloaded: its GGUF header (metadata, tokenizer and tensor
+    table, a few MB) is read without the weights, and nothing is written to the cache. One HEAD
+    through huggingface_hub gives the size and the final location (a CDN for LFS files, which gets
+    no token, as in ``hf_hub_download``); the ranges come through huggingface_hub's session.
+    Raises ``DownloadError`` offline or when the Hub cannot be asked.
+    """
+    if spec.repo is None or spec.file is None:
+        raise DownloadError(f"{spec.name} has no Hugging Face source to read its header from (`repo` and `file` "
+                            f"in {spec.origin})")
+    if offline_mode(offline):
+        raise DownloadError(f"{spec.name} is not downloaded and offline mode is on; reading its header needs the "
+                            f"network: run `localspec pull {spec.name}` with network access")
+    url = hf_hub_url(spec.repo, spec.file, revision=spec.revision)
+    try:
+        meta = get_hf_file_metadata(url)
+    except Exception as err:  # noqa: BLE001 - mapped or re-raised below
+        raise _hub_error(err, spec) from None
+    if not meta.size:
+        raise DownloadError(f"{_host(constants.ENDPOINT)} did not give the size of {spec.file}, so its header "
+                            f"cannot be read in pieces; run `localspec pull {spec.name}` first")
+    headers = build_hf_headers()
+    if _host(meta.location) != _host(url):
+        headers.pop("authorization", None)  # a signed CDN URL: the token stays with the Hub
+    return HttpRangeFile(meta.location, meta.size, name=f"{spec.repo}/{spec.file}", client=get_session(),
+                         headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+                         on_error=lambda err: _hub_error(err, spec))
 
 
 def pypi_model(spec: ModelSpec, *, offline: bool = False) -> Path:
