@@ -78,11 +78,8 @@ class Engine:
         if n_ctx < 16:
             raise InvalidOptionError(f"--ctx {n_ctx} is too small: use at least 16 tokens")
         model_free = [s for s in specs if s.kind != "model"]
-        if (draft is not None or model_free) and not target.can_rollback:
-            raise UnsupportedModelError(
-                f"{target.name} is a recurrent/hybrid model whose cache cannot roll back rejected "
-                "draft tokens, so speculative decoding is impossible; run it without --draft"
-            )
+        if draft is not None or model_free:
+            _check_can_roll_back(target, draft)
         self.target = target
         self.n_threads = n_threads
         self._controllers: dict[str, Controller] = {}
@@ -157,9 +154,17 @@ class Engine:
         if draft_info is not None:
             check_draft_compatible(target_info, draft_info)
         target_model = Model(target, n_gpu_layers=n_gpu_layers)
-        draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers) if draft is not None else None
-        return cls(target_model, draft=draft_model, specs=specs, n_ctx=n_ctx, n_threads=n_threads,
-                   personal_history=personal_history)
+        draft_model = None
+        try:
+            draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers) if draft is not None else None
+            return cls(target_model, draft=draft_model, specs=specs, n_ctx=n_ctx, n_threads=n_threads,
+                       personal_history=personal_history)
+        except BaseException:
+            # A refused load keeps no weights alive (the caller may retry without --draft).
+            for model in (target_model, draft_model):
+                if model is not None:
+                    model.close()
+            raise
 
     @property
     def n_ctx(self) -> int:
@@ -237,6 +242,27 @@ class Engine:
         for obj in (self.ctx, self.draft_ctx, self.target, self.draft):
             if obj is not None:
                 obj.close()
+
+
+def _check_can_roll_back(target: Model, draft: Model | None) -> None:
+    """Refuse speculation, before any context exists, when a cache it must cut back cannot be cut.
+
+    A rejected draft token is removed from the target's cache, and a draft
+    model's cache drops whatever the target did not accept. Recurrent and
+    hybrid models (Mamba, RWKV, Jamba...) keep one running state instead of
+    per-position entries, so neither can serve: mid-generation it would fail.
+    """
+    for model, role, fix in ((target, "target", "run it without --draft"),
+                             (draft, "draft", "draft with a transformer model of the target's family or "
+                                              "with ngram/lookahead")):
+        if model is not None and not model.can_rollback:
+            kind = "recurrent" if model.is_recurrent else "hybrid"
+            arch = model.metadata("general.architecture") or "unknown architecture"
+            raise UnsupportedModelError(
+                f"{role} {model.name} is a {kind} model ({arch}): its cache keeps one running state, not "
+                f"an entry per token, so it cannot roll back rejected draft tokens and speculative "
+                f"decoding is impossible; {fix}"
+            )
 
 
 class _Tally:
