@@ -416,6 +416,8 @@ class Generation(Iterator[Event]):
         history = list(self.prompt)
         # Keep whatever prefix the cache already holds (the previous chat turn).
         keep = ctx.common_prefix(history[:-1])
+        if keep < len(ctx.tokens) and not ctx.model.can_rollback:
+            keep = 0  # a recurrent state cannot drop a suffix: decode the prompt afresh
         ctx.rollback_to(keep)
         ctx.append(history[keep:-1])
         if self.drafter is not None:
