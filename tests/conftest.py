@@ -30,3 +30,11 @@ def smollm2_q4_0_path(smollm2_path: Path) -> Path:
     if not out.is_file():
         quantize(smollm2_path, out, "Q4_0")
     return out
+
+
+@pytest.fixture(scope="session")
+def mamba_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Mamba with random weights and SmolLM2's tokenizer: recurrent, so its cache cannot roll back."""
+    from mamba_model import write_mamba
+
+    return write_mamba(tmp_path_factory.mktemp("mamba") / "mamba-tiny.gguf")
