@@ -17,12 +17,13 @@ valid until the next ``decode`` on that context, and read-only by contract.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import llama_cpp
 import numpy as np
@@ -71,6 +72,49 @@ def gpu_offload_supported() -> bool:
     """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, Vulkan...)."""
     _ensure_init()
     return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+_GGML_DEVICE_GPU = 1  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL, META (ggml-backend.h)
+
+
+@functools.cache
+def _device_api() -> tuple[Any, ...] | None:
+    """ggml's device functions from the loaded llama.cpp library (llama-cpp-python binds none of them);
+    None when this build does not export them."""
+    lib = llama_cpp.llama_cpp._lib
+    try:
+        count, get, kind, describe, memory = (lib.ggml_backend_dev_count, lib.ggml_backend_dev_get,
+                                              lib.ggml_backend_dev_type, lib.ggml_backend_dev_description,
+                                              lib.ggml_backend_dev_memory)
+    except AttributeError:
+        return None
+    count.argtypes, count.restype = [], ctypes.c_size_t
+    get.argtypes, get.restype = [ctypes.c_size_t], ctypes.c_void_p
+    kind.argtypes, kind.restype = [ctypes.c_void_p], ctypes.c_int
+    describe.argtypes, describe.restype = [ctypes.c_void_p], ctypes.c_char_p
+    memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    memory.restype = None
+    return count, get, kind, describe, memory
+
+
+def gpu_devices() -> list[tuple[str, int, int]]:
+    """``(description, free bytes, total bytes)`` of each dedicated GPU llama.cpp can offload to, in
+    its device order; empty on a CPU-only build or when the library lacks ggml's device API."""
+    _ensure_init()
+    api = _device_api()
+    if api is None:
+        return []
+    count, get, kind, describe, memory = api
+    found = []
+    for i in range(count()):
+        device = get(i)
+        if not device or kind(device) != _GGML_DEVICE_GPU:
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        memory(device, ctypes.byref(free), ctypes.byref(total))
+        name = (describe(device) or b"GPU").decode("utf-8", errors="replace")
+        found.append((name, free.value, total.value))
+    return found
 
 
 def system_info() -> str:
