@@ -9,7 +9,8 @@
   ``redirect=False`` it serves the bytes itself, with ``ETag`` and
   ``Content-Length``, as the Hub does for small git files.
 * ``GET``/``HEAD /blobs/{etag}`` on the CDN port, honouring ``Range: bytes=N-``
-  with ``206`` and ``Content-Range`` (how the client resumes a broken transfer).
+  (how the client resumes a broken transfer) and ``Range: bytes=N-M`` (how
+  ``localspec plan`` reads a header) with ``206`` and ``Content-Range``.
 * The Hub's 404s with ``X-Error-Code`` (RepoNotFound, RevisionNotFound,
   EntryNotFound).
 
@@ -53,6 +54,12 @@ class Seen:
         """The first byte asked for by a ``Range`` header, if there was one."""
         match = _RANGE_RE.match(self.headers.get("range", ""))
         return int(match.group(1)) if match else None
+
+    @property
+    def range_end(self) -> int | None:
+        """The last byte asked for by a ``Range`` header, if it named one."""
+        match = _RANGE_RE.match(self.headers.get("range", ""))
+        return int(match.group(2)) if match and match.group(2) else None
 
 
 @dataclass
@@ -212,17 +219,19 @@ def _handler_for(hub: FakeHub, port: str) -> type[BaseHTTPRequestHandler]:
 
         def _send_bytes(self, hosted: Hosted, *, body: bool, commit: str | None = None) -> None:
             data = hosted.data
-            start = 0
+            start, stop = 0, len(data)
             match = _RANGE_RE.match(self.headers.get("Range", ""))
             if match:
                 start = int(match.group(1))
-                if start >= len(data):
+                if match.group(2):
+                    stop = min(stop, int(match.group(2)) + 1)
+                if start >= stop:
                     self._plain(416, "range not satisfiable", {"Content-Range": f"bytes */{len(data)}"})
                     return
             self.send_response(206 if match else 200)
             if match:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-            self.send_header("Content-Length", str(len(data) - start))
+                self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+            self.send_header("Content-Length", str(stop - start))
             self.send_header("ETag", f'"{hosted.etag}"')
             self.send_header("Accept-Ranges", "bytes")
             if commit:
@@ -239,7 +248,7 @@ def _handler_for(hub: FakeHub, port: str) -> type[BaseHTTPRequestHandler]:
                 self.connection.shutdown(socket.SHUT_WR)
                 self.close_connection = True
                 return
-            view = memoryview(data)[start:]
+            view = memoryview(data)[start:stop]
             try:
                 for offset in range(0, len(view), 1 << 20):
                     self.wfile.write(view[offset : offset + (1 << 20)])
@@ -293,20 +302,21 @@ def cli_env(tmp: Path, endpoint: str | None = None, **extra: str) -> dict[str, s
 
 
 def run_localspec(
-    args: list[str], env: Mapping[str, str], *, prelude: str = "", timeout: float = 60
+    args: list[str], env: Mapping[str, str], *, prelude: str = "", timeout: float = 60,
+    commands: tuple[str, ...] = ("pull", "models"),
 ) -> subprocess.CompletedProcess[str]:
     """Run ``localspec ARGS`` in a fresh interpreter (huggingface_hub reads its settings at import).
 
     ``prelude`` is Python run first, e.g. to simulate a full disk. The CLI's
-    ``main`` is used as is; only its command list is set to the two commands under
-    test, whatever else ``localspec.cli`` lists.
+    ``main`` is used as is; only its command list is set to ``commands``, the ones
+    under test, whatever else ``localspec.cli`` lists.
     """
     code = "\n".join(
         [
             "import sys",
             prelude,
             "import localspec.cli as cli",
-            "cli.COMMANDS = ('pull', 'models')",
+            f"cli.COMMANDS = {tuple(commands)!r}",
             "sys.exit(cli.main(sys.argv[1:]))",
         ]
     )

@@ -99,8 +99,9 @@ def test_run_loads_the_engine_then_hands_the_app_the_resumed_session(
     class FakeApp:
         return_code = 0
 
-        def __init__(self, engine, opts, *, session, system):  # type: ignore[no-untyped-def]
-            seen.update(drafters=engine.drafter_names(), opts=opts, session=session, system=system)
+        def __init__(self, engine, opts, *, session, system, placement):  # type: ignore[no-untyped-def]
+            seen.update(drafters=engine.drafter_names(), opts=opts, session=session, system=system,
+                        placement=placement)
 
         def run(self) -> None:
             seen["ran"] = True
@@ -115,6 +116,7 @@ def test_run_loads_the_engine_then_hands_the_app_the_resumed_session(
     assert seen["drafters"] == ["draft"] and seen["system"] == "Be brief."
     assert seen["opts"].max_tokens == 7
     assert seen["session"].id == session.id and seen["session"].messages[0].content == "earlier"
+    assert seen["placement"].n_ctx == 256  # --ctx as given (and no GPU plan on a CPU build)
 
 
 # --- a real terminal ------------------------------------------------------------
@@ -180,3 +182,124 @@ def test_smoke_in_a_real_terminal(tmp_path: Path, smollm2_path: Path, smollm2_q4
     saved = load_session(info.id, data / "sessions")
     assert [m.role for m in saved.messages] == ["user", "assistant"]
     assert saved.messages[0].content == "Name a fruit." and saved.messages[1].content.strip()
+
+
+# --- --resume brings back the models the chat was held with ---------------------------------------
+class FakeEngine:
+    """What `run` needs of an engine before the app starts."""
+
+    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        return [1]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def started(cli, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """Each `run` that reached the app: what Engine.load got and what the app was handed."""
+    import localspec.backend
+    import localspec.engine
+    import localspec_tui.app
+
+    runs: list[dict[str, Any]] = []
+
+    def fake_load(cls: Any, target: Any, draft: Any = None, **kwargs: Any) -> FakeEngine:
+        runs.append({"target": target, "draft": draft, **kwargs})
+        return FakeEngine()
+
+    class FakeApp:
+        return_code = 0
+
+        def __init__(self, engine, opts, *, session, system, placement):  # type: ignore[no-untyped-def]
+            runs[-1].update(session=session, placement=placement)
+
+        def run(self) -> None:
+            pass
+
+        def wait_for_engine(self) -> bool:
+            return True
+
+    monkeypatch.setattr(localspec.engine.Engine, "load", classmethod(fake_load))
+    monkeypatch.setattr(localspec_tui.app, "LocalspecApp", FakeApp)
+    monkeypatch.setattr(localspec.backend, "gpu_offload_supported", lambda: False)
+    return runs
+
+
+def saved_chat(tmp_path: Path, model: str | None, draft: str | None) -> Session:
+    session = Session(model=model, draft=draft)
+    session.messages.append(SessionMessage("user", "earlier"))
+    save_session(session, tmp_path / "data" / "sessions")
+    return session
+
+
+def test_a_new_chat_saves_the_models_so_they_resolve_again(cli, started: list[dict[str, Any]],  # type: ignore[no-untyped-def]
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    monkeypatch.chdir(tmp_path)
+    assert cli(["run", "a.gguf", "--draft", "a.gguf,ngram"]) == 0
+    session = started[0]["session"]
+    assert (session.model, session.draft) == (str(tmp_path / "a.gguf"), f"{tmp_path / 'a.gguf'},ngram")
+    assert started[0]["placement"].n_gpu_layers == 0 and started[0]["n_ctx"] == 4096
+    assert cli(["run", "a.gguf", "--draft", "off"]) == 0
+    assert started[1]["session"].draft == "off" and started[1]["specs"] == []
+
+
+def test_resume_without_model_continues_on_the_saved_models(cli, started: list[dict[str, Any]],  # type: ignore[no-untyped-def]
+                                                           tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from localspec.drafting.specs import DrafterSpec
+
+    saved, draft = tmp_path / "saved.gguf", tmp_path / "draft.gguf"
+    saved.write_bytes(b"GGUF")
+    draft.write_bytes(b"GGUF")
+    session = saved_chat(tmp_path, str(saved), f"{draft},lookahead")
+    assert cli(["run", "--resume"]) == 0
+    run = started[0]
+    assert (run["target"], run["draft"], run["specs"]) == (saved, draft, [DrafterSpec("lookahead")])
+    assert run["session"].id == session.id and run["session"].messages[0].content == "earlier"
+    assert capsys.readouterr().err == ""
+    # --draft given: it wins over the saved drafters.
+    assert cli(["run", "--resume", "--draft", "ngram"]) == 0
+    assert (started[1]["draft"], started[1]["specs"]) == (None, [DrafterSpec("ngram")])
+
+
+def test_resume_with_another_model_says_so(cli, started: list[dict[str, Any]], tmp_path: Path,  # type: ignore[no-untyped-def]
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from localspec.drafting.specs import DrafterSpec
+
+    saved, other = tmp_path / "saved.gguf", tmp_path / "other.gguf"
+    for path in (saved, other):
+        path.write_bytes(b"GGUF")
+    session = saved_chat(tmp_path, str(saved), str(saved))
+    assert cli(["run", str(other), "--resume"]) == 0
+    assert capsys.readouterr().err == (
+        f"localspec: session {session.id} was held with {saved}; the chat continues on {other}\n")
+    # The saved draft belonged to the other model: the default drafter instead; the chat now records `other`.
+    assert (started[0]["target"], started[0]["draft"], started[0]["specs"]) == (other, None, [DrafterSpec("ngram")])
+    assert started[0]["session"].model == str(other) and started[0]["session"].messages[0].content == "earlier"
+    # The same model named again: no remark, and its saved draft comes back.
+    assert cli(["run", str(saved), "--resume"]) == 0
+    assert capsys.readouterr().err == "" and started[1]["draft"] == saved
+
+
+def test_resume_by_registry_name(cli, started: list[dict[str, Any]], tmp_path: Path,  # type: ignore[no-untyped-def]
+                                 smollm2_path: Path) -> None:
+    saved_chat(tmp_path, "smollm2-135m", "ngram")
+    assert cli(["run", "--resume", "--offline"]) == 0
+    assert started[0]["target"].name == smollm2_path.name and started[0]["session"].model == "smollm2-135m"
+
+
+def test_resume_of_a_model_that_no_longer_resolves_is_one_line(cli, started: list[dict[str, Any]],  # type: ignore[no-untyped-def]
+                                                              tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    session = saved_chat(tmp_path, "SmolLM2 135M Instruct", None)  # what older versions saved: general.name
+    assert cli(["run", "--resume"]) == 2
+    assert one_error_line(capsys) == (
+        f"localspec: error: --resume: session {session.id} was held with model 'SmolLM2 135M Instruct', which is "
+        "neither a name from `localspec models` nor a file here; pass MODEL to continue the chat with another one")
+    gone = tmp_path / "gone.gguf"
+    gone.write_bytes(b"GGUF")
+    session = saved_chat(tmp_path, str(gone), f"{tmp_path / 'deleted.gguf'}")
+    assert cli(["run", "--resume", session.id]) == 2
+    assert "was held with draft" in one_error_line(capsys) and started == []

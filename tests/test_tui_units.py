@@ -227,3 +227,28 @@ def test_engine_imports_do_not_load_textual() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "", f"importing the engine loaded UI modules: {proc.stdout}"
+
+
+def test_the_gpu_plan_shows_in_the_title_and_a_notification(tmp_path: Path) -> None:
+    from localspec.placement import LoadSettings
+
+    placement = LoadSettings(4096, 43, -1, message="GPU plan for --vram 24GiB: 42/80 target layers on the GPU",
+                             brief="plan: 42/80 layers, ctx 4096")
+    notes: list[str] = []
+
+    class Recording(LocalspecApp):
+        def notify(self, message: str, **kwargs) -> None:  # type: ignore[no-untyped-def, override]
+            notes.append(message)
+
+    async def go() -> None:
+        app = Recording(stub_engine(), GenerateOptions(), history_dir=tmp_path, measure_on_start=False,  # type: ignore[arg-type]
+                        placement=placement)
+        async with app.run_test(size=(160, 30)) as pilot:
+            await pilot.pause()
+            assert app.sub_title.endswith(" · plan: 42/80 layers, ctx 4096")
+            assert "plan: 42/80 layers, ctx 4096" in svg_text(app.export_screenshot())
+        assert notes == [placement.message]
+        plain = LocalspecApp(stub_engine(), GenerateOptions(), history_dir=tmp_path, measure_on_start=False)  # type: ignore[arg-type]
+        assert "plan:" not in plain.model_line()
+
+    asyncio.run(go())

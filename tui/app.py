@@ -24,6 +24,7 @@ from localspec.engine import Engine, GenerateOptions
 from localspec.errors import LocalspecError
 from localspec.events import DoneEvent, GenerationStats
 from localspec.history import Session, SessionMessage, save_session, stats_summary
+from localspec.placement import LoadSettings
 from localspec_tui.dashboard import Dashboard
 from localspec_tui.messages import (
     PlainSpeedFailed,
@@ -52,7 +53,8 @@ class LocalspecApp(App[int]):
     ``opts`` are the CLI's generation options; the drafter choice (key ctrl+o)
     overrides ``speculative``/``drafter`` per reply. ``history_dir`` None
     means the user's data dir. ``plain_tokens`` is the length of the plain
-    baseline run, measured at start when ``measure_on_start``.
+    baseline run, measured at start when ``measure_on_start``. ``placement`` is what the
+    models were loaded with; its GPU plan, if one was made, shows in the title and a notification.
     """
 
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses live elsewhere
@@ -70,9 +72,10 @@ class LocalspecApp(App[int]):
 
     def __init__(self, engine: Engine, opts: GenerateOptions | None = None, *, session: Session | None = None,
                  system: str | None = None, history_dir: Path | None = None, plain_tokens: int = 24,
-                 measure_on_start: bool = True) -> None:
+                 measure_on_start: bool = True, placement: LoadSettings | None = None) -> None:
         super().__init__()
         self.engine = engine
+        self.placement = placement
         self.base_opts = opts or GenerateOptions()
         self.history_dir = history_dir
         names = engine.drafter_names()
@@ -128,16 +131,21 @@ class LocalspecApp(App[int]):
                 self._chat().mount(view)
         if self.session.messages:
             self.notify(f"resumed session {self.session.id}")
+        if self.placement is not None and self.placement.message:
+            self.notify(self.placement.message, timeout=15)
         self.query_one("#prompt", Input).focus()
         if self.measure_on_start:
             self.action_measure_plain()
 
     def model_line(self) -> str:
-        """'target → draft · GPU offload: yes/no', file names rather than metadata names (they show the quant)."""
+        """'target → draft · GPU offload: yes/no', file names rather than metadata names (they show the quant),
+        then the GPU plan in brief ('plan: 42/80 layers, ctx 4096') when one was made."""
         line = self.engine.target.path.stem
         if self.engine.draft is not None:
             line += f" → draft {self.engine.draft.path.stem}"
-        return f"{line} · GPU offload: {'yes' if gpu_offload_supported() else 'no (CPU build)'}"
+        line += f" · GPU offload: {'yes' if gpu_offload_supported() else 'no (CPU build)'}"
+        brief = self.placement.brief if self.placement is not None else None
+        return f"{line} · {brief}" if brief else line
 
     def _chat(self) -> VerticalScroll:
         return self.query_one("#chat", VerticalScroll)

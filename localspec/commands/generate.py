@@ -10,10 +10,12 @@ from localspec.commands.common import (
     add_model_options,
     add_sampling_options,
     check_engine_options,
+    fetch,
     generate_options,
+    load_settings,
     read_prompt,
-    resolve_drafters,
-    resolve_model,
+    resolve_draft_refs,
+    resolve_ref,
 )
 from localspec.events import DoneEvent, GenerationStats, TokenEvent
 
@@ -74,14 +76,20 @@ def result_json(done: DoneEvent) -> dict:
 def run(args: argparse.Namespace) -> int:
     check_engine_options(args)
     opts = generate_options(args)
-    target = resolve_model(args.model, offline=args.offline)
-    draft, specs = resolve_drafters(args.draft, offline=args.offline)
+    # Every name and the prompt are checked before anything is downloaded.
+    target_ref = resolve_ref(args.model)
+    drafts = resolve_draft_refs(args.draft)
     prompt = read_prompt(args)
+    target = fetch(target_ref, offline=args.offline)
+    draft = fetch(drafts.model, offline=args.offline) if drafts.model is not None else None
+    settings = load_settings(args, target, draft)
+    if settings.message:
+        print(f"localspec: {settings.message}", file=sys.stderr)
 
     from localspec.engine import Engine
 
-    engine = Engine.load(target, draft, specs=specs, n_ctx=args.ctx, n_threads=args.threads,
-                         n_gpu_layers=args.gpu_layers, draft_n_gpu_layers=args.gpu_layers)
+    engine = Engine.load(target, draft, specs=drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
+                         n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         messages.append({"role": "user", "content": prompt})

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-from pathlib import Path
 
-from localspec.errors import InvalidOptionError
+from localspec.commands.common import MODEL_HELP, model_header, parse_ctx, resolve_name
 from localspec.gguf_info import check_draft_compatible, read_info
 from localspec.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, format_plan, gib, parse_size, plan
 
@@ -17,11 +15,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plan",
         help="plan GPU memory for a target and draft (reads metadata only)",
         description="Show how much GPU memory the target and draft need, which context fits, and how "
-                    "many layers llama.cpp should offload. Reads GGUF headers only; loads no weights.",
+                    "many layers llama.cpp should offload (what `run` and `generate` apply on a GPU build). "
+                    "Reads GGUF headers only and loads no weights: a model that is not downloaded has only "
+                    "its header read from the Hub, by HTTP range requests.",
     )
-    p.add_argument("target", metavar="TARGET", help="target model: a path to a GGUF file")
+    p.add_argument("target", metavar="TARGET", help="target model: " + MODEL_HELP.replace(" (downloaded on first use)", ""))
     p.add_argument("--draft", metavar="DRAFT", default=None,
-                   help="draft model: a GGUF path sharing the target's vocabulary")
+                   help="draft model sharing the target's vocabulary: "
+                        + MODEL_HELP.replace(" (downloaded on first use)", ""))
     p.add_argument("--vram", metavar="SIZE", default="24GiB",
                    help="GPU memory, e.g. 24GiB, 24G, 24000MB or 24 (GiB); default 24GiB")
     p.add_argument("--reserve", metavar="SIZE", default=None,
@@ -31,15 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"reduced down to {CONTEXT_FLOOR} if it does not fit")
     p.add_argument("--kv-type", metavar="TYPE", default="f16", help="KV cache type (default f16; q8_0 halves it)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.add_argument("--offline", action="store_true",
+                   help="use no network: plan only models that are on disk (also HF_HUB_OFFLINE=1)")
     p.set_defaults(func=run)
-
-
-def _resolve_model_arg(text: str) -> Path:
-    """A TARGET/DRAFT argument as a GGUF path (the model registry will resolve names here later).
-
-    The path is not checked here: ``read_info`` reports a missing or broken file in one line.
-    """
-    return Path(text).expanduser()
 
 
 def _gpu_offload_supported() -> bool | None:
@@ -54,22 +49,15 @@ def _gpu_offload_supported() -> bool | None:
     return gpu_offload_supported()
 
 
-def _parse_ctx(text: str | None) -> int | None:
-    """``--ctx``: a token count, optionally with a ``k`` suffix (x1024)."""
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
-    if not m:
-        raise InvalidOptionError(f"--ctx {text!r} is not a token count; use e.g. 8192 or 8k")
-    return int(m.group(1)) * (1024 if m.group(2) else 1)
-
-
 def run(args: argparse.Namespace) -> int:
     vram = parse_size(args.vram, "--vram")
     reserve = parse_size(args.reserve, "--reserve") if args.reserve is not None else DEFAULT_RESERVE
-    n_ctx = _parse_ctx(args.ctx)
-    target = read_info(_resolve_model_arg(args.target))
-    draft = read_info(_resolve_model_arg(args.draft)) if args.draft else None
+    n_ctx = parse_ctx(args.ctx)
+    # Both names are checked before either header is fetched.
+    target_ref = resolve_name(args.target)
+    draft_ref = resolve_name(args.draft) if args.draft else None
+    target = read_info(model_header(target_ref, offline=args.offline))
+    draft = read_info(model_header(draft_ref, offline=args.offline)) if draft_ref is not None else None
     if draft is not None:
         check_draft_compatible(target, draft)
     result = plan(target, draft, vram, n_ctx, args.kv_type, reserve,

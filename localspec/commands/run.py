@@ -8,18 +8,30 @@ here, inside the handler: nothing else in ``localspec`` depends on Textual.
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TypeVar
 
 from localspec.commands.common import (
+    OFF,
+    DraftRefs,
     add_model_options,
     add_sampling_options,
     check_engine_options,
+    fetch,
     generate_options,
-    resolve_drafters,
-    resolve_model,
+    load_settings,
+    reference,
+    resolve_draft_refs,
+    resolve_ref,
 )
-from localspec.errors import InvalidOptionError
-from localspec.history import latest_session, load_session
+from localspec.drafting.specs import DrafterSpec
+from localspec.errors import InvalidOptionError, LocalspecError
+from localspec.history import Session, latest_session, load_session
+from localspec.registry import Resolved
 
+T = TypeVar("T")
 LATEST = "latest"
 """What ``--resume`` without an id means."""
 
@@ -36,8 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default=None, metavar="TEXT",
                    help="system prompt (editable in the app with ctrl+s)")
     p.add_argument("--resume", nargs="?", const=LATEST, default=None, metavar="SESSION_ID",
-                   help="continue a saved chat: the latest one, or SESSION_ID "
-                        "(write --resume after MODEL, or as --resume=ID)")
+                   help="continue a saved chat: the latest one, or SESSION_ID (write --resume after MODEL, "
+                        "or as --resume=ID); without MODEL and --draft, on the models it was held with")
     add_sampling_options(p)
     p.set_defaults(func=run)
 
@@ -46,17 +58,67 @@ DEFAULT_DRAFTERS = "ngram"
 """What `run` drafts with when --draft is not given: model-free, so it suits any model."""
 
 
-def resolve_models(model: str | None, draft: str | None, *, offline: bool = False):
+@dataclass(frozen=True)
+class Choice:
+    """The models `run` chats with, resolved through the registry but not yet downloaded."""
+
+    target: Resolved
+    drafts: DraftRefs
+
+
+def choose_models(model: str | None, draft: str | None, session: Session | None = None) -> Choice:
+    """Resolve MODEL and --draft (every name, before any download), falling back to a resumed chat's.
+
+    MODEL omitted: the session's model when resuming, else the registry's default (SmolLM2-135M,
+    carried by a PyPI package). --draft omitted: the session's drafters when the chat continues on
+    its own model, else ``ngram``; ``--draft off`` means none. A MODEL other than the session's
+    is said in one line on stderr.
+    """
+    if session is not None and model is None and session.model is not None:
+        saved_model = session.model
+        target = _resolve_saved(session, "model", lambda: resolve_ref(saved_model))
+    else:
+        target = resolve_ref(model)
+    same_model = session is not None and session.model == reference(target)
+    if session is not None and model is not None and session.model and not same_model:
+        print(f"localspec: session {session.id} was held with {session.model}; the chat continues on "
+              f"{reference(target)}", file=sys.stderr)
+    if draft is None and same_model and session is not None and session.draft:
+        saved_draft = session.draft
+        drafts = _resolve_saved(session, "draft", lambda: _draft_refs(saved_draft))
+    else:
+        drafts = _draft_refs(draft if draft is not None else DEFAULT_DRAFTERS)
+    return Choice(target, drafts)
+
+
+def _draft_refs(text: str | None) -> DraftRefs:
+    if text is not None and text.strip().lower() in (OFF, "none"):
+        return DraftRefs(None, [])
+    return resolve_draft_refs(text)
+
+
+def _resolve_saved(session: Session, what: str, resolve: Callable[[], T]) -> T:
+    """``resolve()`` for a name saved in ``session``; a name that no longer resolves is one clear error."""
+    try:
+        return resolve()
+    except LocalspecError:
+        saved = getattr(session, what)
+        flag = "MODEL" if what == "model" else "--draft"
+        raise InvalidOptionError(
+            f"--resume: session {session.id} was held with {what} {saved!r}, which is neither a name from "
+            f"`localspec models` nor a file here; pass {flag} to continue the chat with another one") from None
+
+
+def resolve_models(model: str | None, draft: str | None, *,
+                   offline: bool = False) -> tuple[Path, Path | None, list[DrafterSpec]]:
     """The target path, the draft model path (or None) and the model-free drafter specs.
 
-    MODEL omitted means the registry's default (SmolLM2-135M, carried by a PyPI
-    package). --draft omitted means ``ngram``; ``--draft off`` means none.
+    Every name is resolved before anything is downloaded (``choose_models``).
     """
-    target = resolve_model(model, offline=offline)
-    if draft is not None and draft.strip().lower() in ("off", "none"):
-        return target, None, []
-    draft_path, specs = resolve_drafters(draft if draft is not None else DEFAULT_DRAFTERS, offline=offline)
-    return target, draft_path, specs
+    choice = choose_models(model, draft)
+    target = fetch(choice.target, offline=offline)
+    draft_model = choice.drafts.model
+    return target, fetch(draft_model, offline=offline) if draft_model is not None else None, choice.drafts.specs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,18 +132,24 @@ def run(args: argparse.Namespace) -> int:
         session = latest_session() if args.resume == LATEST else load_session(args.resume)
         if session is None:
             raise InvalidOptionError("--resume: there is no saved chat yet; run without --resume to start one")
-    target, draft, specs = resolve_models(args.model, args.draft, offline=args.offline)
+    choice = choose_models(args.model, args.draft, session)
+    target = fetch(choice.target, offline=args.offline)
+    draft = fetch(choice.drafts.model, offline=args.offline) if choice.drafts.model is not None else None
+    settings = load_settings(args, target, draft)
 
     from localspec.engine import Engine
 
-    engine = Engine.load(target, draft, specs=specs, n_ctx=args.ctx, n_threads=args.threads,
-                         n_gpu_layers=args.gpu_layers, draft_n_gpu_layers=args.gpu_layers)
+    engine = Engine.load(target, draft, specs=choice.drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
+                         n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers)
+    session = session or Session()
+    # Saved with the chat, so that `--resume` alone brings back these models.
+    session.model, session.draft = reference(choice.target), choice.drafts.text()
     try:
         # A model without a usable chat template cannot chat: say so before the app starts.
         engine.chat_tokens([{"role": "user", "content": "hello"}])
         from localspec_tui.app import LocalspecApp
 
-        app = LocalspecApp(engine, opts, session=session, system=args.system)
+        app = LocalspecApp(engine, opts, session=session, system=args.system, placement=settings)
         app.run()
         # The app stopped its worker on exit; wait for it before freeing the models under it.
         app.wait_for_engine()
