@@ -23,7 +23,8 @@ def register(subparsers: Any) -> None:
         "models",
         help="list the models localspec knows",
         description="List the registry: shipped models.toml plus your own "
-        "(~/.config/localspec/models.toml, or $LOCALSPEC_CONFIG_DIR/models.toml).",
+        "(~/.config/localspec/models.toml, or $LOCALSPEC_CONFIG_DIR/models.toml). Every command takes a model "
+        "as a name or alias listed here, or as a path to a GGUF file.",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
     parser.set_defaults(func=run)

@@ -26,7 +26,9 @@ def register(subparsers: Any) -> None:
         description="Download models into the Hugging Face cache and verify them. "
         "Prints the local path of each model on stdout.",
     )
-    parser.add_argument("names", nargs="+", metavar="NAME", help="model name or alias (see `localspec models`)")
+    parser.add_argument("names", nargs="+", metavar="NAME",
+                        help="a model name or alias from `localspec models`; a path to a GGUF file is printed as "
+                             "it is (nothing to download)")
     parser.add_argument(
         "--offline",
         action="store_true",
