@@ -63,12 +63,24 @@ def test_text_streams_to_stdout_and_stats_to_stderr(smollm2_path):
 
 
 def test_chat_mode_uses_the_template(smollm2_path):
-    proc = localspec("generate", str(smollm2_path), "--chat", "--prompt", "Say hello.", "--max-tokens", "24",
-                     "--json")
+    from localspec.backend import Model
+    from localspec.chat import Message, render_chat
+
+    proc = localspec("generate", str(smollm2_path), "--chat", "--system", "Be brief.", "--prompt", "Say hello.",
+                     "--max-tokens", "24", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert "<|im_start|>" not in out["text"]
     assert out["finish_reason"] in ("stop", "length")
+    # The prompt the model saw is the template's rendering, special tokens parsed.
+    model = Model(smollm2_path)
+    try:
+        text = render_chat(model.chat_template(), [Message("system", "Be brief."), Message("user", "Say hello.")])
+        want = model.tokenize(text, add_special=True, parse_special=True)
+        bare = model.tokenize("Say hello.", add_special=True)
+    finally:
+        model.close()
+    assert out["stats"]["prompt_tokens"] == len(want) > len(bare) + 6
 
 
 def test_missing_model_file(tmp_path):
@@ -101,7 +113,9 @@ def test_prompt_longer_than_context(smollm2_path):
 @pytest.mark.parametrize("option,value,name", [
     ("--temp", "-1", "temp"), ("--top-p", "1.5", "top-p"), ("--top-k", "-3", "top-k"),
     ("--min-p", "1.0", "min-p"), ("--max-tokens", "0", "max-tokens"), ("--draft-max", "-2", "draft-max"),
-    ("--ctx", "4", "ctx"), ("--temp", "nan", "temp"),
+    ("--ctx", "4", "ctx"), ("--temp", "nan", "temp"), ("--seed", "-1", "seed"), ("--p-min", "1.0", "p-min"),
+    # Malformed values are argparse's to refuse, still in one line.
+    ("--top-k", "1.5", "top-k"), ("--temp", "abc", "temp"), ("--max-tokens", "many", "max-tokens"),
 ])
 def test_out_of_range_options(smollm2_path, option, value, name):
     assert_clean_error(localspec("generate", str(smollm2_path), "-p", "x", option, value), name)
