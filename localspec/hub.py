@@ -25,9 +25,11 @@ says what to do, and progress is huggingface_hub's own tqdm bars on stderr.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import shutil
+import sys
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -303,7 +305,7 @@ def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
         )
     if meta.size:
         _check_free_space(spec, meta.size)
-    with _progress_bars(progress), warnings.catch_warnings():
+    with _progress_bars(progress), _retry_notices(spec), warnings.catch_warnings():
         # Its free-space warning is a weaker version of the check above.
         warnings.filterwarnings("ignore", message="Not enough free disk space")
         try:
@@ -346,6 +348,37 @@ def _check_free_space(spec: ModelSpec, needed: int) -> None:
             f"not enough disk space for {spec.name}: it needs {human_size(needed)} and {probe} has "
             f"{human_size(free)} free; free some space or set HF_HUB_CACHE to a larger disk"
         )
+
+
+class _RetryNotices(logging.Filter):
+    """The client's retry warnings (a URL, the exception text, two lines each) as one short line.
+
+    "Trying to resume" becomes ``localspec: the connection to HOST broke while downloading NAME;
+    resuming``; "Max retries exceeded" is dropped, since the error that follows says it.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "Trying to resume download" in text:
+            print(f"localspec: the connection to {_host(constants.ENDPOINT)} broke while downloading "
+                  f"{self.spec.name}; resuming", file=sys.stderr)
+            return False
+        return "Max retries exceeded" not in text
+
+
+@contextmanager
+def _retry_notices(spec: ModelSpec) -> Iterator[None]:
+    logger = logging.getLogger("huggingface_hub.file_download")
+    notices = _RetryNotices(spec)
+    logger.addFilter(notices)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notices)
 
 
 @contextmanager

@@ -79,6 +79,8 @@ class FakeHub:
     max_requests: int = 200
     # Cut the first body GET after this many bytes (then serve normally).
     cut_first_body_at: int | None = None
+    # Cut every body GET after this many bytes: the network keeps failing mid-download.
+    cut_every_body_at: int | None = None
     files: dict[tuple[str, str, str], Hosted] = field(default_factory=dict)
     _seen: list[Seen] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -149,6 +151,8 @@ class FakeHub:
 
     def _take_cut(self) -> int | None:
         with self._lock:
+            if self.cut_every_body_at is not None:
+                return self.cut_every_body_at
             if self.cut_first_body_at is None or self._cut_done:
                 return None
             self._cut_done = True

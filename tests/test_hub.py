@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -120,6 +121,23 @@ def test_an_interrupted_download_resumes_with_a_range_request(tmp_path: Path) ->
     assert len(gets) == 2 and gets[0].range_start is None
     # The client keeps the whole 10 MiB chunks it wrote and asks for the rest.
     assert gets[1].range_start == 10 * MiB
+
+
+def test_a_network_that_keeps_failing_mid_download_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    with FakeHub(cut_every_body_at=3 * MiB) as server:
+        server.add(REPO, FILE, DATA)
+        write_registry(tmp_path)
+        result = pull(tmp_path, server, "tiny")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    *retries, last = result.stderr.splitlines()
+    # The client retried, each retry one short line (not its two-line warnings with URLs) ...
+    assert len(server.body_gets()) == len(retries) + 1 >= 2
+    assert set(retries) == {f"localspec: the connection to {urlsplit(server.endpoint).netloc} broke while "
+                            "downloading tiny; resuming"}
+    # ... then gave up in one line.
+    assert last.startswith("localspec: error: ") and "broke while downloading tiny and did not recover" in last
+    assert cache_files(tmp_path) == []  # no partial or corrupt file is left to be mistaken for the model
 
 
 def test_a_checksum_mismatch_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
