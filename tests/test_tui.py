@@ -186,6 +186,50 @@ def test_drafter_switch_changes_what_the_next_reply_uses(engine: Engine, tmp_pat
     asyncio.run(go())
 
 
+def test_the_switch_offers_every_model_free_drafter_and_starts_on_the_choice(smollm2_path: Path,
+                                                                             smollm2_q4_0_path: Path,
+                                                                             tmp_path: Path) -> None:
+    from localspec.commands.common import DraftRefs, resolve_name
+    from localspec.commands.run import switchable_drafters
+
+    # `run --draft <model>`: ngram and lookahead are loaded too, the first reply drafts with the model only.
+    specs, opts = switchable_drafters(DraftRefs(resolve_name(str(smollm2_q4_0_path)), []),
+                                      GenerateOptions(max_tokens=8, draft_max=4))
+    assert [s.kind for s in specs] == ["ngram", "lookahead"] and opts.drafter == "draft"
+    eng = Engine.load(smollm2_path, smollm2_q4_0_path, specs=specs, n_ctx=1024, n_threads=1,
+                      personal_history=False)
+
+    async def go() -> None:
+        app = LocalspecApp(eng, opts, history_dir=tmp_path, measure_on_start=False)
+        async with app.run_test(size=SIZE) as pilot:
+            assert app.drafter_choices == ["draft", "draft,ngram,lookahead", "ngram", "lookahead", "off"]
+            await send(pilot, "Say hello.")
+            await finish(pilot, app)
+            assert app.last_done is not None
+            assert [d.name for d in app.last_done.stats.drafters] == ["draft"]
+            await pilot.press("ctrl+o", "ctrl+o")
+            assert app.drafter == "ngram"
+            await send(pilot, "Say hello again, say hello again.")
+            await finish(pilot, app)
+            assert {d.name for d in app.last_done.stats.drafters} <= {"ngram"}
+
+    try:
+        asyncio.run(go())
+    finally:
+        eng.close()
+
+
+def test_model_free_drafters_are_not_added_when_drafting_is_off() -> None:
+    from localspec.commands.common import DraftRefs
+    from localspec.commands.run import switchable_drafters
+    from localspec.drafting.specs import parse_draft
+
+    opts = GenerateOptions()
+    assert switchable_drafters(DraftRefs(None, []), opts) == ([], opts)  # --draft off: a plain chat
+    specs, chosen = switchable_drafters(DraftRefs(None, parse_draft("lookahead")), opts)
+    assert [s.kind for s in specs] == ["lookahead", "ngram"] and chosen.drafter == "lookahead"
+
+
 def test_history_survives_a_restart(engine: Engine, tmp_path: Path) -> None:
     async def first() -> tuple[str, str, int]:
         app = make_app(engine, tmp_path, max_tokens=8, system="You are terse.")

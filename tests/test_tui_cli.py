@@ -113,7 +113,9 @@ def test_run_loads_the_engine_then_hands_the_app_the_resumed_session(
     code = cli(["run", str(smollm2_path), "--draft", str(smollm2_q4_0_path), "--ctx", "256",
                 "--system", "Be brief.", "--max-tokens", "7", "--resume"])
     assert code == 0 and seen["ran"]
-    assert seen["drafters"] == ["draft"] and seen["system"] == "Be brief."
+    # The model-free drafters come along for the app's switch; the replies start on the draft model.
+    assert seen["drafters"] == ["draft,ngram,lookahead", "draft", "ngram", "lookahead"]
+    assert seen["opts"].drafter == "draft" and seen["system"] == "Be brief."
     assert seen["opts"].max_tokens == 7
     assert seen["session"].id == session.id and seen["session"].messages[0].content == "earlier"
     assert seen["placement"].n_ctx == 256  # --ctx as given (and no GPU plan on a CPU build)
@@ -256,12 +258,14 @@ def test_resume_without_model_continues_on_the_saved_models(cli, started: list[d
     session = saved_chat(tmp_path, str(saved), f"{draft},lookahead")
     assert cli(["run", "--resume"]) == 0
     run = started[0]
-    assert (run["target"], run["draft"], run["specs"]) == (saved, draft, [DrafterSpec("lookahead")])
+    # (ngram comes along for the app's drafter switch.)
+    assert (run["target"], run["draft"], run["specs"]) == (saved, draft,
+                                                           [DrafterSpec("lookahead"), DrafterSpec("ngram")])
     assert run["session"].id == session.id and run["session"].messages[0].content == "earlier"
     assert capsys.readouterr().err == ""
     # --draft given: it wins over the saved drafters.
     assert cli(["run", "--resume", "--draft", "ngram"]) == 0
-    assert (started[1]["draft"], started[1]["specs"]) == (None, [DrafterSpec("ngram")])
+    assert (started[1]["draft"], started[1]["specs"]) == (None, [DrafterSpec("ngram"), DrafterSpec("lookahead")])
 
 
 def test_resume_with_another_model_says_so(cli, started: list[dict[str, Any]], tmp_path: Path,  # type: ignore[no-untyped-def]
@@ -276,7 +280,7 @@ def test_resume_with_another_model_says_so(cli, started: list[dict[str, Any]], t
     assert capsys.readouterr().err == (
         f"localspec: session {session.id} was held with {saved}; the chat continues on {other}\n")
     # The saved draft belonged to the other model: the default drafter instead; the chat now records `other`.
-    assert (started[0]["target"], started[0]["draft"], started[0]["specs"]) == (other, None, [DrafterSpec("ngram")])
+    assert (started[0]["target"], started[0]["draft"], started[0]["specs"]) == (other, None, [DrafterSpec("ngram"), DrafterSpec("lookahead")])
     assert started[0]["session"].model == str(other) and started[0]["session"].messages[0].content == "earlier"
     # The same model named again: no remark, and its saved draft comes back.
     assert cli(["run", str(saved), "--resume"]) == 0

@@ -83,10 +83,12 @@ class LocalspecApp(App[int]):
                                           draft=engine.draft.name if engine.draft is not None else None)
         if system is not None:
             self.session.system = system or None
-        self.drafter_choices = [*names, OFF]
         wanted = (self.base_opts.drafter if self.base_opts.speculative and self.base_opts.draft_max != 0
                   else OFF)
-        self.drafter = wanted if wanted in self.drafter_choices else self.drafter_choices[0]
+        # ctrl+o cycles: what the command line chose (it may be a combination of some of the
+        # drafters), each combination the engine offers, each drafter alone, then off.
+        self.drafter_choices = list(dict.fromkeys([*([wanted] if wanted else []), *names, OFF]))
+        self.drafter = wanted if wanted else self.drafter_choices[0]
         self.colours = drafter_colours(names)
         self.colour = True
         self.plain_tokens = plain_tokens

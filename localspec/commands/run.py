@@ -8,10 +8,11 @@ here, inside the handler: nothing else in ``localspec`` depends on Textual.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from localspec.commands.common import (
     OFF,
@@ -26,10 +27,13 @@ from localspec.commands.common import (
     resolve_draft_refs,
     resolve_ref,
 )
-from localspec.drafting.specs import DrafterSpec
+from localspec.drafting.specs import MODEL_FREE, DrafterSpec
 from localspec.errors import InvalidOptionError, LocalspecError
 from localspec.history import Session, latest_session, load_session
 from localspec.registry import Resolved
+
+if TYPE_CHECKING:
+    from localspec.engine import GenerateOptions
 
 T = TypeVar("T")
 LATEST = "latest"
@@ -121,6 +125,21 @@ def resolve_models(model: str | None, draft: str | None, *,
     return target, fetch(draft_model, offline=offline) if draft_model is not None else None, choice.drafts.specs
 
 
+def switchable_drafters(drafts: DraftRefs, opts: GenerateOptions) -> tuple[list[DrafterSpec], GenerateOptions]:
+    """The model-free specs to load for the app, and ``opts`` naming the drafters the user chose.
+
+    The app's drafter switch (ctrl+o) offers every drafter the engine holds, so the model-free
+    ones that cost nothing until used (ngram, lookahead) are loaded beside what ``--draft`` named;
+    the first reply uses exactly what ``--draft`` named. ``--draft off`` loads none.
+    """
+    chosen = (["draft"] if drafts.model is not None else []) + [s.name for s in drafts.specs]
+    if not chosen:
+        return [], opts
+    have = {s.kind for s in drafts.specs}
+    extra = [DrafterSpec(kind) for kind in MODEL_FREE if kind not in have]
+    return [*drafts.specs, *extra], dataclasses.replace(opts, drafter=",".join(chosen))
+
+
 def run(args: argparse.Namespace) -> int:
     check_engine_options(args)
     opts = generate_options(args)
@@ -139,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
 
     from localspec.engine import Engine
 
-    engine = Engine.load(target, draft, specs=choice.drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
+    specs, opts = switchable_drafters(choice.drafts, opts)
+    engine = Engine.load(target, draft, specs=specs, n_ctx=settings.n_ctx, n_threads=args.threads,
                          n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers)
     session = session or Session()
     # Saved with the chat, so that `--resume` alone brings back these models.
