@@ -1,7 +1,7 @@
 """Plain vs speculative decoding, measured as ratios in one process.
 
 Runs the same prompts with plain decoding and with speculative decoding,
-alternating (plain, spec, plain, spec, ...) so that drift in the machine's
+alternating (plain, spec, spec, plain, plain, spec, ...) so that drift in the machine's
 speed hits both alike, and prints per prompt and overall: tokens/s of each,
 the ratio, alpha, tau, and the share of step time spent in Python outside
 llama_decode. ``--memory`` runs each mode in a child process and compares
@@ -75,9 +75,15 @@ def bench(args) -> dict:
     for name, prompt in PROMPTS.items():
         run_once(plain, prompt, opts_plain)  # warm-up (page cache, allocator)
         ratios, plain_tps, spec_tps, alphas, taus, outside, identical = [], [], [], [], [], [], 0
-        for _ in range(args.rounds):
-            a, _ = run_once(plain, prompt, opts_plain)
-            b, out = run_once(spec, prompt, opts_spec)
+        for r in range(args.rounds):
+            # Plain first in even rounds, speculative first in odd ones: neither always runs on a
+            # cache the other just warmed.
+            if r % 2:
+                b, out = run_once(spec, prompt, opts_spec)
+                a, _ = run_once(plain, prompt, opts_plain)
+            else:
+                a, _ = run_once(plain, prompt, opts_plain)
+                b, out = run_once(spec, prompt, opts_spec)
             plain_tps.append(a.stats.tokens_per_second)
             spec_tps.append(b.stats.tokens_per_second)
             ratios.append(b.stats.tokens_per_second / a.stats.tokens_per_second)
@@ -120,9 +126,21 @@ def child(mode: str, args) -> None:
     opts = spec_options(args) if mode == "spec" else GenerateOptions(max_tokens=args.max_tokens, speculative=False)
     for prompt in PROMPTS.values():
         done = engine.generate(prompt, opts).run()
-        if mode == "spec":
+        if mode == "spec" and opts.draft_max:  # (the adaptive controller may rightly draft nothing)
             assert done.stats.drafted > 0, "the speculative child never drafted: its peak would be plain's"
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(_peak_rss_mb())
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory. Linux's VmHWM starts afresh at exec; ru_maxrss does
+    not (a child started from a big parent reports at least the parent's size)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
