@@ -10,7 +10,7 @@ from pathlib import Path
 from localspec.commands.common import (
     add_model_options,
     check_engine_options,
-    fetch,
+    fetch_models,
     load_settings,
     reference,
     resolve_draft_refs,
@@ -115,8 +115,7 @@ def run(args: argparse.Namespace) -> int:
             specs[spec.name] = spec
         names[draft] = ",".join(s.name for s in parse_draft(draft))
     configs = configs_from_args(args.draft, names)
-    target = fetch(target_ref, offline=args.offline)
-    draft_path = fetch(draft_ref, offline=args.offline) if draft_ref is not None else None
+    target, draft_path = fetch_models(target_ref, draft_ref, offline=args.offline)
     settings = load_settings(args, target, draft_path)
     if settings.message and not args.quiet:
         print(f"localspec bench: {settings.message}", file=sys.stderr)

@@ -163,6 +163,11 @@ def fetch(ref: Resolved, *, offline: bool = False) -> Path:
     return hub.pull(ref.spec, offline=offline)
 
 
+def fetch_models(target: Resolved, draft: Resolved | None, *, offline: bool = False) -> tuple[Path, Path | None]:
+    """The local files of a resolved target and draft model (None: no draft model), target first."""
+    return fetch(target, offline=offline), fetch(draft, offline=offline) if draft is not None else None
+
+
 def reference(ref: Resolved) -> str:
     """How to name ``ref`` again later (in a saved chat): its registry name, or the file's absolute path."""
     if ref.spec is not None:

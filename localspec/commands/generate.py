@@ -10,7 +10,7 @@ from localspec.commands.common import (
     add_model_options,
     add_sampling_options,
     check_engine_options,
-    fetch,
+    fetch_models,
     generate_options,
     load_settings,
     read_prompt,
@@ -80,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
     target_ref = resolve_ref(args.model)
     drafts = resolve_draft_refs(args.draft)
     prompt = read_prompt(args)
-    target = fetch(target_ref, offline=args.offline)
-    draft = fetch(drafts.model, offline=args.offline) if drafts.model is not None else None
+    target, draft = fetch_models(target_ref, drafts.model, offline=args.offline)
     settings = load_settings(args, target, draft)
     if settings.message:
         print(f"localspec: {settings.message}", file=sys.stderr)

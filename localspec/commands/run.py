@@ -20,7 +20,7 @@ from localspec.commands.common import (
     add_model_options,
     add_sampling_options,
     check_engine_options,
-    fetch,
+    fetch_models,
     generate_options,
     load_settings,
     reference,
@@ -120,9 +120,8 @@ def resolve_models(model: str | None, draft: str | None, *,
     Every name is resolved before anything is downloaded (``choose_models``).
     """
     choice = choose_models(model, draft)
-    target = fetch(choice.target, offline=offline)
-    draft_model = choice.drafts.model
-    return target, fetch(draft_model, offline=offline) if draft_model is not None else None, choice.drafts.specs
+    target, draft = fetch_models(choice.target, choice.drafts.model, offline=offline)
+    return target, draft, choice.drafts.specs
 
 
 def switchable_drafters(drafts: DraftRefs, opts: GenerateOptions) -> tuple[list[DrafterSpec], GenerateOptions]:
@@ -152,8 +151,7 @@ def run(args: argparse.Namespace) -> int:
         if session is None:
             raise InvalidOptionError("--resume: there is no saved chat yet; run without --resume to start one")
     choice = choose_models(args.model, args.draft, session)
-    target = fetch(choice.target, offline=args.offline)
-    draft = fetch(choice.drafts.model, offline=args.offline) if choice.drafts.model is not None else None
+    target, draft = fetch_models(choice.target, choice.drafts.model, offline=args.offline)
     settings = load_settings(args, target, draft)
 
     from localspec.engine import Engine
