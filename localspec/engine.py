@@ -23,6 +23,7 @@ from localspec.drafting.model import ModelDrafter
 from localspec.drafting.specs import DrafterSpec
 from localspec.errors import ContextOverflowError, InvalidOptionError, UnsupportedModelError
 from localspec.events import ControlSummary, DoneEvent, DrafterStats, Event, GenerationStats, StepEvent, TokenEvent
+from localspec.planner import DRAFT_N_UBATCH
 from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import StepResult, speculative_step
 from localspec.textstream import TokenReleaser
@@ -87,7 +88,9 @@ class Engine:
         n_seq = 1 + TREE_SEQUENCES if model_free else 1
         self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         self.draft = draft
-        self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        # The draft decodes a token at a time: a small batch (localspec.planner.DRAFT_N_UBATCH) shrinks
+        # the compute buffer llama.cpp reserves for a batch that wants every row's logits.
+        self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads)
                           if draft is not None else None)
         self.personal_history = personal_history
         self._model_free_specs = model_free

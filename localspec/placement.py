@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 
 from localspec.gguf_info import GGUFInfo
-from localspec.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, Plan, gib, place, plan
+from localspec.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, DRAFT_N_UBATCH, Plan, gib, place, plan
 
 DEFAULT_CTX = 4096
 """The context when no plan chooses one (a CPU-only build, or ``--gpu-layers`` given)."""
@@ -97,7 +97,9 @@ def plan_message(p: Plan, target: GGUFInfo, draft: GGUFInfo | None, source: str)
     if p.n_ctx < p.requested_ctx:
         line += f" (reduced from {p.requested_ctx})"
     opts = {"kv_type": p.kv_type, "flash_attn": p.flash_attn, "swa_full": p.swa_full}
-    everything = sum(place(info, p.requested_ctx, **opts).gpu_bytes for info in (target, draft) if info)
+    everything = place(target, p.requested_ctx, **opts).gpu_bytes
+    if draft is not None:
+        everything += place(draft, p.requested_ctx, **opts, n_ubatch=DRAFT_N_UBATCH).gpu_bytes
     return (f"{line}: everything on the GPU at context {p.requested_ctx} needs {gib(everything)} and "
             f"{gib(p.budget_bytes)} is usable")
 

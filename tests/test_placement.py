@@ -42,11 +42,11 @@ def test_70b_on_24_gib_is_partially_offloaded_as_planned() -> None:
     assert (s.n_ctx, s.n_gpu_layers, s.draft_n_gpu_layers) == (4096, 43, -1)
     # Everything at 8192: target weights 80 x 500,000,000 + 860,000,000 + 2,000,000, KV 8192 x 80 x 4096,
     # compute 2048 x (128256 + 8192) + 4 MiB = 43,829,994,368; draft 1,239,085,056 + 8192 x 16 x 2048 +
-    # 271,056,896 = 1,778,577,408; together 45,608,571,776 B = 42.48 GiB.
+    # 70,909,952 (its n_ubatch is 128) = 1,578,430,464; together 45,408,424,832 B = 42.29 GiB.
     assert s.message == (
         "GPU plan for --vram 24GiB: 42/80 target layers on the GPU (n_gpu_layers 43; 38 layers on the CPU), "
         "draft fully on the GPU, context 4096 (reduced from 8192): everything on the GPU at context 8192 "
-        "needs 42.48 GiB and 23.00 GiB is usable"
+        "needs 42.29 GiB and 23.00 GiB is usable"
     )
     assert s.brief == "plan: 42/80 layers, ctx 4096"
 
@@ -63,10 +63,10 @@ def test_what_fits_is_fully_offloaded_at_the_training_context() -> None:
     s = planned_settings(QWEN3_14B, QWEN3_06B, ctx=None, vram=Vram(24 * GIB, "GPU (24.00 GiB free)"))
     assert (s.n_ctx, s.n_gpu_layers, s.draft_n_gpu_layers) == (40960, -1, -1)
     assert s.message == ("GPU plan for GPU (24.00 GiB free): target and draft fully on the GPU, context 40960 "
-                         "(19.11 GiB of 23.00 GiB usable)")
+                         "(18.90 GiB of 23.00 GiB usable)")
     shrunk = planned_settings(QWEN3_14B, QWEN3_06B, ctx=None, vram=Vram(16 * GIB, "x"))
-    assert (shrunk.n_ctx, shrunk.n_gpu_layers) == (25_088, -1)  # test_planner's hand-worked 16 GiB case
-    assert "context 25088 (reduced from 40960): everything on the GPU at context 40960 needs" in (shrunk.message or "")
+    assert (shrunk.n_ctx, shrunk.n_gpu_layers) == (25_856, -1)  # test_planner's hand-worked 16 GiB case
+    assert "context 25856 (reduced from 40960): everything on the GPU at context 40960 needs" in (shrunk.message or "")
     alone = planned_settings(QWEN3_14B, None, ctx=32 * 1024, vram=Vram(24 * GIB, "x"))
     assert (alone.n_ctx, alone.n_gpu_layers) == (32768, -1) and "the model fully on the GPU" in (alone.message or "")
 

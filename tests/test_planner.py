@@ -84,26 +84,27 @@ def test_qwen3_14b_with_0_6b_draft_fits_fully_at_40960() -> None:
     assert (t.weights_gpu_bytes, t.weights_cpu_bytes) == (7_839_131_200, 437_575_680)
     # draft 28 x 16,711,680 + a GPU copy of the tied embedding 165,306,368 = 633,233,408
     assert (d.weights_gpu_bytes, d.weights_cpu_bytes) == (633_233_408, 165_306_368)
-    # Compute: the logits stage is largest: 4 B x 512 tokens x (n_vocab + n_embd) + 4 MiB.
+    # Compute: the logits stage is largest: 4 B x n_ubatch tokens x (n_vocab + n_embd) + 4 MiB, with
+    # n_ubatch 512 for the target and 128 for the draft (DRAFT_N_UBATCH).
     # target 2048 x (151936 + 5120) = 321,650,688 + 4,194,304 = 325,844,992
-    # draft  2048 x (151936 + 1024) = 313,262,080 + 4,194,304 = 317,456,384
-    assert (t.compute_bytes, d.compute_bytes) == (325_844_992, 317_456_384)
+    # draft   512 x (151936 + 1024) =  78,315,520 + 4,194,304 =  82,509,824
+    assert (t.compute_bytes, d.compute_bytes) == (325_844_992, 82_509_824)
     # Sum: 7,839,131,200 + 6,710,886,400 + 325,844,992 + 633,233,408 + 4,697,620,480 + 317,456,384
-    assert p.gpu_bytes == 20_524_172_864  # 19.1 GiB of the 23 GiB left after the 1 GiB reserve
+    assert p.gpu_bytes == 20_289_226_304  # 18.9 GiB of the 23 GiB left after the 1 GiB reserve
     assert (t.n_gpu_layers, d.n_gpu_layers) == (-1, -1) and t.full_offload
     assert p.notes == () and p.advice == ()  # Q8_0, 4% of the target, same training context
 
 
 def test_context_shrinks_to_fit_16_gib() -> None:
     p = plan(QWEN3_14B, QWEN3_06B, vram_bytes=16 * GIB)
-    # Independent of context: weights 7,839,131,200 + 633,233,408 and compute 325,844,992 + 317,456,384
-    # = 9,115,665,984. Usable: 15 GiB = 16,106,127,360, leaving 6,990,461,376 for the KV caches at
-    # 163,840 + 114,688 = 278,528 B per cell: 25,097.9 cells, on llama.cpp's 256 grid 98 x 256 = 25,088.
-    assert p.n_ctx == 25_088
-    assert p.target.kv_gpu_bytes + p.draft.kv_gpu_bytes == 25_088 * 278_528  # 6,987,710,464
+    # Independent of context: weights 7,839,131,200 + 633,233,408 and compute 325,844,992 + 82,509,824
+    # = 8,880,719,424. Usable: 15 GiB = 16,106,127,360, leaving 7,225,407,936 for the KV caches at
+    # 163,840 + 114,688 = 278,528 B per cell: 25,941.5 cells, on llama.cpp's 256 grid 101 x 256 = 25,856.
+    assert p.n_ctx == 25_856
+    assert p.target.kv_gpu_bytes + p.draft.kv_gpu_bytes == 25_856 * 278_528  # 7,201,619,968
     assert p.target.full_offload and p.draft.full_offload
-    assert p.notes[0].startswith("context reduced from 40960 to 25088 so both models fit on the GPU")
-    assert plan(QWEN3_14B, QWEN3_06B, vram_bytes=16 * GIB, n_ctx=25_344).n_ctx == 25_088  # one step more fails
+    assert p.notes[0].startswith("context reduced from 40960 to 25856 so both models fit on the GPU")
+    assert plan(QWEN3_14B, QWEN3_06B, vram_bytes=16 * GIB, n_ctx=26_112).n_ctx == 25_856  # one step more fails
 
 
 def test_70b_target_is_partially_offloaded() -> None:
@@ -112,13 +113,13 @@ def test_70b_target_is_partially_offloaded() -> None:
     d, t = p.draft, p.target
     assert d is not None and d.full_offload
     # Draft at 4096 cells: weights 16 x 60,000,000 + tied copy 279,085,056 = 1,239,085,056;
-    # KV 16 x 4096 x (2 x 8 x 64 x 2 = 2048 B) = 134,217,728; compute 2048 x (128256 + 2048) + 4 MiB
-    # = 271,056,896; total 1,644,359,680.
-    assert d.gpu_bytes == 1_644_359_680
+    # KV 16 x 4096 x (2 x 8 x 64 x 2 = 2048 B) = 134,217,728; compute (n_ubatch 128) 512 x (128256 + 2048)
+    # + 4 MiB = 70,909,952; total 1,444,212,736.
+    assert d.gpu_bytes == 1_444_212_736
     # Target with the output layer and k layers: output 860,000,000 + norms 2,000,000 + compute
     # 2048 x (128256 + 8192) + 4 MiB = 283,639,808 -> 1,145,639,808, plus per layer 500,000,000 +
     # KV 4096 x (2 x 8 x 128 x 2 = 4096 B) = 516,777,216. Left after the draft: 24,696,061,952 -
-    # 1,644,359,680 = 23,051,702,272; (23,051,702,272 - 1,145,639,808) / 516,777,216 = 42.4 -> 42.
+    # 1,444,212,736 = 23,251,849,216; (23,251,849,216 - 1,145,639,808) / 516,777,216 = 42.8 -> 42.
     assert (t.gpu_layers, t.output_on_gpu, t.n_gpu_layers) == (42, True, 43)
     assert t.gpu_bytes == 1_145_639_808 + 42 * 516_777_216
     assert t.kv_cpu_bytes == 38 * 4096 * 4096
@@ -135,9 +136,9 @@ def test_nothing_of_the_target_fits() -> None:
     p = plan(LLAMA_70B, LLAMA_1B, vram_bytes=2 * GIB)  # 1 GiB usable: less than the draft alone
     assert (p.target.gpu_layers, p.target.output_on_gpu, p.target.n_gpu_layers) == (0, False, 0)
     assert p.target.gpu_bytes == 0
-    # Draft: output layer (the tied embedding copy) 279,085,056 + compute 271,056,896 = 550,141,952;
-    # per layer 60,000,000 + KV 4096 x 2048 = 68,388,608; (1,073,741,824 - 550,141,952) / 68,388,608 = 7.7 -> 7.
-    assert (p.draft.gpu_layers, p.draft.n_gpu_layers) == (7, 8)
+    # Draft: output layer (the tied embedding copy) 279,085,056 + compute 70,909,952 = 349,995,008;
+    # per layer 60,000,000 + KV 4096 x 2048 = 68,388,608; (1,073,741,824 - 349,995,008) / 68,388,608 = 10.6 -> 10.
+    assert (p.draft.gpu_layers, p.draft.n_gpu_layers) == (10, 11)
     assert any("runs entirely on the CPU" in n for n in p.notes)
 
 
@@ -282,3 +283,44 @@ def test_plan_command_errors_through_the_cli(smollm2_path: Path, gemma_path: Pat
 def test_plan_command_raises_for_incompatible_pair(smollm2_path: Path, gemma_path: Path) -> None:
     with pytest.raises(IncompatibleDraftError, match="vocabulary type differs"):
         run_plan([str(gemma_path), "--draft", str(smollm2_path)])
+
+
+def _logged_compute_mib() -> float:
+    """The last compute buffer size llama.cpp logged (MiB)."""
+    import re
+
+    from localspec.backend import recent_log
+
+    sizes = re.findall(r"compute buffer size =\s+([\d.]+) MiB", "".join(recent_log()))
+    assert sizes, "llama.cpp logged no compute buffer size"
+    return float(sizes[-1])
+
+
+@pytest.mark.slow
+def test_the_draft_context_is_planned_and_built_with_the_small_batch(smollm2_path: Path,
+                                                                      smollm2_q4_0_path: Path) -> None:
+    from localspec.backend import Context, Model
+    from localspec.engine import Engine
+    from localspec.planner import DRAFT_N_UBATCH
+
+    p = plan(read_info(smollm2_path), read_info(smollm2_q4_0_path), n_ctx=1024)
+    # The planner sizes the draft's compute buffer for 128 tokens: 512 x (49152 + 576) + 4 MiB.
+    assert p.draft.compute_bytes == 4 * DRAFT_N_UBATCH * (49152 + 576) + (4 << 20)
+    engine = Engine.load(smollm2_path, smollm2_q4_0_path, n_ctx=1024, personal_history=False)
+    try:
+        assert engine.draft_ctx is not None and engine.draft_ctx.n_batch == DRAFT_N_UBATCH
+        assert engine.ctx.n_batch == 512
+    finally:
+        engine.close()
+    # What llama.cpp reserves for such contexts stays within the planner's estimates (its stage
+    # estimate is an upper bound), and the draft's is about a quarter of the target's.
+    logged = {}
+    for path, n_batch, planned in ((smollm2_path, 512, p.target.compute_bytes),
+                                   (smollm2_q4_0_path, DRAFT_N_UBATCH, p.draft.compute_bytes)):
+        model = Model(path, n_gpu_layers=0)
+        ctx = Context(model, n_ctx=1024, n_batch=n_batch)
+        logged[n_batch] = _logged_compute_mib() * (1 << 20)
+        ctx.close()
+        model.close()
+        assert 0.75 * planned <= logged[n_batch] <= planned
+    assert logged[DRAFT_N_UBATCH] < logged[512] / 3
