@@ -18,8 +18,9 @@ What huggingface_hub 2.x does and does not do, which shapes this module:
 * When the Hub answers with Xet headers and ``hf_xet`` is installed, bytes come from
   Xet storage instead of plain HTTP; the checksum check covers either path.
 
-Nothing here prints: failures are ``DownloadError`` with a one-line message that
-says what to do, and progress is huggingface_hub's own tqdm bars on stderr.
+Failures are ``DownloadError`` with a one-line message that says what to do; progress
+is huggingface_hub's own tqdm bars on stderr, and its retry warnings become one short
+``localspec: ... resuming`` line each (the only thing this module prints).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx2
 from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
@@ -54,7 +54,7 @@ from huggingface_hub.utils.tqdm import disable_progress_bars
 
 from localspec.errors import DownloadError
 from localspec.pypi_models import PypiModel, sha256_file, cache_dir, ensure_pypi_model
-from localspec.rangefile import HttpRangeFile
+from localspec.rangefile import HttpRangeFile, server_name
 from localspec.registry import ModelSpec
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -151,10 +151,10 @@ def open_header(spec: ModelSpec, *, offline: bool = False) -> HttpRangeFile:
     except Exception as err:  # noqa: BLE001 - mapped or re-raised below
         raise _hub_error(err, spec) from None
     if not meta.size:
-        raise DownloadError(f"{_host(constants.ENDPOINT)} did not give the size of {spec.file}, so its header "
+        raise DownloadError(f"{server_name(constants.ENDPOINT)} did not give the size of {spec.file}, so its header "
                             f"cannot be read in pieces; run `localspec pull {spec.name}` first")
     headers = build_hf_headers()
-    if _host(meta.location) != _host(url):
+    if server_name(meta.location) != server_name(url):
         headers.pop("authorization", None)  # a signed CDN URL: the token stays with the Hub
     return HttpRangeFile(meta.location, meta.size, name=f"{spec.repo}/{spec.file}", client=get_session(),
                          headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
@@ -295,7 +295,7 @@ def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
         raise _hub_error(err, spec) from None
     if meta.commit_hash is None or meta.etag is None:
         raise DownloadError(
-            f"{_host(constants.ENDPOINT)} answered without the Hub's headers (X-Repo-Commit, ETag), so it is not a "
+            f"{server_name(constants.ENDPOINT)} answered without the Hub's headers (X-Repo-Commit, ETag), so it is not a "
             "Hugging Face Hub; check HF_ENDPOINT and your proxy settings"
         )
     if spec.sha256 and _SHA256_RE.fullmatch(meta.etag) and meta.etag != spec.sha256:
@@ -364,7 +364,7 @@ class _RetryNotices(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         if "Trying to resume download" in text:
-            print(f"localspec: the connection to {_host(constants.ENDPOINT)} broke while downloading "
+            print(f"localspec: the connection to {server_name(constants.ENDPOINT)} broke while downloading "
                   f"{self.spec.name}; resuming", file=sys.stderr)
             return False
         return "Max retries exceeded" not in text
@@ -395,7 +395,7 @@ def _progress_bars(enabled: bool) -> Iterator[None]:
 
 def _hub_error(err: BaseException, spec: ModelSpec) -> BaseException:
     """The ``DownloadError`` for a failure of the Hub client, or ``err`` itself if it is not one."""
-    host = _host(constants.ENDPOINT)
+    host = server_name(constants.ENDPOINT)
     name = spec.name
     chain = _chain(err)
     if any(isinstance(e, OfflineModeIsEnabled) for e in chain):
@@ -505,10 +505,6 @@ def _reason(err: BaseException) -> str:
     text = str(err).strip()
     match = re.search(r"\[Errno -?\d+\]\s*(.+)", text)
     return (match.group(1) if match else text or type(err).__name__).strip().lower()
-
-
-def _host(url: str) -> str:
-    return urlsplit(url).netloc or url
 
 
 def human_size(size: int | None) -> str:

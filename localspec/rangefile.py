@@ -41,7 +41,7 @@ class HttpRangeFile(io.RawIOBase):
         self.requests = 0
         self._client, self._headers, self._timeout = client, dict(headers or {}), timeout
         self._on_error = on_error or (lambda err: DownloadError(
-            f"reading {name} from {_host(url)} failed ({type(err).__name__}: {err}); check your connection"))
+            f"reading {name} from {server_name(url)} failed ({type(err).__name__}: {err}); check your connection"))
         self._blocks: dict[int, bytes] = {}
         self._pos = 0
 
@@ -116,7 +116,7 @@ class HttpRangeFile(io.RawIOBase):
                     continue
                 raise self._on_error(err) from None
             if len(data) != stop - start:
-                raise DownloadError(f"{_host(self.url)} sent {len(data):,} bytes of {self.name} where "
+                raise DownloadError(f"{server_name(self.url)} sent {len(data):,} bytes of {self.name} where "
                                     f"{stop - start:,} were asked for; try again")
             return data
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -124,7 +124,7 @@ class HttpRangeFile(io.RawIOBase):
     def _check_status(self, status: int) -> None:
         if status == 206:
             return
-        host = _host(self.url)
+        host = server_name(self.url)
         if status == 200:
             raise DownloadError(f"{host} ignores byte ranges, so the header of {self.name} cannot be read "
                                 "without downloading the whole file; download it first (`localspec pull`)")
@@ -132,5 +132,6 @@ class HttpRangeFile(io.RawIOBase):
                             "later, or download the file first (`localspec pull`)")
 
 
-def _host(url: str) -> str:
+def server_name(url: str) -> str:
+    """The ``host:port`` of ``url`` (the URL itself if it has none), as messages name a server."""
     return urlsplit(url).netloc or url

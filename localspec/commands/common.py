@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 OFF = "off"
 """``--draft off``: no drafter at all (plain decoding)."""
+MODEL_REF_HELP = "a name or alias from `localspec models` or a path to a GGUF file"
+"""How a model is named, for a command that reads no weights (``plan``)."""
 MODEL_HELP = "a name or alias from `localspec models` (downloaded on first use) or a path to a GGUF file"
 
 

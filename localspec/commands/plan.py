@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from localspec.commands.common import MODEL_HELP, model_header, parse_ctx, resolve_name
+from localspec.commands.common import MODEL_REF_HELP, model_header, parse_ctx, resolve_name
 from localspec.gguf_info import check_draft_compatible, read_info
 from localspec.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, format_plan, gib, parse_size, plan
 
@@ -19,10 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Reads GGUF headers only and loads no weights: a model that is not downloaded has only "
                     "its header read from the Hub, by HTTP range requests.",
     )
-    p.add_argument("target", metavar="TARGET", help="target model: " + MODEL_HELP.replace(" (downloaded on first use)", ""))
+    p.add_argument("target", metavar="TARGET", help="target model: " + MODEL_REF_HELP)
     p.add_argument("--draft", metavar="DRAFT", default=None,
                    help="draft model sharing the target's vocabulary: "
-                        + MODEL_HELP.replace(" (downloaded on first use)", ""))
+                        + MODEL_REF_HELP)
     p.add_argument("--vram", metavar="SIZE", default="24GiB",
                    help="GPU memory, e.g. 24GiB, 24G, 24000MB or 24 (GiB); default 24GiB")
     p.add_argument("--reserve", metavar="SIZE", default=None,
