@@ -10,7 +10,7 @@ from typing import NoReturn, Sequence
 from localspec.errors import LocalspecError
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("run", "generate", "bench", "index", "pull", "models", "plan")
+COMMANDS = ("run", "generate", "bench", "index", "pull", "models", "plan", "doctor")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,106 @@
+"""``localspec doctor``: is this install sound on this machine?
+
+Prints the llama.cpp build (version, CPU features compiled in, AMX, llamafile's
+sgemm, CUDA, batch invariance), the GPUs with their free memory, the folders
+localspec uses, whether the default model is on disk, and the result of a
+self-test decode run in a child process (so a crashing build is one line, not a
+dead terminal). Exit 0 when sound, 1 when the self-test failed, 3 when llama.cpp
+died by a signal (``scripts/setup.sh`` then removes the build it just installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from localspec import doctor
+from localspec.commands.common import MODEL_REF_HELP
+from localspec.hub import human_size
+
+EXIT_FAILED = 1
+EXIT_CRASHED = 3
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "doctor", help="check the llama.cpp build, GPUs, folders and a self-test decode",
+        description="Report the llama.cpp build, GPUs, folders and default model, and run a self-test decode "
+                    "(a long prompt in one batch and a verification batch) in a child process.")
+    p.add_argument("--model", default=None, metavar="MODEL",
+                   help="the model to self-test with: " + MODEL_REF_HELP + " (default: the embedded model)")
+    p.add_argument("--smoke-only", action="store_true",
+                   help="only the self-test decode, one line (what scripts/setup.sh runs after installing)")
+    p.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    p.set_defaults(func=run)
+
+
+def _model_path(ref: str | None) -> tuple[str, Path | None]:
+    if ref is None:
+        return doctor.default_model()
+    from localspec.commands.common import resolve_name
+    from localspec.registry import load_registry
+
+    resolved = resolve_name(ref, load_registry())
+    if resolved.spec is None:
+        return str(resolved.path), resolved.path
+    from localspec import hub
+
+    return resolved.spec.name, hub.cached_path(resolved.spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    name, path = _model_path(args.model)
+    result = doctor.selftest(path)
+    test = result.records.get("selftest")
+    failure = result.failure()
+    code = 0 if result.ok else EXIT_CRASHED if result.signal_name else EXIT_FAILED
+    if args.smoke_only:
+        if path is None:
+            print(f"localspec: error: no model to self-test with ({name or 'no default'} is not downloaded); "
+                  "run `localspec pull smollm2-135m` first", file=sys.stderr)
+            return EXIT_FAILED
+        if failure:
+            print(f"localspec: error: the llama.cpp self-test {failure}", file=sys.stderr)
+        else:
+            print(f"localspec: self-test passed: {test['prompt_tokens']} prompt tokens in one batch, "
+                  f"a verification batch of {test['verify_rows']} rows", file=sys.stderr)
+        return code
+    build = result.records.get("build")
+    dirs = doctor.folders()
+    if args.json:
+        print(json.dumps({"build": build, "folders": {k: str(v) for k, v in dirs.items()},
+                          "default_model": {"name": name, "path": str(path) if path else None},
+                          "selftest": {"ok": result.ok, "failure": failure, "result": test}}, indent=2))
+        return code
+    out = []
+    if build is None:
+        out.append(f"llama.cpp     could not be loaded: {failure}")
+    else:
+        accel = ", ".join(k for k, on in (("AMX", build["amx"]), ("llamafile sgemm", build["llamafile_sgemm"]),
+                                           ("CUDA", build["cuda"])) if on) or "none"
+        out.append(f"llama.cpp     llama-cpp-python {build['llama_cpp_python']}; "
+                   f"{'GPU offload' if build['gpu_offload'] else 'CPU only'}")
+        out.append(f"CPU features  {' '.join(build['cpu_features']) or 'none reported'}")
+        out.append(f"special paths {accel}")
+        out.append(f"exactness     {'batch-invariant (greedy speculation is token-identical)' if build['batch_invariant'] else 'not batch-invariant (greedy speculation may part at near-ties)'}")
+        gpus = build["gpus"]
+        if gpus:
+            for g in gpus:
+                out.append(f"GPU           {g['name']}: {human_size(g['free'])} free of {human_size(g['total'])}")
+        else:
+            out.append("GPU           none found")
+    for key, folder in dirs.items():
+        out.append(f"{key + ' dir':<13} {folder}{'' if folder.exists() else ' (not created yet)'}")
+    out.append(f"default model {name}: {path if path else 'not downloaded (`localspec pull ' + name + '`)'}")
+    if path is None:
+        out.append("self-test     skipped: no model on disk")
+    elif failure:
+        out.append(f"self-test     FAILED: {failure}")
+    else:
+        out.append(f"self-test     ok: {test['prompt_tokens']} prompt tokens in one batch "
+                   f"({test['prefill_ms']:.0f} ms), a verification batch of {test['verify_rows']} rows")
+    print("\n".join(out))
+    return code

@@ -1,0 +1,97 @@
+"""The child half of ``localspec doctor``: everything that runs llama.cpp, in a process of its own.
+
+Run as ``python -m localspec.selftest [MODEL]``. It prints one JSON object per
+line on stdout: first ``{"build": ...}`` (what this llama.cpp was compiled
+with, the GPUs it sees), then, with a model, ``{"selftest": ...}`` after a
+decode that exercises the paths a real generation takes: a prompt of at least
+``LONG_PROMPT`` tokens in ONE ``llama_decode`` call (the large-batch matmul
+kernels, where ggml's AMX path crashed with SIGILL) and a multi-token
+verification batch with logits for every row, then a rollback.
+
+If llama.cpp kills this process (an illegal instruction, a segfault, an abort),
+the parent (``localspec.doctor``) sees the signal and reports it as one line;
+whatever this process printed before dying is still read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+
+# At least this many prompt tokens go into one batch: ggml takes its large-batch
+# matmul paths (and, on AMX CPUs built with it, the tile kernels) well below that.
+LONG_PROMPT = 512
+VERIFY_ROWS = 6
+_TEXT = ("Speculative decoding lets a small draft propose several tokens that the target model then checks "
+         "in a single batched forward pass; every accepted token saves one sequential step. ")
+
+
+def build_info() -> dict[str, object]:
+    """What the loaded llama.cpp was built with, from its own system line."""
+    import llama_cpp
+
+    from localspec import backend
+
+    system = backend.system_info()
+    flags = sorted({m.group(1) for m in re.finditer(r"([A-Z][A-Z0-9_]*) = 1\b", system)})
+    return {
+        "llama_cpp_python": getattr(llama_cpp, "__version__", "unknown"),
+        "system_info": system,
+        "cpu_features": [f for f in flags if f not in ("LLAMAFILE", "OPENMP", "REPACK")],
+        "amx": any(f.startswith("AMX") for f in flags),
+        "llamafile_sgemm": "LLAMAFILE" in flags,
+        "gpu_offload": backend.gpu_offload_supported(),
+        "cuda": "CUDA" in system,
+        "batch_invariant": backend.batch_invariant(),
+        "gpus": [{"name": n, "free": free, "total": total} for n, free, total in backend.gpu_devices()],
+    }
+
+
+def decode_test(model_path: str) -> dict[str, object]:
+    """Decode a long prompt in one batch, then a verification batch; return what was done."""
+    import numpy as np
+
+    from localspec.backend import Context, Model
+
+    model = Model(model_path, n_gpu_layers=0)
+    n_batch = LONG_PROMPT + 64
+    ctx = Context(model, n_ctx=2 * n_batch, n_batch=n_batch, n_seq=1)
+    try:
+        text = _TEXT
+        tokens = model.tokenize(text, add_special=True)
+        while len(tokens) < LONG_PROMPT:
+            text += _TEXT
+            tokens = model.tokenize(text, add_special=True)
+        tokens = tokens[:LONG_PROMPT]
+        t0 = time.perf_counter()
+        calls = ctx.decode_calls
+        ctx.append(tokens)  # fits n_batch: one llama_decode call
+        assert ctx.decode_calls == calls + 1, "the long prompt must go in one batch"
+        prefill_s = time.perf_counter() - t0
+        first = int(np.argmax(ctx.logits(len(tokens) - 1)))
+        pos0 = len(ctx.tokens)
+        draft = [first] + tokens[1:VERIFY_ROWS]
+        ctx.decode(draft, range(pos0, pos0 + len(draft)), outputs=[True] * len(draft))
+        rows = [ctx.logits(i) for i in range(len(draft))]
+        if not all(np.isfinite(r).all() for r in rows):
+            raise RuntimeError("the verification batch produced non-finite logits")
+        ctx.tokens.extend(draft)
+        ctx.rollback_to(pos0 + 1)
+        return {"ok": True, "prompt_tokens": len(tokens), "one_batch": True, "verify_rows": len(draft),
+                "prefill_ms": round(prefill_s * 1e3, 1)}
+    finally:
+        ctx.close()
+        model.close()
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps({"build": build_info()}), flush=True)
+    if argv:
+        print(json.dumps({"selftest": decode_test(argv[0])}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,87 @@
+"""`localspec doctor` and the self-test that scripts/setup.sh runs after installing."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localspec import doctor
+from localspec.selftest import LONG_PROMPT
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def test_a_child_killed_by_a_signal_is_named_with_its_meaning_and_its_output_kept() -> None:
+    code = ("import json, os, signal; print(json.dumps({'build': {'x': 1}}), flush=True); "
+            "os.kill(os.getpid(), signal.SIGILL)")
+    result = doctor.run_child([sys.executable, "-c", code])
+    assert not result.ok
+    assert result.signal_name == "SIGILL"
+    assert result.records == {"build": {"x": 1}}
+    line = result.failure()
+    assert line.startswith("died with SIGILL (illegal instruction")
+    assert "\n" not in line
+
+
+def test_a_child_that_fails_reports_its_last_error_line() -> None:
+    result = doctor.run_child([sys.executable, "-c", "import sys; sys.exit('boom: the reason')"])
+    assert result.signal_name is None
+    assert result.failure() == "exited with code 1: boom: the reason"
+
+
+@pytest.mark.slow
+def test_selftest_decodes_a_long_prompt_in_one_batch_on_the_real_build(smollm2_path: Path) -> None:
+    result = doctor.selftest(smollm2_path)
+    assert result.ok, result.failure()
+    test = result.records["selftest"]
+    assert test["prompt_tokens"] >= LONG_PROMPT >= 512
+    assert test["one_batch"] is True
+    assert test["verify_rows"] > 1
+    build = result.records["build"]
+    assert isinstance(build["cpu_features"], list)
+    if platform.machine() in ("x86_64", "AMD64") and os.environ.get("LOCALSPEC_AMX", "off") != "on":
+        # scripts/setup.sh builds without ggml's AMX kernels unless asked (they crash with SIGILL).
+        assert build["amx"] is False
+
+
+@pytest.mark.slow
+def test_doctor_reports_build_folders_model_and_a_passing_selftest(smollm2_path: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "LOCALSPEC_CONFIG_DIR": str(tmp_path / "config")}
+    proc = _cli("doctor", "--model", str(smollm2_path), env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for label in ("llama.cpp", "CPU features", "special paths", "exactness", "GPU", "config dir", "cache dir",
+                  "data dir", "default model"):
+        assert label in out
+    assert f"{tmp_path / 'config'} (not created yet)" in out
+    assert "self-test     ok: " in out and "prompt tokens in one batch" in out
+
+    proc = _cli("doctor", "--model", str(smollm2_path), "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["selftest"]["ok"] is True and found["selftest"]["result"]["prompt_tokens"] >= 512
+    assert found["folders"]["config"] == str(tmp_path / "config")
+
+    proc = _cli("doctor", "--smoke-only", "--model", str(smollm2_path), env=env)
+    assert proc.returncode == 0 and proc.stdout == ""
+    assert proc.stderr.startswith("localspec: self-test passed: ")
+
+
+@pytest.mark.slow
+def test_doctor_says_in_one_line_when_the_selftest_cannot_load_the_model(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(256))
+    proc = _cli("doctor", "--smoke-only", "--model", str(bad))
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("localspec: error: the llama.cpp self-test exited with code 1: ")
+    assert "cannot load broken.gguf" in proc.stderr
