@@ -24,4 +24,4 @@ def test_help_explains_how_models_are_named(command: str, capsys: pytest.Capture
 
 
 def test_every_subcommand_is_covered() -> None:
-    assert set(cli.COMMANDS) == {"run", "generate", "bench", "index", "pull", "models", "plan"}
+    assert set(cli.COMMANDS) == {"run", "generate", "bench", "index", "pull", "models", "plan", "doctor"}
