@@ -117,6 +117,11 @@ def gpu_devices() -> list[tuple[str, int, int]]:
     return found
 
 
+def library_version() -> str:
+    """The installed llama-cpp-python's version (it pins the llama.cpp sources it vendors)."""
+    return str(getattr(llama_cpp, "__version__", "unknown"))
+
+
 def system_info() -> str:
     """llama.cpp's one-line description of the compiled backends and CPU features."""
     _ensure_init()

@@ -30,14 +30,12 @@ _TEXT = ("Speculative decoding lets a small draft propose several tokens that th
 
 def build_info() -> dict[str, object]:
     """What the loaded llama.cpp was built with, from its own system line."""
-    import llama_cpp
-
     from localspec import backend
 
     system = backend.system_info()
     flags = sorted({m.group(1) for m in re.finditer(r"([A-Z][A-Z0-9_]*) = 1\b", system)})
     return {
-        "llama_cpp_python": getattr(llama_cpp, "__version__", "unknown"),
+        "llama_cpp_python": backend.library_version(),
         "system_info": system,
         "cpu_features": [f for f in flags if f not in ("LLAMAFILE", "OPENMP", "REPACK")],
         "amx": any(f.startswith("AMX") for f in flags),
