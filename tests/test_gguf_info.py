@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from localspec.errors import IncompatibleDraftError, ModelFileError
-from localspec.gguf_info import (
+from localspec.models.gguf_info import (
     GGUFInfo,
     check_draft_compatible,
     read_info,

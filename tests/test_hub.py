@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from hubserver import FakeHub, cli_env, run_localspec, unused_port
-from localspec import hub as hubmod
+from localspec.models import hub as hubmod
 from localspec.errors import DownloadError
-from localspec.registry import ModelSpec
+from localspec.models.registry import ModelSpec
 
 REPO = "localspec-test/tiny-GGUF"
 FILE = "tiny-Q8_0.gguf"

@@ -11,7 +11,7 @@ import pytest
 
 from hubserver import REPO_ROOT, cli_env, run_localspec
 from localspec.errors import RegistryError
-from localspec.registry import (
+from localspec.models.registry import (
     Registry,
     load_registry,
     parse_param_count,

@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Any
 
-from localspec import hub
-from localspec.registry import ModelSpec, Registry, load_registry
+from localspec.models import hub
+from localspec.models.registry import ModelSpec, Registry, load_registry
 
 _COLUMNS = ("NAME", "FAMILY", "PARAMS", "SIZE", "DRAFTS", "ON DISK")
 

