@@ -11,14 +11,8 @@ import pytest
 
 from hubserver import REPO_ROOT, cli_env, run_localspec
 from localspec.errors import RegistryError
-from localspec.models.registry import (
-    Registry,
-    load_registry,
-    parse_param_count,
-    shipped_registry_path,
-    user_config_dir,
-    user_registry_path,
-)
+from localspec.models.registry import Registry, parse_param_count
+from localspec.models.registry_file import load_registry, shipped_registry_path, user_config_dir, user_registry_path
 
 BAD = Path(__file__).parent / "data" / "bad_models"
 

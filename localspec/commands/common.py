@@ -125,7 +125,7 @@ def check_engine_options(args: argparse.Namespace) -> None:
 
 def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
     """``text`` resolved through the registry, its notice on stderr; a bare path must exist."""
-    from localspec.models.registry import load_registry
+    from localspec.models.registry_file import load_registry
 
     resolved = (registry or load_registry()).resolve(text)
     if resolved.notice:
@@ -143,7 +143,8 @@ def resolve_ref(text: str | None, registry: Registry | None = None) -> Resolved:
     An unknown name fails here with the nearest names, a missing path with its own message, so a
     command can check every model it was given before it downloads any.
     """
-    from localspec.models.registry import Resolved, load_registry
+    from localspec.models.registry import Resolved
+    from localspec.models.registry_file import load_registry
 
     registry = registry or load_registry()
     if text is not None:

@@ -12,7 +12,8 @@ import sys
 from typing import Any
 
 from localspec.models import hub
-from localspec.models.registry import ModelSpec, Registry, load_registry
+from localspec.models.registry import ModelSpec, Registry
+from localspec.models.registry_file import load_registry
 
 _COLUMNS = ("NAME", "FAMILY", "PARAMS", "SIZE", "DRAFTS", "ON DISK")
 

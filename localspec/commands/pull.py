@@ -15,7 +15,7 @@ from typing import Any
 
 from localspec.models import hub
 from localspec.commands.common import resolve_name
-from localspec.models.registry import load_registry
+from localspec.models.registry_file import load_registry
 
 
 def register(subparsers: Any) -> None:
