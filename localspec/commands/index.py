@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 def format_summary(s: dict[str, Any]) -> str:
     """Human lines for stderr: what was indexed, what was skipped and why, the store."""
-    from localspec.models.hub import human_size
+    from localspec.models.hub_errors import human_size
 
     rate = s["bytes"] / s["seconds"] if s["seconds"] > 0 else 0.0
     model = Path(s["model"]).name

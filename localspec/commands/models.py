@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from localspec.models import hub
+from localspec.models.hub_errors import human_size
 from localspec.models.registry import ModelSpec, Registry
 from localspec.models.registry_file import load_registry
 
@@ -47,7 +48,7 @@ def render_table(registry: Registry) -> str:
     for spec in registry:
         on_disk = "yes" if hub.cached_path(spec) is not None else "-"
         rows.append(
-            (spec.name, spec.family, spec.params, hub.human_size(spec.size), ", ".join(spec.drafts) or "-", on_disk)
+            (spec.name, spec.family, spec.params, human_size(spec.size), ", ".join(spec.drafts) or "-", on_disk)
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
