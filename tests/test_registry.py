@@ -180,6 +180,16 @@ def test_a_user_file_named_explicitly_must_exist(config_dir: Path) -> None:
         load_registry(config_dir / "absent.toml")
 
 
+def test_a_models_toml_that_is_a_directory_is_one_clear_error(config_dir: Path) -> None:
+    (config_dir / "models.toml").mkdir()
+    with pytest.raises(RegistryError) as err:
+        load_registry()
+    assert str(err.value).startswith(f"{config_dir / 'models.toml'} is a directory, not a models.toml file; ")
+    assert "move it out of the way" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(RegistryError, match="is a directory"):
+        load_registry(config_dir / "models.toml")
+
+
 BAD_CASES = [
     ("malformed.toml", 5, "malformed TOML: Expected newline"),
     ("unknown_key.toml", 9, "[models.my-qwen] unknown key 'sha265' (did you mean 'sha256'?)"),
@@ -240,6 +250,17 @@ def test_models_json_reports_what_is_on_disk(tmp_path: Path, smollm2_path: Path)
     assert smol["path"] == str(cached / smollm2_path.name)
     assert records["qwen3-14b"]["on_disk"] is False and records["qwen3-14b"]["path"] is None
     assert records["qwen3-14b"]["drafts"] == ["qwen3-0.6b", "qwen3-1.7b"]
+
+
+def test_models_with_a_directory_for_the_user_file_fails_once_on_stderr(tmp_path: Path) -> None:
+    (tmp_path / "config" / "models.toml").mkdir(parents=True)
+    result = run_localspec(["models"], cli_env(tmp_path))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"localspec: error: {tmp_path / 'config' / 'models.toml'} is a directory, not a models.toml file; move it "
+        "out of the way and write your entries into a file at that path (`localspec models --help` says where it "
+        "is read from)\n"
+    )
 
 
 def test_models_with_a_broken_user_file_fails_once_on_stderr(tmp_path: Path) -> None:

@@ -100,7 +100,8 @@ def load_registry(user_file: Path | None = None, *, shipped_file: Path | None = 
     if user_file is not None:
         # A file named explicitly must exist; the default location is optional.
         sources.append(_read(user_file))
-    elif user_registry_path().is_file():
+    elif user_registry_path().exists():
+        # Anything there is read, so a directory in its place fails instead of being skipped.
         sources.append(_read(user_registry_path()))
     return _build(sources)
 
@@ -128,6 +129,11 @@ class _Entry:
 
 
 def _read(path: Path) -> _Source:
+    if path.is_dir():
+        raise RegistryError(
+            f"{path} is a directory, not a {REGISTRY_FILENAME} file; move it out of the way and write "
+            f"your entries into a file at that path (`localspec models --help` says where it is read from)"
+        )
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as err:
