@@ -24,6 +24,9 @@ _PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmbt])", re.IGNORECASE)
 _SIZED_NAME_RE = re.compile(r"(?P<prefix>[a-z][a-z0-9.]*?)[-:](?P<size>\d+(?:\.\d+)?[kmbt])")
 _UNIT = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
+MTP_DRAFTER = "mtp"  # the target's own multi-token-prediction layers
+NGRAM_DRAFTER = "ngram"  # n-gram lookup in the prompt and the output: needs no model
+
 
 def parse_param_count(text: str) -> float | None:
     """``"14B"`` → 1.4e10, ``"270M"`` → 2.7e8; ``None`` for anything else ("8x7B")."""
@@ -51,6 +54,11 @@ class ModelSpec:
     path: Path | None = None
     drafts: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    # What the planner and the app need to know about the file before loading it:
+    mtp_layers: int = 0  # multi-token-prediction layers it carries (<arch>.nextn_predict_layers)
+    hybrid: bool = False  # recurrent (or convolutional) layers beside attention: rollback needs state snapshots
+    assistant: bool = False  # a draft that reads its target's cache (Gemma 4's assistant): never run alone
+    drafter: str | None = None  # "mtp", "ngram" or one of ``drafts``; None: see ``recommended_drafter``
     # The file that defined the entry (the user file if it changed any key): named in errors.
     origin: Path | None = None
 
@@ -58,6 +66,24 @@ class ModelSpec:
     def n_params(self) -> float | None:
         """The parameter count as a number, when ``params`` is a plain size."""
         return parse_param_count(self.params)
+
+    @property
+    def recommended_drafter(self) -> str | None:
+        """What drafts for this model when the user names nothing: ``drafter`` when the entry
+        says, else ``"mtp"`` (its own MTP layers), else its first draft model, else ``"ngram"``.
+        ``None`` for an assistant, which is itself a drafter."""
+        if self.assistant:
+            return None
+        if self.drafter is not None:
+            return self.drafter
+        if self.mtp_layers > 0:
+            return MTP_DRAFTER
+        return self.drafts[0] if self.drafts else NGRAM_DRAFTER
+
+    @property
+    def self_drafting(self) -> bool:
+        """Whether the model drafts for itself (its MTP layers) by default, needing no second file."""
+        return self.recommended_drafter == MTP_DRAFTER
 
 
 @dataclass(frozen=True)
@@ -174,7 +200,9 @@ class Registry:
         group = [
             spec
             for spec in self._models.values()
-            if spec.n_params is not None and prefix in (spec.family, _name_prefix(spec.name))
+            if spec.n_params is not None
+            and not spec.assistant  # a draft head cannot stand in for a model
+            and prefix in (spec.family, _name_prefix(spec.name))
         ]
         if wanted is None or not group:
             return None

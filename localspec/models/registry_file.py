@@ -23,18 +23,19 @@ else:  # pragma: no cover - Python 3.10 needs the backport
 
 from localspec.errors import RegistryError
 from localspec.models.pypi_models import PypiChunk
-from localspec.models.registry import ModelSpec, Registry
+from localspec.models.registry import MTP_DRAFTER, NGRAM_DRAFTER, ModelSpec, Registry
 
 FORMAT_VERSION = 1
 REGISTRY_FILENAME = "models.toml"
 
 _TOP_KEYS = ("version", "default", "families", "models")
 _FAMILY_KEYS = ("label",)
-_STR_KEYS = ("family", "params", "repo", "file", "revision", "sha256", "pypi_sha256", "path")
-_INT_KEYS = ("context", "size")
+_STR_KEYS = ("family", "params", "repo", "file", "revision", "sha256", "pypi_sha256", "path", "drafter")
+_INT_KEYS = ("context", "size", "mtp_layers")
+_BOOL_KEYS = ("hybrid", "assistant")
 _LIST_KEYS = ("drafts", "aliases")
 _STR_OR_LIST_KEYS = ("pypi", "pypi_path")
-_MODEL_KEYS = _STR_KEYS + _INT_KEYS + _LIST_KEYS + _STR_OR_LIST_KEYS
+_MODEL_KEYS = _STR_KEYS + _INT_KEYS + _BOOL_KEYS + _LIST_KEYS + _STR_OR_LIST_KEYS
 _REQUIRED_KEYS = ("family", "params", "context")
 # Keys that describe one particular file: when a user file moves an entry to another
 # file, the shipped checksum and size no longer apply.
@@ -272,10 +273,16 @@ def _check_value(source: _Source, name: str, key: str, value: Any) -> Any:
             raise bad('a Hugging Face repository "owner/name"')
         elif key == "file" and not value.lower().endswith(".gguf"):
             raise bad("the name of a .gguf file")
+        elif key == "drafter":
+            value = value.lower()
         return value
     if key in _INT_KEYS:
         if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "context" else 0):
             raise bad("a positive integer" if key == "context" else "a non-negative integer")
+        return value
+    if key in _BOOL_KEYS:
+        if not isinstance(value, bool):
+            raise bad("true or false")
         return value
     if key in _LIST_KEYS:
         if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
@@ -383,6 +390,10 @@ def _spec(entry: _Entry) -> ModelSpec:
         path=path,
         drafts=tuple(values.get("drafts", ())),
         aliases=tuple(values.get("aliases", ())),
+        mtp_layers=values.get("mtp_layers", 0),
+        hybrid=values.get("hybrid", False),
+        assistant=values.get("assistant", False),
+        drafter=values.get("drafter"),
         origin=owner.path,
     )
 
@@ -420,6 +431,41 @@ def _check_references(entries: dict[str, _Entry], specs: dict[str, ModelSpec]) -
                     name=name,
                     key="drafts",
                 )
+        _check_drafter(entry, spec, claimed)
+
+
+def _check_drafter(entry: _Entry, spec: ModelSpec, aliases: dict[str, str]) -> None:
+    """The drafting facts of one entry agree with each other."""
+    name = entry.name
+    if spec.assistant:
+        for key in ("drafts", "drafter", "mtp_layers"):
+            if key in entry.values and entry.values[key]:
+                raise _fail(
+                    entry.origins[key],
+                    f"an assistant drafts for its target and cannot have '{key}' of its own; "
+                    "list it in the target's 'drafts' instead",
+                    name=name,
+                    key=key,
+                )
+    if spec.drafter is None:
+        return
+    source = entry.origins["drafter"]
+    if spec.drafter == MTP_DRAFTER and spec.mtp_layers == 0:
+        raise _fail(
+            source,
+            "drafter 'mtp' needs MTP layers: set 'mtp_layers' to the GGUF's <arch>.nextn_predict_layers, "
+            "or choose 'ngram' or one of 'drafts'",
+            name=name,
+            key="drafter",
+        )
+    known = (MTP_DRAFTER, NGRAM_DRAFTER, *spec.drafts)
+    if spec.drafter not in known and aliases.get(spec.drafter) not in spec.drafts:
+        raise _fail(
+            source,
+            f"drafter '{spec.drafter}' must be 'mtp', 'ngram' or one of this entry's 'drafts' ({', '.join(known)})",
+            name=name,
+            key="drafter",
+        )
 
 
 def _build(sources: list[_Source]) -> Registry:
@@ -429,7 +475,7 @@ def _build(sources: list[_Source]) -> Registry:
     # Draft lists may use aliases; store canonical names so callers need not resolve again.
     aliases = {alias: spec.name for spec in specs.values() for alias in spec.aliases}
     specs = {
-        name: _replace_drafts(spec, tuple(aliases.get(d, d) for d in spec.drafts)) for name, spec in specs.items()
+        name: _canonical(spec, tuple(aliases.get(d, d) for d in spec.drafts), aliases) for name, spec in specs.items()
     }
     default_name = None
     if default is not None:
@@ -437,8 +483,16 @@ def _build(sources: list[_Source]) -> Registry:
         default_name = wanted if wanted in specs else aliases.get(wanted)
         if default_name is None:
             raise _fail(source, f"default model '{wanted}' is not in the registry", key="default")
+        if specs[default_name].assistant:
+            raise _fail(
+                source, f"default model '{wanted}' is an assistant, which only drafts for its target", key="default"
+            )
     return Registry(specs, default=default_name, labels=labels, files=tuple(s.path for s in sources))
 
 
-def _replace_drafts(spec: ModelSpec, drafts: tuple[str, ...]) -> ModelSpec:
-    return spec if drafts == spec.drafts else replace(spec, drafts=drafts)
+def _canonical(spec: ModelSpec, drafts: tuple[str, ...], aliases: dict[str, str]) -> ModelSpec:
+    """``spec`` with its drafts and drafter named by canonical names rather than aliases."""
+    drafter = aliases.get(spec.drafter, spec.drafter) if spec.drafter else None
+    if drafts == spec.drafts and drafter == spec.drafter:
+        return spec
+    return replace(spec, drafts=drafts, drafter=drafter)
