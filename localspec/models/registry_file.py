@@ -3,7 +3,9 @@
 The header of the shipped ``models.toml`` documents the format. Every problem is one
 ``RegistryError`` line that names the file and, where it can be found, the line:
 malformed TOML, unknown keys (with the nearest known one), bad values, missing
-sources, drafts that are not in the registry or belong to another family.
+sources, drafts that are not in the registry or belong to another family, drafting
+facts that contradict each other (``drafter = "mtp"`` without MTP layers, an assistant
+with drafts of its own or as the default model), and a directory where a file should be.
 """
 
 from __future__ import annotations
