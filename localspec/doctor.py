@@ -101,15 +101,15 @@ def selftest(model: Path | None) -> ChildResult:
 
 def folders() -> dict[str, Path]:
     from localspec.paths import cache_dir, data_dir
-    from localspec.registry import user_config_dir
+    from localspec.models.registry_file import user_config_dir
 
     return {"config": user_config_dir(), "cache": cache_dir(), "data": data_dir()}
 
 
 def default_model() -> tuple[str, Path | None]:
     """The registry's default model's name and its file on disk (None: not downloaded)."""
-    from localspec import hub
-    from localspec.registry import load_registry
+    from localspec.models import hub
+    from localspec.models.registry_file import load_registry
 
     spec = load_registry().default
     if spec is None:

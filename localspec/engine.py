@@ -150,7 +150,7 @@ class Engine:
 
         ``draft`` is the draft model's GGUF path; ``specs`` the model-free drafters.
         """
-        from localspec.gguf_info import check_draft_compatible, read_info
+        from localspec.models.gguf_info import check_draft_compatible, read_info
 
         target_info = read_info(target)
         draft_info = read_info(draft) if draft is not None else None

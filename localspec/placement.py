@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from localspec.gguf_info import GGUFInfo
+from localspec.models.gguf_info import GGUFInfo
 from localspec.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, DRAFT_N_UBATCH, Plan, gib, place, plan
 
 DEFAULT_CTX = 4096

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import gguf
 
 from localspec.errors import InvalidOptionError
-from localspec.gguf_info import GGUFInfo
+from localspec.models.gguf_info import GGUFInfo
 
 GIB = 1 << 30
 DEFAULT_VRAM = 24 * GIB

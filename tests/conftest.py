@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.pypi_models import GEMMA3_270M, SMOLLM2_135M, cache_dir, ensure_pypi_model
+from localspec.models.pypi_models import GEMMA3_270M, SMOLLM2_135M, cache_dir, ensure_pypi_model
 
 
 @pytest.fixture(scope="session")

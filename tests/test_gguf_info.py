@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from localspec.errors import IncompatibleDraftError, ModelFileError
-from localspec.gguf_info import (
+from localspec.models.gguf_header import SkippedArray, array_length, read_header
+from localspec.models.gguf_info import (
     GGUFInfo,
     check_draft_compatible,
     read_info,
@@ -55,6 +56,25 @@ def write_vocab_gguf(path: Path, tokens: list[str] = VOCAB, *, model: str = "gpt
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def test_the_header_reader_skips_long_arrays_unless_asked(tmp_path: Path) -> None:
+    """``read_header`` is the bytes layer: long arrays are stepped over, kept ones come back raw."""
+    tokens = [f"tok{i}" for i in range(2000)]  # longer than the 1024 elements kept unasked
+    path = write_vocab_gguf(tmp_path / "long.gguf", tokens)
+    header = read_header(path)
+    assert header.path == path and header.file_size == path.stat().st_size
+    assert header.metadata["tokenizer.ggml.tokens"] == SkippedArray(2000)
+    assert array_length(header.metadata["tokenizer.ggml.tokens"]) == 2000
+    assert header.metadata["llama.context_length"] == 256
+    assert [(t.name, t.n_elements, t.n_bytes) for t in header.tensors] == [("blk.0.attn_norm.weight", 8, 32)]
+    assert header.data_offset % gguf.GGUF_DEFAULT_ALIGNMENT == 0
+    kept = read_header(path, keep=frozenset({"tokenizer.ggml.tokens"}))
+    assert kept.metadata["tokenizer.ggml.tokens"][:2] == [b"tok0", b"tok1"]
+    assert len(kept.metadata["tokenizer.ggml.tokens"]) == 2000
+    # A stream is read only as far as the header, into the same result.
+    with path.open("rb") as stream:
+        assert read_header(stream) == header
 
 
 @pytest.fixture(scope="module")

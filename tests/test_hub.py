@@ -19,9 +19,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from hubserver import FakeHub, cli_env, run_localspec, unused_port
-from localspec import hub as hubmod
 from localspec.errors import DownloadError
-from localspec.registry import ModelSpec
+from localspec.models import hub as hubmod
+from localspec.models.hub_errors import hub_error
+from localspec.models.registry import ModelSpec
 
 REPO = "localspec-test/tiny-GGUF"
 FILE = "tiny-Q8_0.gguf"
@@ -350,9 +351,10 @@ def test_dns_and_timeout_failures_have_their_own_messages() -> None:
     import httpx2
 
     spec = ModelSpec(name="tiny", family="t", params="1M", context=8, repo=REPO, file=FILE)
-    dns = hubmod._hub_error(httpx2.ConnectError("[Errno -2] Name or service not known"), spec)
+    cache = hubmod.hub_cache_dir()
+    dns = hub_error(httpx2.ConnectError("[Errno -2] Name or service not known"), spec, cache=cache)
     assert isinstance(dns, DownloadError) and "DNS lookup failed" in str(dns)
-    slow = hubmod._hub_error(httpx2.ReadTimeout("timed out"), spec)
+    slow = hub_error(httpx2.ReadTimeout("timed out"), spec, cache=cache)
     assert isinstance(slow, DownloadError) and "did not answer in time" in str(slow)
     bug = ValueError("not a download problem")
-    assert hubmod._hub_error(bug, spec) is bug
+    assert hub_error(bug, spec, cache=cache) is bug

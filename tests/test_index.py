@@ -12,7 +12,7 @@ from localspec.backend import Model
 from localspec.drafting.rest import RestDrafter
 from localspec.drafting.suffix_array import open_store
 from localspec.errors import StoreError
-from localspec.gguf_info import tokenizer_fingerprint
+from localspec.models.gguf_info import tokenizer_fingerprint
 
 SENTENCE = ("The lighthouse keeper polished the great brass lens every evening, "
             "long before the fishing boats came home across the grey water.")

@@ -56,7 +56,7 @@ def references(target):
 def store(tmp_path_factory, smollm2_path):
     """A REST datastore built from a small corpus that contains the source above."""
     from localspec.drafting.corpus import build_store_from_corpus
-    from localspec.gguf_info import tokenizer_fingerprint
+    from localspec.models.gguf_info import tokenizer_fingerprint
 
     folder = tmp_path_factory.mktemp("corpus")
     (folder / "config.py").write_text(SOURCE * 2)

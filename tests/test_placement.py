@@ -14,7 +14,7 @@ import pytest
 
 import localspec.backend
 import localspec.engine
-import localspec.gguf_info
+import localspec.models.gguf_info
 from localspec import cli, placement
 from localspec.commands.common import parse_ctx
 from localspec.errors import InvalidOptionError, LocalspecError
@@ -144,7 +144,7 @@ def model_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, 
     target.write_bytes(b"GGUF")
     draft.write_bytes(b"GGUF")
     infos = {target: LLAMA_70B, draft: LLAMA_1B}
-    monkeypatch.setattr(localspec.gguf_info, "read_info", lambda path: infos[Path(path)])
+    monkeypatch.setattr(localspec.models.gguf_info, "read_info", lambda path: infos[Path(path)])
     return target, draft
 
 

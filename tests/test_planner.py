@@ -12,7 +12,7 @@ import pytest
 from localspec import cli
 from localspec.commands import plan as plan_command
 from localspec.errors import IncompatibleDraftError, InvalidOptionError
-from localspec.gguf_info import GGUFInfo, read_info
+from localspec.models.gguf_info import GGUFInfo, read_info
 from localspec.planner import (
     GIB,
     compute_buffer_bytes,

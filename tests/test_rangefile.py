@@ -9,7 +9,7 @@ import httpx2
 import pytest
 
 from localspec.errors import DownloadError
-from localspec.rangefile import HttpRangeFile
+from localspec.models.rangefile import HttpRangeFile
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
 BLOCK = 1000
@@ -59,7 +59,7 @@ def test_a_server_that_ignores_ranges_is_refused() -> None:
 
 
 def test_a_busy_server_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("localspec.rangefile.time.sleep", lambda s: None)
+    monkeypatch.setattr("localspec.models.rangefile.time.sleep", lambda s: None)
     f = open_file(served(status=lambda n: 503 if n == 1 else 206))
     assert f.read(10) == DATA[:10] and f.requests == 2
     always = open_file(served(status=lambda n: 503))
@@ -69,7 +69,7 @@ def test_a_busy_server_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_short_answer_and_a_dead_connection_are_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("localspec.rangefile.time.sleep", lambda s: None)
+    monkeypatch.setattr("localspec.models.rangefile.time.sleep", lambda s: None)
     liar = open_file(served(), size=len(DATA) + 500)  # the server has fewer bytes than announced
     liar.seek(10_000)
     with pytest.raises(DownloadError, match=r"sent 240 bytes of org/repo/model\.gguf where 740 were asked for"):

@@ -9,7 +9,7 @@ from localspec.backend import Model
 from localspec.drafting.specs import DrafterSpec
 from localspec.engine import Engine, GenerateOptions
 from localspec.errors import UnsupportedModelError
-from localspec.gguf_info import check_draft_compatible
+from localspec.models.gguf_info import check_draft_compatible
 
 from test_cli_generate import assert_clean_error, localspec
 

@@ -11,14 +11,8 @@ import pytest
 
 from hubserver import REPO_ROOT, cli_env, run_localspec
 from localspec.errors import RegistryError
-from localspec.registry import (
-    Registry,
-    load_registry,
-    parse_param_count,
-    shipped_registry_path,
-    user_config_dir,
-    user_registry_path,
-)
+from localspec.models.registry import Registry, parse_param_count
+from localspec.models.registry_file import load_registry, shipped_registry_path, user_config_dir, user_registry_path
 
 BAD = Path(__file__).parent / "data" / "bad_models"
 
@@ -56,11 +50,37 @@ def test_shipped_registry_covers_the_families(registry: Registry) -> None:
     assert {"llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.3-70b"} <= {s.name for s in registry}
     assert sizes["gemma3"] >= {"270M", "1B", "4B", "12B", "27B"}
     assert sizes["smollm2"] >= {"135M", "360M", "1.7B"}
+    assert sizes["qwen3.5"] >= {"4B"} and sizes["qwen3.6"] >= {"27B", "35B"}
+    assert sizes["gemma4"] >= {"2B", "4B", "12B", "26B"} and sizes["lfm2"] >= {"350M"}
     assert registry.default is not None and registry.default.name == "smollm2-135m"
 
 
+def test_shipped_current_families_record_how_they_draft(registry: Registry) -> None:
+    # Qwen3.5/3.6: hybrid, and these files keep the MTP layer, so the model drafts for itself.
+    for name in ("qwen3.5-4b", "qwen3.6-27b", "qwen3.6-35b-a3b"):
+        spec = registry.get(name)
+        assert spec.hybrid and spec.mtp_layers == 1 and not spec.assistant, name
+        assert spec.recommended_drafter == "mtp" and spec.self_drafting, name
+    # Gemma 4: plain attention; each target's first draft is its own size's assistant.
+    for target, assistant in (("gemma4-12b", "gemma4-12b-assistant"), ("gemma4-26b-a4b", "gemma4-26b-a4b-assistant")):
+        spec = registry.get(target)
+        assert not spec.hybrid and spec.mtp_layers == 0 and not spec.self_drafting
+        assert spec.recommended_drafter == assistant == spec.drafts[0]
+        head = registry.get(assistant)
+        assert head.assistant and head.recommended_drafter is None and head.drafts == ()
+    # LFM2: hybrid without MTP layers or a sibling: the n-gram drafter.
+    lfm = registry.get("lfm2-350m")
+    assert lfm.hybrid and lfm.mtp_layers == 0 and lfm.recommended_drafter == "ngram"
+    # Older families keep recommending their smallest sibling, and nothing there is hybrid.
+    qwen3 = registry.get("qwen3-14b")
+    assert qwen3.recommended_drafter == "qwen3-0.6b" and not (qwen3.hybrid or qwen3.mtp_layers or qwen3.assistant)
+
+
 def test_every_shipped_entry_is_complete(registry: Registry) -> None:
+    drafted = {draft for spec in registry for draft in spec.drafts}
     for spec in registry:
+        # An assistant can only run beside a target, so some target must offer it.
+        assert not spec.assistant or spec.name in drafted, spec.name
         assert spec.repo and spec.file and spec.file.endswith(".gguf"), spec.name
         assert spec.context > 0 and parse_param_count(spec.params), spec.name
         assert spec.size is None or spec.size > 0, spec.name
@@ -97,6 +117,8 @@ def test_a_size_below_the_family_resolves_to_the_smallest_with_a_notice(registry
     assert registry.resolve("gemma3:100m").spec == registry.get("gemma3-270m")
     # A prefix narrower than the family looks only among its own models.
     assert registry.resolve("llama3.2-0.5b").spec == registry.get("llama3.2-1b")
+    # An assistant is smaller than any Gemma 4 model but cannot run alone: never the answer.
+    assert registry.resolve("gemma4-100m").spec == registry.get("gemma4-e2b")
 
 
 def test_one_model_of_exactly_that_size_is_used_with_a_notice(registry: Registry) -> None:
@@ -181,9 +203,47 @@ def test_user_config_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert user_registry_path() == tmp_path / "mine" / "models.toml"
 
 
+def test_user_file_sets_the_drafting_facts(config_dir: Path) -> None:
+    (config_dir / "models.toml").write_text(
+        """
+        [models."qwen3.6-27b"]
+        drafter = "ngram"
+
+        [models.gemma4-26b-a4b]
+        drafter = "gemma4:e2b"
+
+        [models.my-qwen]
+        family = "qwen3.5"
+        params = "9B"
+        context = 262144
+        path = "Qwen3.5-9B-mtp.gguf"
+        mtp_layers = 1
+        hybrid = true
+        drafts = ["qwen3.5-4b"]
+        """
+    )
+    registry = load_registry()
+    qwen = registry.get("qwen3.6-27b")
+    assert qwen.mtp_layers == 1 and qwen.recommended_drafter == "ngram" and not qwen.self_drafting
+    assert registry.get("gemma4-26b-a4b").recommended_drafter == "gemma4-e2b"  # the alias, made canonical
+    mine = registry.get("my-qwen")
+    # MTP layers win over a listed draft model unless `drafter` says otherwise.
+    assert mine.hybrid and mine.self_drafting and mine.drafts == ("qwen3.5-4b",)
+
+
 def test_a_user_file_named_explicitly_must_exist(config_dir: Path) -> None:
     with pytest.raises(RegistryError, match="cannot read"):
         load_registry(config_dir / "absent.toml")
+
+
+def test_a_models_toml_that_is_a_directory_is_one_clear_error(config_dir: Path) -> None:
+    (config_dir / "models.toml").mkdir()
+    with pytest.raises(RegistryError) as err:
+        load_registry()
+    assert str(err.value).startswith(f"{config_dir / 'models.toml'} is a directory, not a models.toml file; ")
+    assert "move it out of the way" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(RegistryError, match="is a directory"):
+        load_registry(config_dir / "models.toml")
 
 
 BAD_CASES = [
@@ -201,6 +261,12 @@ BAD_CASES = [
     ("alias_taken.toml", 9, "alias 'qwen3-14b' is already the name of a model"),
     ("bad_default.toml", 2, "default model 'qwen4-1b' is not in the registry"),
     ("pypi_mismatch.toml", 8, "'pypi' names 2 package(s) but 'pypi_path' has 1 path(s)"),
+    ("bad_bool.toml", 9, "[models.my-lfm] 'hybrid' must be true or false, not 'yes'"),
+    ("negative_mtp_layers.toml", 4, "'mtp_layers' must be a non-negative integer, not -1"),
+    ("mtp_without_layers.toml", 9, "drafter 'mtp' needs MTP layers: set 'mtp_layers'"),
+    ("unknown_drafter.toml", 9, "drafter 'gemma4-e4b' must be 'mtp', 'ngram' or one of this entry's 'drafts'"),
+    ("assistant_with_drafts.toml", 10, "an assistant drafts for its target and cannot have 'drafts' of its own"),
+    ("assistant_default.toml", 2, "default model 'gemma4-12b-assistant' is an assistant"),
 ]
 
 
@@ -228,9 +294,23 @@ def test_models_table_on_stdout(tmp_path: Path, registry: Registry) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
-    assert re.split(r"\s{2,}", lines[0]) == ["NAME", "FAMILY", "PARAMS", "SIZE", "DRAFTS", "ON DISK"]
+    assert re.split(r"\s{2,}", lines[0]) == [
+        "NAME", "FAMILY", "PARAMS", "SIZE", "DRAFTER", "DRAFTS", "TRAITS", "ON DISK"
+    ]
     rows = {line.split()[0]: re.split(r"\s{2,}", line) for line in lines[1:]}
-    assert rows["qwen3-14b"] == ["qwen3-14b", "qwen3", "14B", "9.0 GB", "qwen3-0.6b, qwen3-1.7b", "-"]
+    assert rows["qwen3-14b"] == [
+        "qwen3-14b", "qwen3", "14B", "9.0 GB", "qwen3-0.6b", "qwen3-0.6b, qwen3-1.7b", "-", "-"
+    ]
+    # Which models draft for themselves, which are hybrid, which only draft.
+    assert rows["qwen3.6-35b-a3b"] == [
+        "qwen3.6-35b-a3b", "qwen3.6", "35B", "18.5 GB", "mtp (self)", "-", "hybrid, mtp", "-"
+    ]
+    assert rows["gemma4-12b-assistant"][4:7] == ["-", "-", "assistant"]
+    assert rows["gemma4-26b-a4b"][4:7] == ["gemma4-26b-a4b-assistant", "gemma4-26b-a4b-assistant, gemma4-e2b", "-"]
+    assert rows["lfm2-350m"][4:7] == ["ngram", "-", "hybrid"]
+    assert [name for name, row in rows.items() if row[4] == "mtp (self)"] == [
+        spec.name for spec in registry if spec.self_drafting
+    ]
     assert list(rows) == [spec.name for spec in registry]
 
 
@@ -246,6 +326,22 @@ def test_models_json_reports_what_is_on_disk(tmp_path: Path, smollm2_path: Path)
     assert smol["path"] == str(cached / smollm2_path.name)
     assert records["qwen3-14b"]["on_disk"] is False and records["qwen3-14b"]["path"] is None
     assert records["qwen3-14b"]["drafts"] == ["qwen3-0.6b", "qwen3-1.7b"]
+    qwen36 = records["qwen3.6-27b"]
+    assert (qwen36["drafter"], qwen36["self_drafting"]) == ("mtp", True)
+    assert (qwen36["mtp_layers"], qwen36["hybrid"]) == (1, True)
+    head = records["gemma4-12b-assistant"]
+    assert head["assistant"] is True and head["drafter"] is None and head["self_drafting"] is False
+
+
+def test_models_with_a_directory_for_the_user_file_fails_once_on_stderr(tmp_path: Path) -> None:
+    (tmp_path / "config" / "models.toml").mkdir(parents=True)
+    result = run_localspec(["models"], cli_env(tmp_path))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"localspec: error: {tmp_path / 'config' / 'models.toml'} is a directory, not a models.toml file; move it "
+        "out of the way and write your entries into a file at that path (`localspec models --help` says where it "
+        "is read from)\n"
+    )
 
 
 def test_models_with_a_broken_user_file_fails_once_on_stderr(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from localspec.errors import InvalidOptionError, ModelFileError, StoreError
 if TYPE_CHECKING:
     from localspec.drafting.specs import DrafterSpec
     from localspec.placement import LoadSettings
-    from localspec.registry import Registry, Resolved
+    from localspec.models.registry import Registry, Resolved
 
 OFF = "off"
 """``--draft off``: no drafter at all (plain decoding)."""
@@ -125,7 +125,7 @@ def check_engine_options(args: argparse.Namespace) -> None:
 
 def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
     """``text`` resolved through the registry, its notice on stderr; a bare path must exist."""
-    from localspec.registry import load_registry
+    from localspec.models.registry_file import load_registry
 
     resolved = (registry or load_registry()).resolve(text)
     if resolved.notice:
@@ -143,7 +143,8 @@ def resolve_ref(text: str | None, registry: Registry | None = None) -> Resolved:
     An unknown name fails here with the nearest names, a missing path with its own message, so a
     command can check every model it was given before it downloads any.
     """
-    from localspec.registry import Resolved, load_registry
+    from localspec.models.registry import Resolved
+    from localspec.models.registry_file import load_registry
 
     registry = registry or load_registry()
     if text is not None:
@@ -157,7 +158,7 @@ def resolve_ref(text: str | None, registry: Registry | None = None) -> Resolved:
 def fetch(ref: Resolved, *, offline: bool = False) -> Path:
     """The local GGUF file of ``ref``: a path as it is, a registry entry downloaded on first use
     (progress on stderr)."""
-    from localspec import hub
+    from localspec.models import hub
 
     if ref.spec is None:
         assert ref.path is not None
@@ -195,7 +196,7 @@ def model_header(ref: Resolved, *, offline: bool = False) -> Path | BinaryIO:
     its file on the Hub, read by HTTP range requests as far as the header goes (a line on stderr
     says so); nothing is written to the cache.
     """
-    from localspec import hub
+    from localspec.models import hub
 
     if ref.spec is None:
         assert ref.path is not None
@@ -256,7 +257,7 @@ def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) ->
     GPU's memory (``--vram``, else what the GPU reports free) decides from both models' metadata.
     """
     from localspec import backend
-    from localspec.gguf_info import read_info
+    from localspec.models.gguf_info import read_info
     from localspec.placement import Vram, detect_vram, manual_settings, planned_settings
     from localspec.planner import parse_size
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from localspec import doctor
 from localspec.commands.common import MODEL_REF_HELP
-from localspec.hub import human_size
+from localspec.models.hub_errors import human_size
 
 EXIT_FAILED = 1
 EXIT_CRASHED = 3
@@ -41,12 +41,12 @@ def _model_path(ref: str | None) -> tuple[str, Path | None]:
     if ref is None:
         return doctor.default_model()
     from localspec.commands.common import resolve_name
-    from localspec.registry import load_registry
+    from localspec.models.registry_file import load_registry
 
     resolved = resolve_name(ref, load_registry())
     if resolved.spec is None:
         return str(resolved.path), resolved.path
-    from localspec import hub
+    from localspec.models import hub
 
     return resolved.spec.name, hub.cached_path(resolved.spec)
 

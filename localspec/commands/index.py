@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from localspec.commands.common import resolve_model
     from localspec.drafting.corpus import build_store_from_corpus, iter_corpus
     from localspec.errors import StoreError
-    from localspec.gguf_info import tokenizer_fingerprint
+    from localspec.models.gguf_info import tokenizer_fingerprint
 
     out = Path(args.output)
     check_output(out)
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 def format_summary(s: dict[str, Any]) -> str:
     """Human lines for stderr: what was indexed, what was skipped and why, the store."""
-    from localspec.hub import human_size
+    from localspec.models.hub_errors import human_size
 
     rate = s["bytes"] / s["seconds"] if s["seconds"] > 0 else 0.0
     model = Path(s["model"]).name

@@ -1,7 +1,11 @@
 """``localspec models``: the registry as one table (or JSON with ``--json``).
 
-Columns: name, vocabulary family, parameter count, file size, recommended drafts
-and whether a copy is on disk. Looking for copies touches no network.
+Columns: name, vocabulary family, parameter count, file size, the drafter used when
+none is named ("mtp (self)" for a model that drafts with its own MTP layers), the
+recommended draft models, what the file is beyond a plain transformer ("hybrid":
+recurrent layers beside attention; "mtp": it carries MTP layers; "assistant": a
+draft that only runs beside its target) and whether a copy is on disk. Looking for
+copies touches no network.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ import json
 import sys
 from typing import Any
 
-from localspec import hub
-from localspec.registry import ModelSpec, Registry, load_registry
+from localspec.models import hub
+from localspec.models.hub_errors import human_size
+from localspec.models.registry import ModelSpec, Registry
+from localspec.models.registry_file import load_registry
 
-_COLUMNS = ("NAME", "FAMILY", "PARAMS", "SIZE", "DRAFTS", "ON DISK")
+_COLUMNS = ("NAME", "FAMILY", "PARAMS", "SIZE", "DRAFTER", "DRAFTS", "TRAITS", "ON DISK")
 
 
 def register(subparsers: Any) -> None:
@@ -45,12 +51,27 @@ def render_table(registry: Registry) -> str:
     rows = [_COLUMNS]
     for spec in registry:
         on_disk = "yes" if hub.cached_path(spec) is not None else "-"
+        drafter = spec.recommended_drafter or "-"
+        drafter = f"{drafter} (self)" if spec.self_drafting else drafter
         rows.append(
-            (spec.name, spec.family, spec.params, hub.human_size(spec.size), ", ".join(spec.drafts) or "-", on_disk)
+            (spec.name, spec.family, spec.params, human_size(spec.size), drafter, ", ".join(spec.drafts) or "-",
+             ", ".join(traits(spec)) or "-", on_disk)
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def traits(spec: ModelSpec) -> list[str]:
+    """What the model's file is beyond a plain transformer, as short words for the table."""
+    words = []
+    if spec.hybrid:
+        words.append("hybrid")
+    if spec.mtp_layers:
+        words.append("mtp")
+    if spec.assistant:
+        words.append("assistant")
+    return words
 
 
 def _record(registry: Registry, spec: ModelSpec) -> dict[str, Any]:
@@ -67,6 +88,11 @@ def _record(registry: Registry, spec: ModelSpec) -> dict[str, Any]:
         "sha256": spec.sha256,
         "pypi": [{"requirement": c.requirement, "path": c.member} for c in spec.pypi],
         "drafts": list(spec.drafts),
+        "drafter": spec.recommended_drafter,
+        "self_drafting": spec.self_drafting,
+        "mtp_layers": spec.mtp_layers,
+        "hybrid": spec.hybrid,
+        "assistant": spec.assistant,
         "aliases": list(spec.aliases),
         "on_disk": local is not None,
         "path": str(local) if local is not None else None,

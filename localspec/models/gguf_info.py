@@ -4,74 +4,29 @@
 template, quantization and where the tensor bytes sit. Token texts are read separately
 (``read_tokens``, ``tokenizer_fingerprint``) because a 262k vocabulary is most of a header.
 ``check_draft_compatible`` applies llama.cpp's own rule for pairing a draft with a target.
-
-Why not ``gguf.GGUFReader``: it builds numpy views for every element of every array,
-which took 6 s for SmolLM2 (49k tokens) and 25 s for Gemma 3 (262k tokens, scores and
-types) on our 2-core dev box, against 0.03 s and 0.1 s here — and ``read_info`` runs on
-every ``plan`` and every model load. This module walks the same
-format (documented in ggml's ``docs/gguf.md``) with ``struct`` over an ``mmap`` and skips
-arrays it does not need; the ``gguf`` package still supplies the type tables.
+The bytes themselves are ``localspec.models.gguf_header``'s: this module only interprets
+the keys.
 """
 
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Union
+from typing import Any, BinaryIO
 
 import gguf
 import numpy as np
 
-from localspec.errors import IncompatibleDraftError, ModelFileError
+from localspec.errors import IncompatibleDraftError
+from localspec.models.gguf_header import HeaderSource, array_length, read_header
 
-_VT = gguf.GGUFValueType
-_SCALARS: dict[int, struct.Struct] = {
-    _VT.UINT8: struct.Struct("<B"), _VT.INT8: struct.Struct("<b"), _VT.UINT16: struct.Struct("<H"),
-    _VT.INT16: struct.Struct("<h"), _VT.UINT32: struct.Struct("<I"), _VT.INT32: struct.Struct("<i"),
-    _VT.FLOAT32: struct.Struct("<f"), _VT.BOOL: struct.Struct("<?"), _VT.UINT64: struct.Struct("<Q"),
-    _VT.INT64: struct.Struct("<q"), _VT.FLOAT64: struct.Struct("<d"),
-}
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-_SMALL_ARRAY = 1024  # arrays up to this many elements are kept even when not asked for
 _TOKENS, _TOKEN_TYPES = "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")
-_STREAM_BLOCK = 1 << 20  # a header read from a stream grows in whole MiB, doubling
-
-HeaderSource = Union[str, "os.PathLike[str]", BinaryIO]
-"""Where a header is read from: a GGUF path, or a seekable binary file object (e.g. a file on the
-Hub read by HTTP range requests, ``localspec.rangefile``) whose ``name`` names it in messages."""
-
-
-class _Truncated(Exception):
-    """The header ends before the structure it describes (internal; becomes ModelFileError)."""
-
-
-@dataclass(frozen=True)
-class _SkippedArray:
-    """An array that was stepped over rather than decoded."""
-
-    count: int
-
-
-@dataclass(frozen=True)
-class _Tensor:
-    name: str
-    n_elements: int
-    n_bytes: int
-    offset: int  # relative to the start of the tensor data section
-
-
-@dataclass(frozen=True)
-class _Header:
-    metadata: dict[str, Any]
-    tensors: tuple[_Tensor, ...]
-    data_offset: int
+_U32 = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -133,251 +88,7 @@ class GGUFInfo:
         return sum(self.layer_bytes) + self.token_embd_bytes + self.output_bytes + self.other_bytes
 
 
-# --- reading the header --------------------------------------------------------------------
-
-
-class _Parser:
-    """Sequential little-endian reader over the header bytes; raises _Truncated past the end.
-
-    ``buf`` holds the file's first bytes. Without ``more`` it is the whole file (an mmap). With
-    ``more``, the file is ``total`` bytes long and ``more(end)`` returns a longer prefix of it, at
-    least ``end`` bytes, so a stream is read only as far as the header goes.
-    """
-
-    def __init__(self, buf: Any, keep: frozenset[str], *, total: int | None = None,
-                 more: Callable[[int], bytes] | None = None) -> None:
-        self.buf, self.keep, self.pos, self.size = buf, keep, 0, len(buf)
-        self.total = self.size if total is None else total
-        self._more = more
-        self.where = "the file header"
-
-    def _need(self, end: int) -> None:
-        """Make bytes ``[0, end)`` available in ``buf``; _Truncated when the file is shorter."""
-        if end <= self.size:
-            return
-        if self._more is not None and end <= self.total:
-            self.buf = self._more(end)
-            self.size = len(self.buf)
-        if end > self.size:
-            raise _Truncated(self.where)
-
-    def _scalar(self, s: struct.Struct) -> Any:
-        if self.pos + s.size > self.size:
-            self._need(self.pos + s.size)
-        (value,) = s.unpack_from(self.buf, self.pos)
-        self.pos += s.size
-        return value
-
-    def _bytes(self) -> bytes:
-        n = self._scalar(_U64)
-        if self.pos + n > self.size:
-            self._need(self.pos + n)
-        value = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return value
-
-    def _array(self, key: str) -> Any:
-        elem_type, count = self._scalar(_U32), self._scalar(_U64)
-        wanted = key in self.keep or count <= _SMALL_ARRAY
-        if elem_type == _VT.STRING:
-            if key in self.keep:  # token texts stay bytes: llama.cpp compares them bytewise
-                return [self._bytes() for _ in range(count)]
-            if wanted:
-                return [self._bytes().decode("utf-8", errors="replace") for _ in range(count)]
-            unpack, pos, buf, size = _U64.unpack_from, self.pos, self.buf, self.size
-            for _ in range(count):  # step over each string by its length
-                if pos + 8 > size:
-                    self._need(pos + 8)
-                    buf, size = self.buf, self.size
-                pos += 8 + unpack(buf, pos)[0]
-            if pos > size:
-                self._need(pos)
-            self.pos = pos
-            return _SkippedArray(count)
-        if elem_type == _VT.ARRAY:
-            return [self._array(key) for _ in range(count)]
-        if elem_type not in _SCALARS:
-            raise ValueError(f"unknown metadata value type {elem_type} in key {key!r}")
-        item = _SCALARS[elem_type]
-        end = self.pos + count * item.size
-        if end > self.size:
-            self._need(end)
-        value: Any = _SkippedArray(count)
-        if wanted:
-            value = np.frombuffer(self.buf, np.dtype(item.format), count, self.pos).copy()
-            value = value if key in self.keep else value.tolist()
-        self.pos = end
-        return value
-
-    def _value(self, key: str, value_type: int) -> Any:
-        if value_type == _VT.STRING:
-            return self._bytes().decode("utf-8", errors="replace")
-        if value_type == _VT.ARRAY:
-            return self._array(key)
-        if value_type not in _SCALARS:
-            raise ValueError(f"unknown metadata value type {value_type} in key {key!r}")
-        return self._scalar(_SCALARS[value_type])
-
-    def parse(self) -> _Header:
-        self.pos = 4  # past the magic, checked by the caller
-        version = self._scalar(_U32)
-        if version & 0xFFFF == 0 and version:
-            raise ValueError("it is a big-endian GGUF, which llama.cpp on this machine cannot load")
-        if version not in (2, 3):
-            raise ValueError(f"it uses GGUF version {version}; only versions 2 and 3 are supported")
-        n_tensors, n_kv = self._scalar(_U64), self._scalar(_U64)
-        if n_tensors > self.total or n_kv > self.total:
-            raise ValueError(f"its header is corrupt (it claims {n_tensors:,} tensors and {n_kv:,} "
-                             f"metadata entries in a {self.total:,}-byte file)")
-        metadata: dict[str, Any] = {}
-        for i in range(n_kv):
-            self.where = f"metadata entry {i + 1} of {n_kv}"
-            key = self._bytes().decode("utf-8", errors="replace")
-            self.where = f"metadata key {key!r}"
-            metadata[key] = self._value(key, self._scalar(_U32))
-        raw: list[tuple[str, list[int], int, int]] = []
-        for i in range(n_tensors):
-            self.where = f"tensor description {i + 1} of {n_tensors}"
-            name = self._bytes().decode("utf-8", errors="replace")
-            n_dims = self._scalar(_U32)
-            if n_dims > 4:  # GGML_MAX_DIMS
-                raise ValueError(f"its header is corrupt (tensor {name!r} claims {n_dims} dimensions)")
-            dims = [self._scalar(_U64) for _ in range(n_dims)]
-            raw.append((name, dims, self._scalar(_U32), self._scalar(_U64)))
-        alignment = int(metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)) or 1
-        data_offset = -(-self.pos // alignment) * alignment
-        return _Header(metadata, tuple(_tensor(*r) for r in raw), data_offset)
-
-
-def _tensor(name: str, dims: list[int], ggml_type: int, offset: int) -> _Tensor:
-    n_elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
-    try:
-        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
-    except (ValueError, KeyError):
-        raise ValueError(f"tensor {name!r} has ggml type {ggml_type}, which the installed gguf package "
-                         "does not know (upgrade it with `pip install -U gguf`)") from None
-    return _Tensor(name, n_elements, n_elements // block * type_size, offset)
-
-
-def _describe_non_gguf(head: bytes) -> tuple[str, str]:
-    """What a file that lacks the GGUF magic looks like, and what to do about it."""
-    again = "download the .gguf file again"
-    convert = "convert it with llama.cpp's convert_hf_to_gguf.py or download a .gguf build"
-    if head.startswith(b"version https://git-lfs"):
-        return "it is a Git LFS pointer, not the model itself", "fetch the real file with `git lfs pull`"
-    if head.lstrip().lower().startswith((b"<!doctype html", b"<html")):
-        return "it is an HTML page (an error or login page saved in place of the model)", again
-    if head.startswith(b"PK\x03\x04"):
-        return "it is a ZIP archive (a PyTorch checkpoint?)", convert
-    if len(head) > 8 and head[4:8] == b"\0\0\0\0" and head[8:9] == b"{":
-        return "it looks like a safetensors file", convert
-    text = head[:40].decode("utf-8", errors="replace")
-    if all(c.isprintable() or c in "\r\n\t" for c in text):
-        first_line = text.strip().splitlines()[0] if text.strip() else text
-        return f"it is a text file starting with {first_line!r}", f"pass a .gguf model file or {again}"
-    return f"it starts with bytes {head[:4].hex(' ')} instead of the magic 'GGUF'", again
-
-
-_AGAIN = "the download or copy was cut short — delete it and fetch it again"
-
-
-def _read_header(source: HeaderSource, keep: frozenset[str] = frozenset()) -> tuple[Path, int, _Header]:
-    """Validate ``source`` as a complete GGUF file and parse its header; ModelFileError otherwise.
-
-    Returns the path (a file object's ``name`` as a Path), the file's size and the header.
-    """
-    if isinstance(source, (str, os.PathLike)):
-        return _read_file_header(Path(source).expanduser(), keep)
-    return _read_stream_header(source, keep)
-
-
-def _read_file_header(path: Path, keep: frozenset[str]) -> tuple[Path, int, _Header]:
-    """A header from a file on disk, parsed over an mmap."""
-    if not path.exists():
-        raise ModelFileError(f"model file not found: {path}; check the path, "
-                             "or download a registered model with `localspec pull NAME`")
-    if path.is_dir():
-        inside = sorted(p.name for p in path.glob("*.gguf"))[:3]
-        hint = f" such as {', '.join(inside)}" if inside else ""
-        raise ModelFileError(f"model path {path} is a directory; pass a .gguf file inside it{hint}")
-    try:
-        with path.open("rb") as f:
-            size = path.stat().st_size
-            _check_magic(str(path), size, f.read(64))
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                header = _parse_checked(str(path), _Parser(buf, keep))
-    except OSError as err:
-        raise ModelFileError(f"cannot read model file {path}: {err.strerror or err}; "
-                             "check that it is a readable file") from None
-    return path, size, header
-
-
-def _read_stream_header(f: BinaryIO, keep: frozenset[str]) -> tuple[Path, int, _Header]:
-    """A header from a seekable file object, read only as far as the header goes."""
-    name = str(getattr(f, "name", "<stream>"))
-    size = f.seek(0, os.SEEK_END)
-    more = _prefix_reader(f, size)
-    buf = more(min(size, 64))
-    _check_magic(name, size, buf[:64])
-    return Path(name), size, _parse_checked(name, _Parser(buf, keep, total=size, more=more))
-
-
-def _prefix_reader(f: BinaryIO, total: int) -> Callable[[int], bytes]:
-    """``more`` for _Parser over ``f``: the first ``end`` or more bytes, read once each.
-
-    The prefix grows to at least twice its length in whole MiB, so a header of n bytes costs
-    about log2(n / 1 MiB) reads and copies O(n) bytes in all.
-    """
-    chunks: list[bytes] = []
-    have = 0
-
-    def more(end: int) -> bytes:
-        nonlocal have
-        want = min(total, -(-max(end, 2 * have, _STREAM_BLOCK) // _STREAM_BLOCK) * _STREAM_BLOCK)
-        f.seek(have)
-        while have < want:
-            chunk = f.read(want - have)
-            if not chunk:
-                break  # the file is shorter than it said: the parser reports it truncated
-            chunks.append(chunk)
-            have += len(chunk)
-        return b"".join(chunks)
-
-    return more
-
-
-def _check_magic(name: str, size: int, head: bytes) -> None:
-    if size == 0:
-        raise ModelFileError(f"model file {name} is empty (0 bytes); {_AGAIN}")
-    if head[:4] != b"GGUF":
-        what, fix = _describe_non_gguf(head)
-        raise ModelFileError(f"{name} is not a GGUF model file: {what}; {fix}")
-
-
-def _parse_checked(name: str, parser: _Parser) -> _Header:
-    """Parse the header and check the file holds every tensor it describes."""
-    try:
-        header = parser.parse()
-    except _Truncated as cut:
-        raise ModelFileError(f"model file {name} is truncated: its GGUF header stops at byte {parser.total} "
-                             f"inside {cut}; {_AGAIN}") from None
-    except ValueError as err:
-        raise ModelFileError(f"cannot read model file {name}: {err}; download it again or "
-                             "use another build of the model") from None
-    size = parser.total
-    needed = header.data_offset + max((t.offset + t.n_bytes for t in header.tensors), default=0)
-    if needed > size:
-        raise ModelFileError(f"model file {name} is truncated: it has {size:,} bytes but its "
-                             f"{len(header.tensors)} tensors need {needed:,} ({100 * size / needed:.0f}% "
-                             f"present); {_AGAIN}")
-    return header
-
-
 # --- interpreting the metadata -------------------------------------------------------------
-
-
-def _array_len(value: Any) -> int:
-    return value.count if isinstance(value, _SkippedArray) else len(value)
 
 
 def _per_layer(value: Any, n_layers: int) -> tuple[int, ...]:
@@ -423,8 +134,8 @@ def read_info(source: HeaderSource) -> GGUFInfo:
     Raises ModelFileError (one line naming the file, the problem and the fix) when the
     path is missing, a directory, unreadable, not GGUF, or truncated.
     """
-    path, size, header = _read_header(source)
-    meta = header.metadata
+    header = read_header(source)
+    path, size, meta = header.path, header.file_size, header.metadata
     arch = str(meta.get("general.architecture", "unknown"))
 
     def hp(key: str, default: Any = None) -> Any:
@@ -452,7 +163,7 @@ def read_info(source: HeaderSource) -> GGUFInfo:
     n_head = max(heads, default=0)
     head_dim = n_embd // n_head if n_head else 0
     tokens = meta.get(_TOKENS)
-    n_vocab = _array_len(tokens) if tokens is not None else int(hp("vocab_size", 0))
+    n_vocab = array_length(tokens) if tokens is not None else int(hp("vocab_size", 0))
     window, swa = _swa_layers(meta, arch, n_layers)
 
     def opt_int(key: str) -> int | None:
@@ -495,8 +206,7 @@ class _Vocab:
 
 
 def _read_vocab(source: HeaderSource) -> _Vocab:
-    _, _, header = _read_header(source, keep=frozenset({_TOKENS, _TOKEN_TYPES}))
-    meta = header.metadata
+    meta = read_header(source, keep=frozenset({_TOKENS, _TOKEN_TYPES})).metadata
     tokens = meta.get(_TOKENS, [])
     types = meta.get(_TOKEN_TYPES)
     return _Vocab(str(meta.get("tokenizer.ggml.model", "none")), list(tokens),
