@@ -226,7 +226,8 @@ def test_garbage_between_records_is_skipped(data_dir: Path, capsys) -> None:
         (b"LSPHIST\0" + (0x01000001).to_bytes(4, "little") + (64).to_bytes(4, "little") + FP.encode(),
          "unknown format version 16777217"),
         (b"LSPHIST\0" + FORMAT_VERSION.to_bytes(4, "little") + (64).to_bytes(4, "little") + FP[:60].encode()
-         + b"ffff", "another tokenizer's: fingerprint from character 61: …ffff vs …ab12, the file's vs this model's"),
+         + b"ffff",
+         "another tokenizer's: fingerprint from character 61: …ffff vs …ab12, the file's vs this model's"),
         (b"LSPHIST\0" + FORMAT_VERSION.to_bytes(4, "little") + (64).to_bytes(4, "little") + b"\xff" * 64,
          "unreadable fingerprint"),
     ],

@@ -166,7 +166,8 @@ def test_wrong_tokenizer_is_refused(store_path: Path) -> None:
         open_store(store_path, "tok:0000aaaa9999")
     msg = str(err.value)
     # The shared "tok:" is skipped: the message shows where they differ.
-    assert "another tokenizer" in msg and "from character 5: …3f9a77c1… vs …0000aaaa…" in msg
+    assert "another tokenizer" in msg
+    assert "from character 5: …3f9a77c1… vs …0000aaaa…, the store's vs the model's" in msg
     assert "localspec index" in msg and "\n" not in msg
 
 

@@ -222,7 +222,8 @@ def open_store(path: str | os.PathLike[str], expected_fingerprint: str | None, *
         if expected_fingerprint is not None and fp != expected_fingerprint:
             raise StoreError(
                 f"store {path} was built for another tokenizer (fingerprint "
-                f"{fingerprint_difference(str(fp), expected_fingerprint)}); {_rebuild(path)}"
+                f"{fingerprint_difference(str(fp), expected_fingerprint)}, the store's vs the model's); "
+                f"{_rebuild(path)}"
             )
         for name, (dtype, count) in layout.items():
             off = offsets.get(name, -1)
@@ -251,8 +252,8 @@ def check_arrays(tokens: np.ndarray, suffixes: np.ndarray, doc_starts: np.ndarra
     next one, every suffix position inside the tokens (and not on the final
     separator, so a position's next token exists), and every token a
     separator or an id below ``n_vocab``. Raises ValueError saying what is
-    wrong. Cheap next to a lookup's first use (about 1 ms per million tokens
-    once the file is in the page cache)."""
+    wrong. A few milliseconds for two million tokens once the file is in the
+    page cache."""
     n, n_docs = len(tokens), len(doc_starts)
     if len(suffixes) != n - n_docs:
         raise ValueError(f"{len(suffixes):,} suffixes for {n:,} tokens in {n_docs:,} documents")
