@@ -245,7 +245,7 @@ def test_a_file_that_is_not_a_usable_history_is_moved_aside(data_dir: Path, caps
         assert warnings == [] and asides == []
     else:
         [warning] = warnings
-        assert f"is unreadable ({why}); moved it to {asides[0].name} and started a new one" in warning
+        assert f"is not usable ({why}); moved it to {asides[0].name} and started a new one" in warning
         assert asides[0].read_bytes() == content  # kept as it was
     store.add(doc(1))
     store.save()

@@ -291,7 +291,7 @@ class PersonalStore:
                     raise
                 aside = _aside_path(self.path)
                 os.replace(self.path, aside)
-                self._warn(f"personal history {self.path} is unreadable ({bad.why}); moved it to {aside.name} "
+                self._warn(f"personal history {self.path} is not usable ({bad.why}); moved it to {aside.name} "
                            "and started a new one")
                 buf = b""
         if not buf:
