@@ -34,7 +34,8 @@ def register(subparsers: Any) -> None:
         help="build a datastore for --draft rest:STORE from your files",
         description="Tokenize text files with a model's tokenizer and write a suffix-array datastore "
                     "for REST drafting (--draft rest:STORE). Binary and non-UTF-8 files are skipped "
-                    "and counted. Prints the store's path on stdout and a summary on stderr.",
+                    "and counted. Prints the store's path on stdout and a summary on stderr. "
+                    "With --verify STORE, checks an existing store instead.",
     )
     # PATH, --model and -o are required to build; run() says so in one line,
     # since --verify STORE needs none of them.
