@@ -132,40 +132,167 @@ def test_a_torn_tail_is_skipped_then_cut_by_the_next_save(data_dir: Path) -> Non
     assert healed.report.documents == 4 and healed.report.dropped_bytes == 0
 
 
-def test_a_damaged_record_ends_what_is_read(data_dir: Path) -> None:
+def _five_records(n: int = 31) -> tuple[Path, bytes]:
+    """A history of five replies of ``n`` tokens (740 bytes for 31, as in issue 9)."""
     store = PersonalStore.open(FP)
-    for seed in (1, 2, 3):
-        store.add(doc(seed))
+    for seed in range(1, 6):
+        store.add(doc(seed, n))
     store.save()
-    raw = bytearray(store.path.read_bytes())
-    header = len(raw) - 3 * (8 + 80)
-    raw[header + (8 + 80) + 8 + 5] ^= 0xFF  # a token of the second record
-    store.path.write_bytes(bytes(raw))
-    damaged = PersonalStore.open(FP)
-    # The first record is kept; from the damaged one on nothing is trusted (never misread).
-    assert damaged.report.documents == 1 and damaged.report.dropped_bytes == 2 * (8 + 80)
-    assert damaged.lookup(doc(1)[:3], 3) is not None and damaged.lookup(doc(3)[:3], 3) is None
+    return store.path, store.path.read_bytes()
+
+
+def _record_span(data: bytes, i: int, n: int = 31) -> tuple[int, int]:
+    first = len(data) - 5 * (8 + 4 * n)
+    return first + i * (8 + 4 * n), first + (i + 1) * (8 + 4 * n)
+
+
+def _seeds(store: PersonalStore) -> list[int]:
+    return [int(d[-1]) // 1000 for d in store._docs]
+
+
+def _warnings(err: str) -> list[str]:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert all(ln.startswith("localspec: warning: ") for ln in lines), err
+    return lines
+
+
+def test_a_flipped_byte_in_the_first_of_five_records_loses_only_that_record(data_dir: Path, capsys) -> None:
+    """Issue 9: one flipped byte in the first record used to make the next save cut
+    the file from 740 to 80 bytes, losing four good records, without a word."""
+    path, original = _five_records()
+    assert len(original) == 740
+    start, stop = _record_span(original, 0)
+    for i in range(start, stop):  # every byte of the record: its length, its checksum, its tokens
+        for leftover in path.parent.glob("*.corrupt-*"):
+            leftover.unlink()
+        damaged = bytearray(original)
+        damaged[i] ^= 0x10
+        path.write_bytes(bytes(damaged))
+        capsys.readouterr()
+        store = PersonalStore.open(FP)
+        assert _seeds(store) == [2, 3, 4, 5], i
+        assert store.report.documents == 4 and store.report.damaged_bytes == 132, i
+        [warning] = _warnings(capsys.readouterr().err)
+        assert "was damaged: skipped 132 bytes, kept its 4 good records" in warning
+        # Nothing was cut: the damaged original is kept whole beside the repaired file.
+        [aside] = path.parent.glob(f"{path.name}.corrupt-*")
+        assert aside.read_bytes() == bytes(damaged) and aside.name in warning
+        assert path.read_bytes() == original[:start] + original[stop:]
+    store.add(doc(6, 31))
+    store.save()
+    again = PersonalStore.open(FP)
+    assert _seeds(again) == [2, 3, 4, 5, 6] and again.report.damaged_bytes == 0
+    assert capsys.readouterr().err == ""  # repaired once, quiet after
+
+
+def test_a_damaged_record_anywhere_is_skipped(data_dir: Path, capsys) -> None:
+    path, original = _five_records(20)
+    cases = {
+        "a token of the middle record": lambda b: b.__setitem__(_record_span(b, 2, 20)[0] + 20, b[0] ^ 0xFF),
+        "the middle record's length made huge": lambda b: b.__setitem__(_record_span(b, 2, 20)[0] + 3, 0x7F),
+        "the middle record's length made small": lambda b: b.__setitem__(_record_span(b, 2, 20)[0], 3),
+        "a token of the last record": lambda b: b.__setitem__(len(b) - 5, 0x55),
+    }
+    for what, damage in cases.items():
+        for leftover in path.parent.glob("*.corrupt-*"):
+            leftover.unlink()
+        damaged = bytearray(original)
+        damage(damaged)
+        path.write_bytes(bytes(damaged))
+        store = PersonalStore.open(FP)
+        lost = 5 if "last" in what else 3
+        assert _seeds(store) == [s for s in range(1, 6) if s != lost], what
+        assert len(_warnings(capsys.readouterr().err)) == 1, what
+        assert len(list(path.parent.glob("*.corrupt-*"))) == 1, what
+
+
+def test_garbage_between_records_is_skipped(data_dir: Path, capsys) -> None:
+    path, original = _five_records(20)
+    cut = _record_span(original, 2, 20)[0]
+    garbage = np.random.default_rng(5).bytes(1001)  # not even a whole number of words
+    path.write_bytes(original[:cut] + garbage + original[cut:])
+    store = PersonalStore.open(FP)
+    assert _seeds(store) == [1, 2, 3, 4, 5] and store.report.damaged_bytes == 1001
+    assert "skipped 1,001 bytes, kept its 5 good records" in _warnings(capsys.readouterr().err)[0]
+    assert path.read_bytes() == original
 
 
 @pytest.mark.parametrize(
-    "content, needle",
+    "content, why",
     [
+        (b"", None),  # an empty file is an empty history: nothing to move, nothing to say
         (b"this is somebody else's file\n", "bad magic"),
-        (b"LSPHIST\0" + (FORMAT_VERSION + 1).to_bytes(4, "little") + (64).to_bytes(4, "little") + FP.encode(),
-         "format version"),
-        (b"LSPHIST\0" + FORMAT_VERSION.to_bytes(4, "little") + (64).to_bytes(4, "little") + b"f" * 64,
-         "another tokenizer"),
+        (b"LSPHIST\0\x01\x00", "header cut short"),
+        (b"LSPHIST\0" + (0x01000001).to_bytes(4, "little") + (64).to_bytes(4, "little") + FP.encode(),
+         "unknown format version 16777217"),
+        (b"LSPHIST\0" + FORMAT_VERSION.to_bytes(4, "little") + (64).to_bytes(4, "little") + FP[:60].encode()
+         + b"ffff",
+         "another tokenizer's: fingerprint from character 61: …ffff vs …ab12, the file's vs this model's"),
+        (b"LSPHIST\0" + FORMAT_VERSION.to_bytes(4, "little") + (64).to_bytes(4, "little") + b"\xff" * 64,
+         "unreadable fingerprint"),
     ],
 )
-def test_a_file_that_is_not_ours_is_a_clear_error(data_dir: Path, content: bytes, needle: str) -> None:
+def test_a_file_that_is_not_a_usable_history_is_moved_aside(data_dir: Path, capsys, content: bytes,
+                                                            why: str | None) -> None:
     path = data_dir / "personal" / f"{FP[:16]}.tokens"
     path.parent.mkdir(parents=True)
     path.write_bytes(content)
-    with pytest.raises(StoreError) as err:
-        PersonalStore.open(FP)
-    message = str(err.value)
-    assert needle in message and "LOCALSPEC_NO_HISTORY=1" in message and "\n" not in message
-    assert path.read_bytes() == content  # never overwritten
+    store = PersonalStore.open(FP)  # never an error: the history is a cache
+    assert len(store) == 0 and store.saving
+    warnings = _warnings(capsys.readouterr().err)
+    asides = list(path.parent.glob("*.corrupt-*"))
+    if why is None:
+        assert warnings == [] and asides == []
+    else:
+        [warning] = warnings
+        assert f"is not usable ({why}); moved it to {asides[0].name} and started a new one" in warning
+        assert asides[0].read_bytes() == content  # kept as it was
+    store.add(doc(1))
+    store.save()
+    assert _seeds(PersonalStore.open(FP)) == [1]
+
+
+def test_a_newer_format_is_left_alone(data_dir: Path, capsys) -> None:
+    path = data_dir / "personal" / f"{FP[:16]}.tokens"
+    path.parent.mkdir(parents=True)
+    content = b"LSPHIST\0" + (FORMAT_VERSION + 1).to_bytes(4, "little") + (64).to_bytes(4, "little") + FP.encode()
+    path.write_bytes(content)
+    store = PersonalStore.open(FP)
+    [warning] = _warnings(capsys.readouterr().err)
+    assert f"format version {FORMAT_VERSION + 1}" in warning and "left it as it is" in warning
+    assert not store.saving and len(store) == 0
+    assert remember(store, [1, 2, 3]) is True  # drafted from in memory this run, never written
+    assert store.lookup([1, 2], 1) is not None
+    assert path.read_bytes() == content and list(path.parent.glob("*.corrupt-*")) == []
+
+
+def test_an_unreadable_file_turns_saving_off(data_dir: Path, capsys) -> None:
+    path = data_dir / "personal" / f"{FP[:16]}.tokens"
+    path.mkdir(parents=True)  # something that cannot be read as a file
+    store = PersonalStore.open(FP)
+    [warning] = _warnings(capsys.readouterr().err)
+    assert "cannot read personal history" in warning and "drafting without it this run" in warning
+    assert not store.saving
+    store.add([1, 2, 3])
+    store.save()  # nothing written, nothing raised
+    assert path.is_dir() and store.pending == 0
+
+
+def test_damage_that_cannot_be_repaired_keeps_the_good_records(data_dir: Path, capsys) -> None:
+    path, original = _five_records()
+    damaged = bytearray(original)
+    damaged[_record_span(original, 0)[0] + 20] ^= 1
+    path.write_bytes(bytes(damaged))
+    lock = path.with_name(path.name + ".lock")
+    lock.unlink()
+    lock.mkdir()  # the lock cannot be taken, so nothing can be rewritten
+    store = PersonalStore.open(FP)
+    [warning] = _warnings(capsys.readouterr().err)
+    assert "could not be repaired" in warning and "using its 4 good records" in warning
+    assert _seeds(store) == [2, 3, 4, 5] and not store.saving
+    store.add(doc(9, 31))
+    store.save()
+    assert path.read_bytes() == bytes(damaged)  # left exactly as it was
 
 
 def test_an_unwritable_folder_is_a_clear_error(data_dir: Path) -> None:
@@ -219,6 +346,29 @@ def test_two_processes_appending_do_not_corrupt_the_file(data_dir: Path, max_tok
     for lo in (1, 101):
         mine = [s for s in seeds if lo <= s < lo + 80]
         assert mine == sorted(mine)
+
+
+def test_processes_opening_a_damaged_file_together_repair_it_once(data_dir: Path) -> None:
+    path, original = _five_records(20)
+    damaged = bytearray(original)
+    damaged[_record_span(original, 0, 20)[0] + 30] ^= 0x04
+    path.write_bytes(bytes(damaged))
+    env = {**os.environ, "LOCALSPEC_DATA_DIR": str(data_dir)}
+    go = data_dir.parent / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, FP, str(seed0), "40", "1000000", str(go)], env=env,
+                              stderr=subprocess.PIPE, text=True) for seed0 in (101, 201, 301)]
+    time.sleep(0.5)
+    go.touch()
+    errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errs
+    # One of them repaired it and said so; the others found it whole.
+    assert sum(len(_warnings(err)) for err in errs) == 1, errs
+    [aside] = path.parent.glob("*.corrupt-*")
+    assert aside.read_bytes() == bytes(damaged)
+    store = PersonalStore.open(FP)
+    seeds = _seeds(store)
+    assert sorted(seeds) == [2, 3, 4, 5] + list(range(101, 141)) + list(range(201, 241)) + list(range(301, 341))
+    assert seeds[:4] == [2, 3, 4, 5] and store.report.damaged_bytes == store.report.dropped_bytes == 0
 
 
 # --- wiring ------------------------------------------------------------------
@@ -295,3 +445,45 @@ def test_a_new_run_drafts_the_previous_reply_from_the_first_step(data_dir: Path,
     if assert_matches_plain(done.tokens, plain):  # identical, or parted at a numerical near-tie
         assert done.stats.steps <= len(plain.tokens) / 4  # the reply came from the store, many tokens a step
     engine.close()
+
+
+@pytest.mark.slow
+def test_generate_keeps_the_good_records_of_a_damaged_history(data_dir: Path, smollm2_path: Path) -> None:
+    """Issue 9 as the user met it: a flipped byte in the first of five records, then
+    `generate --draft ngram`: four records survive, one warning line, nothing cut;
+    a file that is not a history (or is empty) never stops a run."""
+    from localspec.models.gguf_info import tokenizer_fingerprint
+
+    fingerprint = tokenizer_fingerprint(smollm2_path)
+    store = PersonalStore.open(fingerprint)
+    for seed in range(1, 6):
+        store.add(doc(seed, 31))
+    store.save()
+    path = store.path
+    damaged = bytearray(path.read_bytes())
+    assert len(damaged) == 740
+    damaged[_record_span(bytes(damaged), 0)[0] + 50] ^= 0x01
+    path.write_bytes(bytes(damaged))
+
+    def generate() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "localspec", "generate", str(smollm2_path), "--draft", "ngram",
+                               "-p", "The capital of France is", "--max-tokens", "8"], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "LOCALSPEC_DATA_DIR": str(data_dir)})
+
+    proc = generate()
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    [warning] = [ln for ln in proc.stderr.splitlines() if ln.startswith("localspec: warning: ")]
+    assert f"personal history {path} was damaged: skipped 132 bytes, kept its 4 good records" in warning
+    [aside] = path.parent.glob("*.corrupt-*")
+    assert aside.read_bytes() == bytes(damaged)  # the original, whole
+    after = PersonalStore.open(fingerprint)
+    assert _seeds(after)[:4] == [2, 3, 4, 5] and after.report.documents == 5  # four kept, the new reply added
+    assert path.stat().st_size > 740 - 132
+
+    for content, warned in ((b"not a history at all", True), (b"", False)):
+        path.write_bytes(content)
+        proc = generate()
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("localspec: warning: ")]
+        assert len(warnings) == warned and (not warned or "bad magic" in warnings[0]), proc.stderr
+        assert PersonalStore.open(fingerprint).report.documents == 1  # a new history with this reply

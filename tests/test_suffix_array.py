@@ -12,7 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localspec.drafting.suffix_array import FORMAT_VERSION, build_suffix_array, open_store, write_store
+from localspec.drafting.suffix_array import (
+    FORMAT_VERSION,
+    build_suffix_array,
+    fingerprint_difference,
+    open_store,
+    write_store,
+)
 from localspec.errors import StoreError
 
 FP = "tok:3f9a77c1e0d2"
@@ -159,8 +165,17 @@ def test_wrong_tokenizer_is_refused(store_path: Path) -> None:
     with pytest.raises(StoreError) as err:
         open_store(store_path, "tok:0000aaaa9999")
     msg = str(err.value)
-    assert "another tokenizer" in msg and "tok:3f9a…" in msg and "tok:0000…" in msg
+    # The shared "tok:" is skipped: the message shows where they differ.
+    assert "another tokenizer" in msg
+    assert "from character 5: …3f9a77c1… vs …0000aaaa…, the store's vs the model's" in msg
     assert "localspec index" in msg and "\n" not in msg
+
+
+def test_fingerprint_difference_shows_what_differs() -> None:
+    assert fingerprint_difference("abcdef0123456789", "9bcdef0123456789") == "abcdef01… vs 9bcdef01…"
+    a, b = "0123456789abcdef" * 4, "0123456789abcdef" * 3 + "0123456789abcdeF"
+    assert fingerprint_difference(a, b) == "from character 64: …f vs …F"
+    assert fingerprint_difference("abc", "abcd") == "from character 4: …(end) vs …d"
 
 
 def _header_size(path: Path) -> int:
@@ -206,7 +221,7 @@ def test_missing_store(tmp_path: Path) -> None:
 def test_grown_file_is_refused(store_path: Path) -> None:
     with open(store_path, "ab") as f:
         f.write(b"\0" * 64)
-    with pytest.raises(StoreError, match="truncated or corrupt"):
+    with pytest.raises(StoreError, match="is corrupt"):
         open_store(store_path, FP)
 
 
@@ -237,4 +252,75 @@ def test_verify_finds_a_flipped_data_byte(store_path: Path) -> None:
     store_path.write_bytes(bytes(data))
     with open_store(store_path, FP) as store:  # opening does not read the arrays
         with pytest.raises(StoreError, match="checksum"):
+            store.verify()
+
+
+def _array_span(path: Path, name: str) -> tuple[int, int]:
+    """Where array ``name`` lies in the file (from the header, as written)."""
+    import json
+
+    data = path.read_bytes()
+    header = json.loads(data[20:_header_size(path)])
+    itemsize = {"tokens": 4, "suffixes": np.dtype(header["suffix_dtype"]).itemsize, "doc_starts": 8}[name]
+    count = header[{"tokens": "n_tokens", "suffixes": "n_suffixes", "doc_starts": "n_docs"}[name]]
+    return header["offsets"][name], header["offsets"][name] + count * itemsize
+
+
+def _overwrite(path: Path, start: int, new: bytes) -> None:
+    data = bytearray(path.read_bytes())
+    data[start : start + len(new)] = new
+    path.write_bytes(bytes(data))
+
+
+def _refusal(path: Path, n_vocab: int | None = None) -> str:
+    with pytest.raises(StoreError) as err:
+        open_store(path, FP, n_vocab=n_vocab)
+    message = str(err.value)
+    assert "\n" not in message and "is corrupt (" in message and f"-o {path}`" in message
+    return message
+
+
+def test_random_bytes_over_the_suffix_array_are_refused_on_open(store_path: Path) -> None:
+    start, end = _array_span(store_path, "suffixes")
+    _overwrite(store_path, start + 40, np.random.default_rng(1).bytes(64))
+    assert "suffix array points outside the tokens" in _refusal(store_path)
+
+
+def test_ids_beyond_the_vocabulary_are_refused_on_open(store_path: Path) -> None:
+    with open_store(store_path, FP, n_vocab=50) as store:  # built from ids 0..49
+        store.verify(n_vocab=50)
+    start, _ = _array_span(store_path, "tokens")
+    _overwrite(store_path, start + 4 * 10, struct.pack("<i", 70_000))
+    assert "token id 70000 is beyond the model's vocabulary of 50" in _refusal(store_path, n_vocab=50)
+    with open_store(store_path, FP) as store:  # no vocabulary given: ids are not bounded
+        with pytest.raises(StoreError, match="checksum"):
+            store.verify()
+
+
+def test_a_lost_separator_is_refused_on_open(store_path: Path) -> None:
+    start, _ = _array_span(store_path, "tokens")
+    _overwrite(store_path, start + 4 * 200, struct.pack("<i", 7))  # the separator after document 0
+    assert "separators are missing" in _refusal(store_path)
+
+
+def test_document_starts_out_of_order_are_refused_on_open(store_path: Path) -> None:
+    start, _ = _array_span(store_path, "doc_starts")
+    _overwrite(store_path, start + 8, struct.pack("<q", 10**12))
+    assert "document starts" in _refusal(store_path)
+
+
+def test_a_bad_header_is_refused_on_open(store_path: Path) -> None:
+    _overwrite(store_path, 30, b"#")  # inside the JSON header
+    assert "header fails its checksum" in _refusal(store_path)
+
+
+def test_verify_checks_the_arrays_too(store_path: Path) -> None:
+    """verify() on a store whose arrays were damaged after opening (the
+    mapping shows the file): the structure check runs before the checksums."""
+    with open_store(store_path, FP) as store:
+        start, _ = _array_span(store_path, "suffixes")
+        with open(store_path, "r+b") as f:
+            f.seek(start)
+            f.write(struct.pack("<i", -5))
+        with pytest.raises(StoreError, match="suffix array points outside"):
             store.verify()

@@ -9,6 +9,11 @@ corpus says which model it is meant for.
 
 stdout gets the store's path (or, with ``--json``, one JSON summary); what was
 indexed and skipped goes to stderr.
+
+``localspec index --verify STORE [--model MODEL]`` reads a store whole and
+checks it: its structure and every array's checksum, and with MODEL also that
+it was built for MODEL's tokenizer and holds no id outside its vocabulary.
+One line on stdout when it is sound; one error line and exit 2 when not.
 """
 
 from __future__ import annotations
@@ -29,16 +34,23 @@ def register(subparsers: Any) -> None:
         help="build a datastore for --draft rest:STORE from your files",
         description="Tokenize text files with a model's tokenizer and write a suffix-array datastore "
                     "for REST drafting (--draft rest:STORE). Binary and non-UTF-8 files are skipped "
-                    "and counted. Prints the store's path on stdout and a summary on stderr.",
+                    "and counted. Prints the store's path on stdout and a summary on stderr. "
+                    "With --verify STORE, checks an existing store instead.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH",
+    # PATH, --model and -o are required to build; run() says so in one line,
+    # since --verify STORE needs none of them.
+    p.add_argument("paths", nargs="*", metavar="PATH",
                    help="files, folders (walked recursively; hidden entries skipped) or glob patterns "
                         "(quote them; ** allowed)")
-    p.add_argument("--model", "-m", required=True, metavar="MODEL",
+    p.add_argument("--model", "-m", metavar="MODEL",
                    help="the model the store is for: a name from `localspec models` or a GGUF path "
-                        "(only its tokenizer is loaded)")
-    p.add_argument("--output", "-o", required=True, metavar="STORE",
-                   help="the store file to write, e.g. notes.lsstore (an existing store is replaced)")
+                        "(only its tokenizer is loaded); required to build")
+    p.add_argument("--output", "-o", metavar="STORE",
+                   help="the store file to write, e.g. notes.lsstore (an existing store is replaced); "
+                        "required to build")
+    p.add_argument("--verify", metavar="STORE",
+                   help="check an existing store instead of building one: read it whole against its "
+                        "checksums (with --model, also its tokenizer and token ids)")
     p.add_argument("--offline", action="store_true", help="never download: use only models already on disk")
     p.add_argument("--json", action="store_true", help="print one JSON summary on stdout instead of the path")
     p.set_defaults(func=run)
@@ -71,6 +83,18 @@ def run(args: argparse.Namespace) -> int:
     from localspec.errors import StoreError
     from localspec.models.gguf_info import tokenizer_fingerprint
 
+    if args.verify is not None:
+        if args.paths or args.output is not None:
+            raise InvalidOptionError("--verify STORE checks a store and takes no PATH or -o; "
+                                     "drop --verify to build a store")
+        return verify(args)
+    if not args.paths:
+        raise InvalidOptionError("name what to index: localspec index PATH... --model MODEL -o STORE "
+                                 "(or --verify STORE to check a store)")
+    if args.model is None:
+        raise InvalidOptionError("--model MODEL is required: the store is tokenized with that model's tokenizer")
+    if args.output is None:
+        raise InvalidOptionError("-o STORE is required: the store file to write, e.g. -o notes.lsstore")
     out = Path(args.output)
     check_output(out)
     # Check every PATH (and that some text is there) before a model is resolved or downloaded.
@@ -105,6 +129,33 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(out)
+    return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    """``--verify STORE``: the full check (Store.verify); StoreError when it fails."""
+    from localspec.drafting.suffix_array import open_store
+
+    fingerprint = n_vocab = None
+    if args.model is not None:
+        from localspec.commands.common import resolve_model
+        from localspec.models.gguf_info import read_info, tokenizer_fingerprint
+
+        model_path = resolve_model(args.model, offline=args.offline)
+        fingerprint, n_vocab = tokenizer_fingerprint(model_path), read_info(model_path).n_vocab
+    with open_store(args.verify, fingerprint, n_vocab=n_vocab) as store:
+        store.verify(n_vocab)
+        result = {"store": args.verify, "sound": True, "tokens": len(store) - len(store.doc_starts),
+                  "documents": len(store.doc_starts), "fingerprint": store.fingerprint,
+                  "model": args.model}
+    if args.json:
+        json.dump(result, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        model = f"built for {Path(args.model).name}'s tokenizer" if args.model else \
+            f"tokenizer {store.fingerprint[:12]}…; add --model MODEL to check it is that model's"
+        print(f"store {args.verify} is sound: {result['tokens']:,} tokens in {result['documents']:,} documents, "
+              f"every checksum matches ({model})")
     return 0
 
 

@@ -20,15 +20,26 @@ File: ``<data dir>/personal/<fingerprint[:16]>.tokens`` (the data dir is
 Why an append-only log rather than rewriting the file: two runs saving at once
 would each rewrite the whole file and the last would silently drop the
 other's reply; an append costs the reply's bytes, not the store's. Appends
-(and the occasional compaction) hold an exclusive ``flock`` on a sidecar
-``.lock`` file, which compaction never replaces, so every process locks the
+(and the occasional compaction or repair) hold an exclusive ``flock`` on a
+sidecar ``.lock`` file, which is never replaced, so every process locks the
 same thing. Readers take no lock: a record still being written, or one torn
-by a crash, fails its length or checksum check and reads as the end of the
+by a crash, is shorter than its length says and reads as the end of the
 file; the next writer (holding the lock, so no live writer is mid-record)
-truncates it away. A damaged record in the middle ends the readable part the
-same way: what follows it is dropped, never misread. The size stays bounded:
-when the file holds more than ``max_tokens`` by a quarter, it is compacted to
-the most recent ``max_tokens`` (temp file, fsync, ``os.replace``).
+truncates it away. The size stays bounded: when the file holds more than
+``max_tokens`` by a quarter, it is compacted to the most recent
+``max_tokens`` (temp file, fsync, ``os.replace``).
+
+Damage never costs a good record and never stops a run. Each record is
+checked on its own (its checksum covers its length and tokens), so a damaged
+one is skipped: the scan resumes at the next offset where a whole record
+checks out (a false match needs a 32-bit checksum collision). The first process to see damage repairs the file under
+the lock: the damaged original is kept as ``NAME.corrupt-<UTC time>``, the
+good records are rewritten, and one warning line goes to stderr. A file
+whose header is not ours (bad magic, an unknown version, another tokenizer's
+fingerprint) is moved aside the same way and a new history started; a 0-byte
+file is an empty history. A file written by a newer localspec is left as it
+is and nothing is saved that run. Nothing here raises for a bad file: this
+is a cache, and it never blocks ``run`` or ``generate``.
 
 In memory only the most recent ``index_tokens`` are searched, through a suffix
 array (opening a store this way takes about 0.1 s at 200k tokens; building
@@ -44,7 +55,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import struct
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -54,9 +67,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from localspec.drafting.ngram import Lookup, NgramDrafter, cut_at_separator, rank_continuations
-from localspec.drafting.suffix_array import Store, build_suffix_array
-from localspec.paths import atomic_write
+from localspec.drafting.suffix_array import Store, build_suffix_array, fingerprint_difference
 from localspec.errors import StoreError
+from localspec.paths import atomic_write
 
 try:
     import fcntl
@@ -72,6 +85,11 @@ DEFAULT_INDEX_TOKENS = 200_000
 CONTEXT_TOKENS = 8  # context kept before each reply, so a new chat's first step can match it
 _SLACK = 4  # compact when the file passes max_tokens by 1/_SLACK
 _OPT_OUT = "set LOCALSPEC_NO_HISTORY=1 to stop keeping it"
+# Checksummed bytes spent looking for the next whole record after damage
+# (each candidate offset costs its claimed record's length). Past it, the
+# rest of the file counts as damaged: kept aside, never truncated.
+_RESYNC_BUDGET = 64 << 20
+_NEWEST_PLAUSIBLE_VERSION = 255  # a larger version field is damage, not a newer localspec
 _FINGERPRINT_RE = re.compile(r"^[0-9A-Za-z_-]+$")
 
 
@@ -90,13 +108,38 @@ def personal_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
 @dataclass(frozen=True)
 class LoadReport:
     """What opening found: ``documents``/``tokens`` on disk, ``indexed`` tokens
-    searched in memory, ``dropped_bytes`` of torn or damaged tail ignored."""
+    searched in memory, ``dropped_bytes`` of torn tail (a write cut short)
+    ignored, ``damaged_bytes`` of damaged records skipped."""
 
     documents: int = 0
     tokens: int = 0
     indexed: int = 0
     dropped_bytes: int = 0
     seconds: float = 0.0
+    damaged_bytes: int = 0
+
+
+class _Unusable(Exception):
+    """The file's header is not ours; ``newer``: written by a newer localspec."""
+
+    def __init__(self, why: str, newer: bool = False) -> None:
+        super().__init__(why)
+        self.why, self.newer = why, newer
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """The records of a file: ``records`` as (offset of the tokens, count),
+    ``damaged`` byte spans skipped, ``end`` where a torn tail starts
+    (``len(buf)`` when there is none)."""
+
+    records: list[tuple[int, int]]
+    damaged: list[tuple[int, int]]
+    end: int
+
+    @property
+    def damaged_bytes(self) -> int:
+        return sum(stop - start for start, stop in self.damaged)
 
 
 class PersonalStore:
@@ -125,6 +168,8 @@ class PersonalStore:
         self._index: Store | None = None
         self._dirty = False
         self.report = LoadReport()
+        self.notices: list[str] = []  # the warnings printed about the file (damage, moves)
+        self.saving = True  # False once the file must be left alone this run (see _stop_saving)
 
     @classmethod
     def open(cls, fingerprint: str, *, max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -132,10 +177,12 @@ class PersonalStore:
              ) -> "PersonalStore":
         """Load the store for ``fingerprint`` (empty when there is none yet).
 
-        Raises StoreError (one line) for a file that is not a history, was
-        written by a newer localspec, belongs to another tokenizer, or cannot
-        be read. A torn or damaged tail is not an error: it is skipped
-        (``report.dropped_bytes``) and cut off by the next save.
+        Never raises for a bad file: damaged records are skipped and the file
+        repaired, a file that is not a usable history is moved aside, one
+        that cannot be read or was written by a newer localspec is left alone
+        with saving off; each says so in one line on stderr (also kept in
+        ``notices``). A torn tail is skipped (``report.dropped_bytes``) and
+        cut off by the next save.
         """
         path = personal_dir(data_dir) / f"{fingerprint[:16]}.tokens"
         store = cls(path, fingerprint, max_tokens=max_tokens, index_tokens=index_tokens)
@@ -145,16 +192,32 @@ class PersonalStore:
     # --- reading -----------------------------------------------------------
     def _load(self) -> None:
         started = time.perf_counter()
+        buf, start, scan, damaged = b"", 0, _Scan([], [], 0), 0
         try:
             buf = self.path.read_bytes()
         except FileNotFoundError:
-            self.report = LoadReport(seconds=time.perf_counter() - started)
-            return
+            pass
         except OSError as err:
-            raise StoreError(f"cannot read personal history {self.path}: {err.strerror or err}; {_OPT_OUT}") from None
-        start = self._check_header(buf)
-        records, end = _scan(buf, start)
-        total = sum(n for _, n in records)
+            self._stop_saving(f"cannot read personal history {self.path} ({err.strerror or err}); "
+                              "drafting without it this run")
+        if buf:  # a 0-byte file is an empty history: the next save writes its header
+            try:
+                start = self._header_end(buf)
+                scan = _scan(buf, start)
+                healthy = not scan.damaged
+            except _Unusable as bad:
+                if bad.newer:
+                    self._stop_saving(f"personal history {self.path} was written by a newer localspec "
+                                      f"({bad.why}); left it as it is and kept no history this run "
+                                      f"(upgrade localspec, or {_OPT_OUT})")
+                    buf = b""
+                else:
+                    scan = _Scan([], [(0, len(buf))], len(buf))  # nothing in it can be trusted
+                healthy = bad.newer
+            damaged = scan.damaged_bytes
+            if not healthy:
+                buf, start, scan = self._repair(buf, start, scan)
+        records = scan.records
         docs: list[np.ndarray] = []
         kept = 0
         for offset, n in reversed(records):
@@ -167,22 +230,100 @@ class PersonalStore:
         self._docs, self._indexed = docs[::-1], kept
         self._dirty = True
         self.build_index()
-        self.report = LoadReport(len(records), total, kept, len(buf) - end, time.perf_counter() - started)
+        self.report = LoadReport(len(records), sum(n for _, n in records), kept, len(buf) - scan.end,
+                                 time.perf_counter() - started, damaged)
 
-    def _check_header(self, buf: bytes) -> int:
-        """The offset of the first record; StoreError when the header is not ours."""
-        if len(buf) < _HEADER.size or buf[:8] != MAGIC:
-            raise StoreError(f"{self.path} is not a localspec personal history (bad magic); "
-                             f"delete it, or {_OPT_OUT}")
+    def _repair(self, buf: bytes, start: int, scan: _Scan) -> tuple[bytes, int, _Scan]:
+        """Set a damaged or foreign file right under the lock (``_read_locked``);
+        when that cannot be done, keep what the unlocked read found good
+        (nothing, if the header was bad) and save nothing this run."""
+        try:
+            with _locked(self._lock_path()):
+                return self._read_locked()
+        except _Unusable as bad:  # replaced by a newer localspec's file meanwhile
+            self._stop_saving(f"personal history {self.path} was written by a newer localspec ({bad.why}); "
+                              f"left it as it is and kept no history this run")
+        except OSError as err:
+            self._stop_saving(f"personal history {self.path} is damaged and could not be repaired "
+                              f"({err.strerror or err}); using its {len(scan.records)} good records, "
+                              "saving nothing this run")
+        return buf, start, scan
+
+    def _header_end(self, buf: bytes) -> int:
+        """The offset of the first record; _Unusable when the header is not ours."""
+        if buf[:8] != MAGIC:
+            raise _Unusable("bad magic")
+        if len(buf) < _HEADER.size:
+            raise _Unusable("header cut short")
         _, version, fp_len = _HEADER.unpack_from(buf)
+        if FORMAT_VERSION < version <= _NEWEST_PLAUSIBLE_VERSION:
+            raise _Unusable(f"format version {version}, this localspec reads {FORMAT_VERSION}", newer=True)
         if version != FORMAT_VERSION:
-            raise StoreError(f"personal history {self.path} has format version {version}, this localspec reads "
-                             f"{FORMAT_VERSION}; upgrade localspec, delete the file, or {_OPT_OUT}")
-        fp = buf[_HEADER.size : _HEADER.size + fp_len].decode("ascii", errors="replace")
+            raise _Unusable(f"unknown format version {version}")
+        end = _HEADER.size + fp_len
+        if end > len(buf):
+            raise _Unusable("header cut short")
+        try:
+            fp = buf[_HEADER.size : end].decode("ascii")
+        except UnicodeDecodeError:
+            raise _Unusable("unreadable fingerprint") from None
         if fp != self.fingerprint:
-            raise StoreError(f"personal history {self.path} belongs to another tokenizer ({fp[:8]}… vs "
-                             f"{self.fingerprint[:8]}…); delete it, or {_OPT_OUT}")
-        return _HEADER.size + fp_len
+            raise _Unusable(f"another tokenizer's: fingerprint {fingerprint_difference(fp, self.fingerprint)}, "
+                            "the file's vs this model's")
+        return end
+
+    def _read_locked(self) -> tuple[bytes, int, _Scan]:
+        """The file's bytes, where its records start and their scan, after
+        setting it right (the lock held): a missing or empty file gets its
+        header, one whose header is not ours is moved aside and restarted,
+        one with damaged records is kept aside and rewritten with its good
+        records. Each change is one warning line. What remains may end in a
+        torn tail (``scan.end``). Raises _Unusable only for a newer format."""
+        try:
+            buf = self.path.read_bytes()
+        except FileNotFoundError:
+            buf = b""
+        if buf:
+            try:
+                start = self._header_end(buf)
+            except _Unusable as bad:
+                if bad.newer:
+                    raise
+                aside = _aside_path(self.path)
+                os.replace(self.path, aside)
+                self._warn(f"personal history {self.path} is not usable ({bad.why}); moved it to {aside.name} "
+                           "and started a new one")
+                buf = b""
+        if not buf:
+            buf = self._header_bytes()
+            _write_atomically(self.path, [buf])
+            return buf, len(buf), _Scan([], [], len(buf))
+        scan = _scan(buf, start)
+        if not scan.damaged:
+            return buf, start, scan
+        aside = _aside_path(self.path)
+        try:
+            os.link(self.path, aside)  # the original stays whole under the new name
+        except OSError:
+            shutil.copyfile(self.path, aside)
+        good = [buf[off - _RECORD.size : off + 4 * n] for off, n in scan.records]
+        _write_atomically(self.path, [self._header_bytes(), *good])
+        self._warn(f"personal history {self.path} was damaged: skipped {scan.damaged_bytes:,} bytes, kept its "
+                   f"{len(good)} good records; the damaged file is kept as {aside.name}")
+        return self._read_locked()
+
+    def _warn(self, message: str) -> None:
+        """One line on stderr (this cache's damage is news, never an error)."""
+        self.notices.append(message)
+        print(f"localspec: warning: {message}", file=sys.stderr)
+
+    def _stop_saving(self, message: str) -> None:
+        """Leave the file alone for the rest of this run, saying why once."""
+        self.saving = False
+        self._warn(message)
+
+    def _lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
 
     def build_index(self) -> None:
         """(Re)build the in-memory suffix array if documents were added since."""
@@ -263,15 +404,24 @@ class PersonalStore:
     def save(self) -> None:
         """Append the documents added since the last save, then compact the file
         if it outgrew ``max_tokens``. Raises StoreError when the file cannot be
-        written (nothing is lost from memory; a later save retries)."""
+        written (nothing is lost from memory; a later save retries). Does
+        nothing once saving is off (``saving``: the file is left alone)."""
         if not self._pending:
+            return
+        if not self.saving:
+            self._pending = []
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with _locked(self.path.with_name(self.path.name + ".lock")):
+            with _locked(self._lock_path()):
                 total = self._append_locked(self._pending)
                 if total > self.max_tokens + self.max_tokens // _SLACK:
                     self._compact_locked()
+        except _Unusable as bad:  # a newer localspec's file appeared since this one was opened
+            self._stop_saving(f"personal history {self.path} was written by a newer localspec ({bad.why}); "
+                              "left it as it is and kept no history this run")
+            self._pending = []
+            return
         except OSError as err:
             why = err.strerror or err
             raise StoreError(f"cannot save personal history to {self.path}: {why}; {_OPT_OUT}") from None
@@ -287,25 +437,23 @@ class PersonalStore:
         The whole file is read and checked each time (about 20 ms with the
         fsync at the size bound): remembering how far it was valid would need
         the file's identity, and inode numbers are reused after a compaction.
+        A damaged file is repaired first (``_read_locked``), so an append
+        never cuts a good record.
         """
-        if not self.path.exists():
-            _write_atomically(self.path, [self._header_bytes()])
+        buf, _, scan = self._read_locked()
         with open(self.path, "r+b") as f:
-            buf = f.read()
-            records, end = _scan(buf, self._check_header(buf))
-            if end < len(buf):
-                f.truncate(end)  # a torn tail left by a crashed writer: no live writer holds the lock
-            f.seek(end)
+            if scan.end < len(buf):
+                f.truncate(scan.end)  # a torn tail left by a crashed writer: no live writer holds the lock
+            f.seek(scan.end)
             f.write(b"".join(_record(d) for d in docs))
             f.flush()
             os.fsync(f.fileno())
-        return sum(n for _, n in records) + sum(len(d) for d in docs)
+        return sum(n for _, n in scan.records) + sum(len(d) for d in docs)
 
     def _compact_locked(self) -> None:
         """Rewrite the file with its most recent ``max_tokens`` (the lock held)."""
-        buf = self.path.read_bytes()
-        records, _ = _scan(buf, self._check_header(buf))
-        docs = _most_recent([np.frombuffer(buf, dtype="<i4", count=n, offset=off) for off, n in records],
+        buf, _, scan = self._read_locked()
+        docs = _most_recent([np.frombuffer(buf, dtype="<i4", count=n, offset=off) for off, n in scan.records],
                             self.max_tokens)
         body = [self._header_bytes()] + [_record(d) for d in docs]
         _write_atomically(self.path, body)
@@ -338,20 +486,88 @@ def _record(doc: np.ndarray) -> bytes:
     return n + struct.pack("<I", zlib.crc32(payload, zlib.crc32(n))) + payload
 
 
-def _scan(buf: bytes, start: int) -> tuple[list[tuple[int, int]], int]:
-    """``[(offset of the tokens, count)]`` of the whole records from ``start``, and
-    where the last one ends: a short, empty or mis-checksummed record ends the scan."""
-    records: list[tuple[int, int]] = []
-    pos, size = start, len(buf)
+def _record_at(buf: bytes, pos: int) -> int | None:
+    """The token count of the whole record at ``pos`` when it checks out, else None."""
+    if pos + _RECORD.size > len(buf):
+        return None
+    n, crc = _RECORD.unpack_from(buf, pos)
+    stop = pos + _RECORD.size + 4 * n
+    if n == 0 or stop > len(buf):
+        return None
     view = memoryview(buf)
-    while pos + _RECORD.size <= size:
-        n, crc = _RECORD.unpack_from(buf, pos)
-        stop = pos + _RECORD.size + 4 * n
-        if n == 0 or stop > size or zlib.crc32(view[pos + _RECORD.size : stop], zlib.crc32(view[pos : pos + 4])) != crc:
-            break
-        records.append((pos + _RECORD.size, n))
-        pos = stop
-    return records, pos
+    return n if zlib.crc32(view[pos + _RECORD.size : stop], zlib.crc32(view[pos : pos + 4])) == crc else None
+
+
+def _next_record(buf: bytes, pos: int, budget: list[int]) -> int | None:
+    """The first offset after ``pos`` where a whole record checks out; None
+    when there is none, or when ``budget[0]`` (bytes looked at or
+    checksummed) runs out, which sets it to -1. Every byte offset is a
+    candidate (inserted bytes shift what follows), but only those whose
+    length field fits the file cost a checksum, so garbage is mostly passed
+    over in a few vectorised passes."""
+    size = len(buf)
+    budget[0] -= size - pos
+    fitting: list[np.ndarray] = []
+    for first in range(pos + 1, pos + 5):  # the four alignments of a 4-byte length field
+        count = (size - first - _RECORD.size) // 4 + 1
+        if count <= 0:
+            continue
+        lengths = np.frombuffer(buf, dtype="<u4", count=count, offset=first).astype(np.int64)
+        offsets = first + 4 * np.arange(count, dtype=np.int64)
+        fits = (lengths > 0) & (offsets + _RECORD.size + 4 * lengths <= size)
+        fitting.append(np.stack([offsets[fits], lengths[fits]], axis=1))
+    if not fitting:
+        return None
+    candidates = np.concatenate(fitting)
+    for offset, length in candidates[np.argsort(candidates[:, 0], kind="stable")].tolist():
+        budget[0] -= 4 * length
+        if budget[0] < 0:
+            budget[0] = -1
+            return None
+        if _record_at(buf, offset) is not None:
+            return offset
+    return None
+
+
+def _scan(buf: bytes, start: int) -> _Scan:
+    """Every record from ``start`` that checks out, skipping damaged ones.
+
+    Where a record does not check out, the scan resumes at the next offset
+    where one does; the bytes between are damaged. When none follows, the
+    rest is a torn tail if it is shorter than its length field says (an
+    append cut short), else damaged too.
+    """
+    records: list[tuple[int, int]] = []
+    damaged: list[tuple[int, int]] = []
+    pos, size = start, len(buf)
+    budget = [_RESYNC_BUDGET]
+    while pos < size:
+        n = _record_at(buf, pos)
+        if n is not None:
+            records.append((pos + _RECORD.size, n))
+            pos += _RECORD.size + 4 * n
+            continue
+        following = _next_record(buf, pos, budget)
+        if following is not None:
+            damaged.append((pos, following))
+            pos = following
+            continue
+        claimed = _RECORD.unpack_from(buf, pos)[0] if pos + _RECORD.size <= size else None
+        torn = claimed is None or pos + _RECORD.size + 4 * claimed > size
+        if budget[0] < 0 or not torn:
+            damaged.append((pos, size))
+            pos = size
+        break
+    return _Scan(records, damaged, pos)
+
+
+def _aside_path(path: Path) -> Path:
+    """``NAME.corrupt-<UTC time>``, numbered when that exists already."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside, i = path.with_name(f"{path.name}.corrupt-{stamp}"), 2
+    while aside.exists():
+        aside, i = path.with_name(f"{path.name}.corrupt-{stamp}-{i}"), i + 1
+    return aside
 
 
 @contextlib.contextmanager
@@ -375,7 +591,8 @@ def _write_atomically(path: Path, parts: list[bytes]) -> None:
 def personal_ngram_drafter(model_path: str | os.PathLike[str], *, max_branches: int = 4,
                            personal: bool = True) -> NgramDrafter:
     """The context n-gram drafter with ``model_path``'s personal store as a source
-    (none with ``personal=False`` or ``LOCALSPEC_NO_HISTORY=1``). Raises StoreError for an unusable store file."""
+    (none with ``personal=False`` or ``LOCALSPEC_NO_HISTORY=1``). A bad store
+    file never raises (see ``PersonalStore.open``)."""
     drafter = NgramDrafter(max_branches=max_branches)
     if personal and not history_disabled():
         from localspec.models.gguf_info import tokenizer_fingerprint

@@ -37,10 +37,13 @@ class RestDrafter:
     @classmethod
     def open(cls, store_path: str | os.PathLike[str], model_path: str | os.PathLike[str], *,
              name: str = "rest") -> "RestDrafter":
-        """Open a store, refusing one built for another tokenizer than ``model_path``'s."""
-        from localspec.models.gguf_info import tokenizer_fingerprint
+        """Open a store, refusing one built for another tokenizer than ``model_path``'s,
+        or one whose arrays point outside each other or hold ids outside the
+        model's vocabulary (which would reach llama_decode); see ``open_store``."""
+        from localspec.models.gguf_info import read_info, tokenizer_fingerprint
 
-        return cls(open_store(store_path, tokenizer_fingerprint(model_path)), name=name)
+        fingerprint = tokenizer_fingerprint(model_path)
+        return cls(open_store(store_path, fingerprint, n_vocab=read_info(model_path).n_vocab), name=name)
 
     def propose(self, history: Sequence[int], max_tokens: int) -> Proposal | TreeProposal:
         tail = list(history[-CONTEXT_TAIL:])
