@@ -145,6 +145,7 @@ class LocalspecApp(App[int]):
         self._reply_drafter: str | None = None
         self._worker_done: tuple[int, DoneEvent] | None = None  # set by the reply worker under _engine_lock
         self._signals: list[int] = []
+        self._textual_handlers: list[tuple[int, object]] = []  # Textual's SIGTSTP/SIGCONT handlers, wrapped
         self.exit_signal: int | None = None
         """The signal that ended the app, if one did."""
         self.unsaved_error: str | None = None
@@ -496,6 +497,34 @@ class LocalspecApp(App[int]):
             except (NotImplementedError, RuntimeError, ValueError):  # no signals here (Windows, a thread)
                 continue
             self._signals.append(sig)
+        self._resume_only_after_suspend()
+
+    def _resume_only_after_suspend(self) -> None:
+        """Let Textual's SIGCONT handler run only after its own SIGTSTP (ctrl+z, then `fg`).
+
+        Textual restarts its terminal mode on every SIGCONT, and the kernel sends one with the
+        SIGHUP of a closed terminal: that restart, run in the middle of the app's shutdown, could
+        deadlock Textual's output thread and leave the process hanging after its terminal was gone.
+        """
+        on_stop, on_continue = signal.getsignal(signal.SIGTSTP), signal.getsignal(signal.SIGCONT)
+        if not (callable(on_stop) and callable(on_continue)):  # headless: Textual installed none
+            return
+        suspended = False
+
+        def stop(signum: int, frame: object) -> None:
+            nonlocal suspended
+            suspended = True
+            on_stop(signum, frame)  # type: ignore[arg-type]
+
+        def resume(signum: int, frame: object) -> None:
+            nonlocal suspended
+            if suspended:
+                suspended = False
+                on_continue(signum, frame)  # type: ignore[arg-type]
+
+        signal.signal(signal.SIGTSTP, stop)
+        signal.signal(signal.SIGCONT, resume)
+        self._textual_handlers = [(signal.SIGTSTP, on_stop), (signal.SIGCONT, on_continue)]
 
     def _release_exit_signals(self) -> None:
         with contextlib.suppress(RuntimeError, ValueError):
@@ -503,6 +532,10 @@ class LocalspecApp(App[int]):
             for sig in self._signals:
                 loop.remove_signal_handler(sig)
         self._signals.clear()
+        with contextlib.suppress(ValueError):
+            for sig, handler in self._textual_handlers:
+                signal.signal(sig, handler)
+        self._textual_handlers.clear()
 
     def _exit_on_signal(self, signum: int) -> None:
         # Save before anything touches the terminal: after SIGHUP it may be gone.
