@@ -258,3 +258,22 @@ def test_after_ctrl_n_resume_picks_the_last_chat_with_messages(engine: Engine, t
     assert [s.id for s in list_sessions(tmp_path)] == [first]
     latest = latest_session(tmp_path)
     assert latest is not None and latest.id == first and len(latest.messages) == 2
+
+
+def test_the_header_shows_the_context_llama_cpp_made_of_ctx_17(smollm2_path: Path, tmp_path: Path) -> None:
+    from localspec.placement import LoadSettings
+
+    small = Engine.load(smollm2_path, n_ctx=17, n_threads=1)  # llama.cpp pads the context up
+    try:
+        assert small.n_ctx > 17
+
+        async def go() -> str:
+            app = LocalspecApp(small, GenerateOptions(), history_dir=tmp_path, measure_on_start=False,
+                               placement=LoadSettings(17, 0, 0))
+            async with app.run_test(size=(160, 30)) as pilot:
+                await pilot.pause()
+                return app.sub_title
+
+        assert asyncio.run(go()).endswith(f" · ctx {small.n_ctx} (asked 17)")
+    finally:
+        small.close()
