@@ -282,3 +282,49 @@ def test_the_header_reports_the_context_llama_cpp_made_and_what_was_asked(tmp_pa
     same = LocalspecApp(engine, GenerateOptions(), history_dir=tmp_path, measure_on_start=False,  # type: ignore[arg-type]
                         placement=LoadSettings(256, 0, 0))
     assert same.model_line().endswith(" · ctx 256")
+
+
+def test_exit_signals_reach_the_app_and_sigcont_resumes_only_after_a_suspend() -> None:
+    import os
+    import signal
+
+    from localspec_tui.signals import ExitSignals
+
+    textual_calls: list[str] = []  # stand-ins for the handlers Textual's driver installs
+
+    def textual_stop(signum: int, frame: object) -> None:
+        textual_calls.append("suspend")
+
+    def textual_continue(signum: int, frame: object) -> None:
+        textual_calls.append("resume")
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTSTP, signal.SIGCONT, signal.SIGTERM)}
+    signal.signal(signal.SIGTSTP, textual_stop)
+    signal.signal(signal.SIGCONT, textual_continue)
+    caught: list[int] = []
+
+    async def go() -> None:
+        signals = ExitSignals(caught.append)
+        signals.install()
+        try:
+            os.kill(os.getpid(), signal.SIGCONT)  # as with the SIGHUP of a closed terminal: no suspend before
+            await asyncio.sleep(0.05)
+            assert textual_calls == []
+            os.kill(os.getpid(), signal.SIGTSTP)
+            os.kill(os.getpid(), signal.SIGCONT)
+            await asyncio.sleep(0.05)
+            assert textual_calls == ["suspend", "resume"]
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)  # else it would end the tests
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            assert caught == [signal.SIGTERM]
+        finally:
+            signals.release()
+        assert signal.getsignal(signal.SIGCONT) is textual_continue
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+    try:
+        asyncio.run(go())
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -5,19 +5,16 @@ worker thread holding ``_engine_lock`` (replies and plain-speed runs take
 turns). Workers only post messages (``localspec_tui.messages``); handlers on
 the UI thread update widgets and write the history.
 
-Leaving: ctrl+q, SIGTERM, SIGHUP, SIGINT and an exception in the app all end in
-``wait_for_engine``, which stops the reply in flight after its current step and
-saves it as it stands (``finish_reason`` "interrupted"), so the history always
-ends with the reply to its last message. A signal saves at once, before the
-terminal (perhaps already gone) is restored.
+Leaving: ctrl+q, SIGTERM, SIGHUP, SIGINT (``localspec_tui.signals``) and an
+exception in the app all end in ``wait_for_engine``, which stops the reply in
+flight after its current step and saves it as it stands (``finish_reason``
+"interrupted"), so the history always ends with the reply to its last message.
+A signal saves at once, before the terminal (perhaps already gone) is restored.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import signal
 import threading
 from pathlib import Path
 
@@ -49,6 +46,7 @@ from localspec_tui.messages import (
     ReplyFinished,
     ReplyProgress,
 )
+from localspec_tui.signals import ExitSignals
 from localspec_tui.streaming import measure_plain_speed, stream_reply
 from localspec_tui.widgets import (
     ReplyView,
@@ -64,9 +62,6 @@ OFF = "off"
 
 INTERRUPTED = "interrupted"
 """The finish reason saved with a reply cut short by leaving the app (Esc saves "cancelled")."""
-
-EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-"""Signals that end the app the way ctrl+q does (the reply in flight saved first); exit status 128 + signal."""
 
 SIGNAL_WAIT_S = 10.0
 """How long a signal waits for the reply's current step before saving what is on screen instead."""
@@ -144,8 +139,7 @@ class LocalspecApp(App[int]):
         self._recorded_id = 0  # the last reply id whose reply is in the history
         self._reply_drafter: str | None = None
         self._worker_done: tuple[int, DoneEvent] | None = None  # set by the reply worker under _engine_lock
-        self._signals: list[int] = []
-        self._textual_handlers: list[tuple[int, object]] = []  # Textual's SIGTSTP/SIGCONT handlers, wrapped
+        self._exit_signals = ExitSignals(self._exit_on_signal)
         self.exit_signal: int | None = None
         """The signal that ended the app, if one did."""
         self.unsaved_error: str | None = None
@@ -194,7 +188,7 @@ class LocalspecApp(App[int]):
             self.notify(notice, severity="warning", timeout=10)
         self._notices.clear()
         prompt.focus()
-        self._catch_exit_signals()
+        self._exit_signals.install()
         if self.measure_on_start:
             self.action_measure_plain()
 
@@ -488,55 +482,6 @@ class LocalspecApp(App[int]):
         self.push_screen(SystemPromptScreen(self.session.system or ""), done)
 
     # --- leaving -----------------------------------------------------------
-    def _catch_exit_signals(self) -> None:
-        """SIGTERM, SIGHUP and SIGINT end the app as ctrl+q does, saving the reply in flight first."""
-        loop = asyncio.get_running_loop()
-        for sig in EXIT_SIGNALS:
-            try:
-                loop.add_signal_handler(sig, self._exit_on_signal, sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # no signals here (Windows, a thread)
-                continue
-            self._signals.append(sig)
-        self._resume_only_after_suspend()
-
-    def _resume_only_after_suspend(self) -> None:
-        """Let Textual's SIGCONT handler run only after its own SIGTSTP (ctrl+z, then `fg`).
-
-        Textual restarts its terminal mode on every SIGCONT, and the kernel sends one with the
-        SIGHUP of a closed terminal: that restart, run in the middle of the app's shutdown, could
-        deadlock Textual's output thread and leave the process hanging after its terminal was gone.
-        """
-        on_stop, on_continue = signal.getsignal(signal.SIGTSTP), signal.getsignal(signal.SIGCONT)
-        if not (callable(on_stop) and callable(on_continue)):  # headless: Textual installed none
-            return
-        suspended = False
-
-        def stop(signum: int, frame: object) -> None:
-            nonlocal suspended
-            suspended = True
-            on_stop(signum, frame)  # type: ignore[arg-type]
-
-        def resume(signum: int, frame: object) -> None:
-            nonlocal suspended
-            if suspended:
-                suspended = False
-                on_continue(signum, frame)  # type: ignore[arg-type]
-
-        signal.signal(signal.SIGTSTP, stop)
-        signal.signal(signal.SIGCONT, resume)
-        self._textual_handlers = [(signal.SIGTSTP, on_stop), (signal.SIGCONT, on_continue)]
-
-    def _release_exit_signals(self) -> None:
-        with contextlib.suppress(RuntimeError, ValueError):
-            loop = asyncio.get_running_loop()
-            for sig in self._signals:
-                loop.remove_signal_handler(sig)
-        self._signals.clear()
-        with contextlib.suppress(ValueError):
-            for sig, handler in self._textual_handlers:
-                signal.signal(sig, handler)
-        self._textual_handlers.clear()
-
     def _exit_on_signal(self, signum: int) -> None:
         # Save before anything touches the terminal: after SIGHUP it may be gone.
         self.exit_signal = signum
@@ -545,7 +490,7 @@ class LocalspecApp(App[int]):
 
     def on_unmount(self) -> None:
         self.wait_for_engine()
-        self._release_exit_signals()
+        self._exit_signals.release()
 
     def wait_for_engine(self, timeout_s: float = 60.0) -> bool:
         """Stop any generation, wait until no worker uses the engine (so it can be closed or reused),
