@@ -27,6 +27,8 @@ FORMAT = 1
 """Version of the session file layout; bumped if a field changes meaning."""
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate: what Python makes of bytes that were not UTF-8."""
 
 
 class SessionError(LocalspecError):
@@ -45,6 +47,23 @@ def new_session_id() -> str:
     """Sortable by creation time, unique without coordination: ``20250131-142502-3fa2c1``."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def valid_text(text: str) -> tuple[str, bool]:
+    """``text`` with whatever was not UTF-8 replaced by U+FFFD, and whether anything was.
+
+    Python hands undecodable bytes (in argv, a pasted terminal byte, a ``\\udcff`` escape in JSON)
+    over as lone surrogates, which neither llama.cpp's tokenizer nor a UTF-8 file can take. Those
+    that stand for bytes (``surrogateescape``) are turned back into the bytes and decoded as
+    ``bytes.decode(errors="replace")`` does; other surrogates are paired where they pair, and
+    each one that does not becomes U+FFFD.
+    """
+    if not _SURROGATE_RE.search(text):
+        return text, False
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), True
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), True
 
 
 def stats_summary(stats: GenerationStats, drafter: str | None) -> dict[str, Any]:
@@ -91,6 +110,25 @@ class Session:
     created: str = field(default_factory=_now)
     updated: str = field(default_factory=_now)
     messages: list[SessionMessage] = field(default_factory=list)
+
+    def take_unanswered(self) -> str | None:
+        """Make the turns alternate again after a reply was lost; the unanswered message, if one was.
+
+        A reply is saved on every way out of the app, but a killed process (SIGKILL, power loss)
+        or an older localspec can leave a user turn without its reply. User turns in a row are
+        merged into one (a blank line between them: the model answered them together); a final
+        user turn is taken out and returned, so that the app can offer it again in the input box.
+        """
+        merged: list[SessionMessage] = []
+        for m in self.messages:
+            if merged and m.role == "user" and merged[-1].role == "user":
+                merged[-1] = SessionMessage("user", f"{merged[-1].content}\n\n{m.content}")
+            else:
+                merged.append(m)
+        self.messages = merged
+        if merged and merged[-1].role == "user":
+            return self.messages.pop().content
+        return None
 
     def chat_messages(self) -> list[dict[str, str]]:
         """The conversation as the engine's chat template wants it (system prompt first)."""
@@ -147,10 +185,20 @@ def save_session(session: Session, directory: Path | None = None) -> Path:
     """
     path = session_path(session.id, directory)
     session.updated = _now()
-    data = json.dumps(session.to_json(), ensure_ascii=False, indent=1).encode("utf-8")
+    # The app cleans what it is given (and says so); this only keeps a stray surrogate from failing the save.
+    data = valid_text(json.dumps(session.to_json(), ensure_ascii=False, indent=1))[0].encode("utf-8")
     with atomic_write(path) as f:
         f.write(data)
     return path
+
+
+def remove_session(session_id: str, directory: Path | None = None) -> bool:
+    """Delete the file of ``session_id`` (a chat whose last message was taken back); False if there was none."""
+    try:
+        session_path(session_id, directory).unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def list_sessions(directory: Path | None = None) -> list[SessionInfo]:
@@ -195,6 +243,14 @@ def load_session(session_id: str, directory: Path | None = None) -> Session:
 
 
 def latest_session(directory: Path | None = None) -> Session | None:
-    """The most recently written session, or None when nothing was saved yet."""
-    sessions = list_sessions(directory)
-    return load_session(sessions[0].id, directory) if sessions else None
+    """The most recently written session that holds a message, or None when there is none.
+
+    A session with no messages (written by an older localspec after ctrl+n) is skipped: it is no
+    chat to continue. A corrupt file met on the way is an error (SessionError), not skipped,
+    so that a chat is never silently passed over.
+    """
+    for info in list_sessions(directory):
+        session = load_session(info.id, directory)
+        if session.messages:
+            return session
+    return None

@@ -18,8 +18,10 @@ from localspec.history import (
     latest_session,
     list_sessions,
     load_session,
+    remove_session,
     save_session,
     stats_summary,
+    valid_text,
 )
 
 
@@ -166,3 +168,72 @@ def test_listing_and_latest(tmp_path: Path) -> None:
     save_session(first, tmp_path)
     assert latest_session(tmp_path).id == first.id
     assert json.loads((tmp_path / f"{first.id}.json").read_text())["messages"][-1]["content"] == "reply"
+
+
+def test_latest_skips_chats_without_messages(tmp_path: Path) -> None:
+    # What an older localspec left after ctrl+n: a newer session with nothing said in it.
+    chat, empty = make_session("a", "b"), Session(system="be brief")
+    save_session(chat, tmp_path)
+    save_session(empty, tmp_path)
+    os.utime(tmp_path / f"{chat.id}.json", ns=(1_000_000_000, 1_000_000_000))
+    assert list_sessions(tmp_path)[0].id == empty.id
+    latest = latest_session(tmp_path)
+    assert latest is not None and latest.id == chat.id
+    assert remove_session(chat.id, tmp_path) and not remove_session(chat.id, tmp_path)
+    assert latest_session(tmp_path) is None  # only the empty one is left: no chat to continue
+
+
+def test_latest_does_not_pass_over_a_corrupt_newer_file(tmp_path: Path) -> None:
+    chat, broken = make_session("a"), make_session("b")
+    save_session(chat, tmp_path)
+    path = save_session(broken, tmp_path)
+    os.utime(tmp_path / f"{chat.id}.json", ns=(1_000_000_000, 1_000_000_000))
+    path.write_text("{half")
+    with pytest.raises(SessionError, match="corrupt"):
+        latest_session(tmp_path)
+
+
+@pytest.mark.parametrize(("turns", "kept", "unanswered"), [
+    (("q1", "a1"), ["user:q1", "assistant:a1"], None),
+    (("q1", "a1", "q2"), ["user:q1", "assistant:a1"], "q2"),
+    (("q1",), [], "q1"),
+    ((), [], None),
+])
+def test_an_unanswered_last_message_is_taken_out(turns: tuple[str, ...], kept: list[str],
+                                                 unanswered: str | None) -> None:
+    s = make_session(*turns)
+    assert s.take_unanswered() == unanswered
+    assert [f"{m.role}:{m.content}" for m in s.messages] == kept
+    assert s.take_unanswered() is None  # nothing more to take
+
+
+def test_user_turns_in_a_row_are_merged() -> None:
+    # An older localspec lost a reply, then the next message was saved after the unanswered one.
+    s = Session()
+    for role, text in [("user", "q1"), ("user", "q1 again"), ("assistant", "a1"), ("user", "q2"),
+                       ("assistant", "a2"), ("user", "q3"), ("user", "q4")]:
+        s.messages.append(SessionMessage(role, text))
+    assert s.take_unanswered() == "q3\n\nq4"
+    assert [(m.role, m.content) for m in s.messages] == [
+        ("user", "q1\n\nq1 again"), ("assistant", "a1"), ("user", "q2"), ("assistant", "a2")]
+
+
+@pytest.mark.parametrize(("text", "expected", "changed"), [
+    ("plain ✓", "plain ✓", False),
+    ("Be brief \udcff", "Be brief \ufffd", True),      # a byte that was not UTF-8 (surrogateescape, argv)
+    ("caf\udcc3\udca9", "café", True),                 # escaped bytes that are UTF-8 after all
+    ("a\ud800b", "a\ufffdb", True),                    # a lone surrogate from a JSON escape
+    ("\ud83d\ude00", "\U0001f600", True),               # a pair that pairs
+    ("x\udcff\ud800", "x\ufffd\ufffd", True),
+])
+def test_valid_text_replaces_what_is_not_utf8(text: str, expected: str, changed: bool) -> None:
+    assert valid_text(text) == (expected, changed)
+    expected.encode("utf-8")  # never raises
+
+
+def test_a_session_holding_a_lone_surrogate_still_saves(tmp_path: Path) -> None:
+    s = make_session("hello \udcff")
+    s.system = "Be brief \ud800"
+    save_session(s, tmp_path)
+    back = load_session(s.id, tmp_path)
+    assert back.messages[0].content == "hello \ufffd" and back.system == "Be brief \ufffd"

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import re
-import shlex
 import shutil
-import subprocess
-import sys
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +11,7 @@ import pytest
 import localspec.cli
 from localspec.commands import run as run_command
 from localspec.history import Session, SessionMessage, list_sessions, load_session, save_session
-
-REPO = Path(__file__).resolve().parents[1]
-
+from test_tui_support import Tmux, localspec_command
 
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
@@ -99,9 +91,12 @@ def test_run_loads_the_engine_then_hands_the_app_the_resumed_session(
     class FakeApp:
         return_code = 0
 
+        exit_signal = unsaved_error = None
+
         def __init__(self, engine, opts, *, session, system, placement):  # type: ignore[no-untyped-def]
             seen.update(drafters=engine.drafter_names(), opts=opts, session=session, system=system,
                         placement=placement)
+            self.session = session
 
         def run(self) -> None:
             seen["ran"] = True
@@ -122,45 +117,6 @@ def test_run_loads_the_engine_then_hands_the_app_the_resumed_session(
 
 
 # --- a real terminal ------------------------------------------------------------
-def localspec_command() -> list[str]:
-    """How a user starts localspec."""
-    return [sys.executable, "-m", "localspec"]
-
-
-class Tmux:
-    """A detached tmux session running one command; the pane stays open after it exits."""
-
-    def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        # A private server (-L): another tmux user's clients or options cannot resize this window.
-        self.name = f"localspec-test-{uuid.uuid4().hex[:8]}"
-        self.tmux = ["tmux", "-L", self.name, "-f", "/dev/null"]
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        shell = f"cd {shlex.quote(str(REPO))} && env {exports} {shlex.join(command)}; echo EXIT=$?; sleep 600"
-        subprocess.run([*self.tmux, "new-session", "-d", "-s", self.name, "-x", "150", "-y", "45", shell],
-                       check=True)
-
-    def screen(self) -> str:
-        return subprocess.run([*self.tmux, "capture-pane", "-p", "-t", self.name], capture_output=True,
-                              text=True, check=True).stdout
-
-    def keys(self, *keys: str) -> None:
-        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *keys], check=True)
-
-    def wait_for(self, *patterns: str, timeout_s: float = 300.0) -> str:
-        """The screen once every regular expression in ``patterns`` matches it."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            screen = self.screen()
-            if all(re.search(p, screen) for p in patterns):
-                return screen
-            if time.monotonic() > deadline:
-                raise AssertionError(f"never saw {patterns} on screen:\n{screen}")
-            time.sleep(0.5)
-
-    def close(self) -> None:
-        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install -y tmux)")
 def test_smoke_in_a_real_terminal(tmp_path: Path, smollm2_path: Path, smollm2_q4_0_path: Path) -> None:
@@ -213,8 +169,11 @@ def started(cli, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:  # ty
     class FakeApp:
         return_code = 0
 
+        exit_signal = unsaved_error = None
+
         def __init__(self, engine, opts, *, session, system, placement):  # type: ignore[no-untyped-def]
             runs[-1].update(session=session, placement=placement)
+            self.session = session
 
         def run(self) -> None:
             pass

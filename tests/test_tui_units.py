@@ -252,3 +252,79 @@ def test_the_gpu_plan_shows_in_the_title_and_a_notification(tmp_path: Path) -> N
         assert "plan:" not in plain.model_line()
 
     asyncio.run(go())
+
+
+def test_the_header_reports_the_context_llama_cpp_made_and_what_was_asked(tmp_path: Path) -> None:
+    from localspec.backend import gpu_offload_supported
+    from localspec.placement import LoadSettings
+
+    notes: list[str] = []
+
+    class Recording(LocalspecApp):
+        def notify(self, message: str, **kwargs) -> None:  # type: ignore[no-untyped-def, override]
+            notes.append(message)
+
+    engine = stub_engine()
+    engine.n_ctx = 256  # what llama.cpp made of --ctx 17
+
+    async def go() -> None:
+        app = Recording(engine, GenerateOptions(), history_dir=tmp_path, measure_on_start=False,  # type: ignore[arg-type]
+                        placement=LoadSettings(17, 0, 0))
+        async with app.run_test(size=(160, 30)) as pilot:
+            await pilot.pause()
+            offload = "yes" if gpu_offload_supported() else "no (CPU build)"
+            assert app.sub_title.endswith(f"GPU offload: {offload} · ctx 256 (asked 17)")
+            assert "ctx 256 (asked 17)" in svg_text(app.export_screenshot())
+        assert notes == ["the context holds 256 tokens: llama.cpp rounded up the 17 asked for"]
+
+    asyncio.run(go())
+    # Asked and made agree: the size alone, and no notice.
+    same = LocalspecApp(engine, GenerateOptions(), history_dir=tmp_path, measure_on_start=False,  # type: ignore[arg-type]
+                        placement=LoadSettings(256, 0, 0))
+    assert same.model_line().endswith(" · ctx 256")
+
+
+def test_exit_signals_reach_the_app_and_sigcont_resumes_only_after_a_suspend() -> None:
+    import os
+    import signal
+
+    from localspec_tui.signals import ExitSignals
+
+    textual_calls: list[str] = []  # stand-ins for the handlers Textual's driver installs
+
+    def textual_stop(signum: int, frame: object) -> None:
+        textual_calls.append("suspend")
+
+    def textual_continue(signum: int, frame: object) -> None:
+        textual_calls.append("resume")
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTSTP, signal.SIGCONT, signal.SIGTERM)}
+    signal.signal(signal.SIGTSTP, textual_stop)
+    signal.signal(signal.SIGCONT, textual_continue)
+    caught: list[int] = []
+
+    async def go() -> None:
+        signals = ExitSignals(caught.append)
+        signals.install()
+        try:
+            os.kill(os.getpid(), signal.SIGCONT)  # as with the SIGHUP of a closed terminal: no suspend before
+            await asyncio.sleep(0.05)
+            assert textual_calls == []
+            os.kill(os.getpid(), signal.SIGTSTP)
+            os.kill(os.getpid(), signal.SIGCONT)
+            await asyncio.sleep(0.05)
+            assert textual_calls == ["suspend", "resume"]
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)  # else it would end the tests
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            assert caught == [signal.SIGTERM]
+        finally:
+            signals.release()
+        assert signal.getsignal(signal.SIGCONT) is textual_continue
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+    try:
+        asyncio.run(go())
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -4,6 +4,12 @@ Threading: the engine is not thread-safe, so every use of it happens on a
 worker thread holding ``_engine_lock`` (replies and plain-speed runs take
 turns). Workers only post messages (``localspec_tui.messages``); handlers on
 the UI thread update widgets and write the history.
+
+Leaving: ctrl+q, SIGTERM, SIGHUP, SIGINT (``localspec_tui.signals``) and an
+exception in the app all end in ``wait_for_engine``, which stops the reply in
+flight after its current step and saves it as it stands (``finish_reason``
+"interrupted"), so the history always ends with the reply to its last message.
+A signal saves at once, before the terminal (perhaps already gone) is restored.
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ from localspec.backend import gpu_offload_supported
 from localspec.engine import Engine, GenerateOptions
 from localspec.errors import LocalspecError
 from localspec.events import DoneEvent, GenerationStats
-from localspec.history import Session, SessionMessage, save_session, stats_summary
+from localspec.history import (
+    Session,
+    SessionMessage,
+    remove_session,
+    save_session,
+    stats_summary,
+    valid_text,
+)
 from localspec.placement import LoadSettings
 from localspec_tui.dashboard import Dashboard
 from localspec_tui.messages import (
@@ -33,6 +46,7 @@ from localspec_tui.messages import (
     ReplyFinished,
     ReplyProgress,
 )
+from localspec_tui.signals import ExitSignals
 from localspec_tui.streaming import measure_plain_speed, stream_reply
 from localspec_tui.widgets import (
     ReplyView,
@@ -45,6 +59,21 @@ from localspec_tui.widgets import (
 
 OFF = "off"
 """The drafter choice that turns speculation off (plain decoding)."""
+
+INTERRUPTED = "interrupted"
+"""The finish reason saved with a reply cut short by leaving the app (Esc saves "cancelled")."""
+
+SIGNAL_WAIT_S = 10.0
+"""How long a signal waits for the reply's current step before saving what is on screen instead."""
+
+
+def error_line(err: Exception) -> str:
+    """One line for a failure while generating: a LocalspecError says what to do; anything else is named."""
+    lines = str(err).splitlines()
+    first = lines[0] if lines else ""
+    if isinstance(err, LocalspecError) and first:
+        return first
+    return f"the reply failed with an internal error ({type(err).__name__}{': ' if first else ''}{first})"
 
 
 class LocalspecApp(App[int]):
@@ -81,8 +110,12 @@ class LocalspecApp(App[int]):
         names = engine.drafter_names()
         self.session = session or Session(model=engine.target.name,
                                           draft=engine.draft.name if engine.draft is not None else None)
+        self._notices: list[str] = []  # shown once the app is mounted
         if system is not None:
-            self.session.system = system or None
+            self.session.system = self._valid(system, "the system prompt") or None
+        self._clean_session()
+        # A message a lost reply left unanswered goes back into the input box (history.take_unanswered).
+        self.unanswered = self.session.take_unanswered()
         wanted = (self.base_opts.drafter if self.base_opts.speculative and self.base_opts.draft_max != 0
                   else OFF)
         # ctrl+o cycles: what the command line chose (it may be a combination of some of the
@@ -103,6 +136,14 @@ class LocalspecApp(App[int]):
         self._user_view: UserMessage | None = None
         self._cancel = threading.Event()
         self._shutting_down = threading.Event()
+        self._recorded_id = 0  # the last reply id whose reply is in the history
+        self._reply_drafter: str | None = None
+        self._worker_done: tuple[int, DoneEvent] | None = None  # set by the reply worker under _engine_lock
+        self._exit_signals = ExitSignals(self._exit_on_signal)
+        self.exit_signal: int | None = None
+        """The signal that ended the app, if one did."""
+        self.unsaved_error: str | None = None
+        """Why the last save of the history failed; None when the history on disk is up to date."""
 
     # --- layout ------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -133,19 +174,40 @@ class LocalspecApp(App[int]):
                 self._chat().mount(view)
         if self.session.messages:
             self.notify(f"resumed session {self.session.id}")
+        prompt = self.query_one("#prompt", Input)
+        if self.unanswered is not None:
+            prompt.value = self.unanswered
+            self.notify("your last message was never answered; it is back in the input box (Enter sends it)",
+                        severity="warning", timeout=10)
         if self.placement is not None and self.placement.message:
             self.notify(self.placement.message, timeout=15)
-        self.query_one("#prompt", Input).focus()
+        if self.asked_ctx is not None and self.asked_ctx != self.engine.n_ctx:
+            self.notify(f"the context holds {self.engine.n_ctx} tokens: llama.cpp rounded up the "
+                        f"{self.asked_ctx} asked for", timeout=10)
+        for notice in self._notices:
+            self.notify(notice, severity="warning", timeout=10)
+        self._notices.clear()
+        prompt.focus()
+        self._exit_signals.install()
         if self.measure_on_start:
             self.action_measure_plain()
 
+    @property
+    def asked_ctx(self) -> int | None:
+        """The context size the engine was asked for (``--ctx`` or the GPU plan), when known."""
+        return self.placement.n_ctx if self.placement is not None else None
+
     def model_line(self) -> str:
-        """'target → draft · GPU offload: yes/no', file names rather than metadata names (they show the quant),
-        then the GPU plan in brief ('plan: 42/80 layers, ctx 4096') when one was made."""
+        """'target → draft · GPU offload: yes/no · ctx N', file names rather than metadata names (they show
+        the quant); the context is the one llama.cpp made ('ctx 256 (asked 17)' when it rounded up what
+        was asked), then the GPU plan in brief ('plan: 42/80 layers, ctx 4096') when one was made."""
         line = self.engine.target.path.stem
         if self.engine.draft is not None:
             line += f" → draft {self.engine.draft.path.stem}"
         line += f" · GPU offload: {'yes' if gpu_offload_supported() else 'no (CPU build)'}"
+        line += f" · ctx {self.engine.n_ctx}"
+        if self.asked_ctx is not None and self.asked_ctx != self.engine.n_ctx:
+            line += f" (asked {self.asked_ctx})"
         brief = self.placement.brief if self.placement is not None else None
         return f"{line} · {brief}" if brief else line
 
@@ -160,17 +222,82 @@ class LocalspecApp(App[int]):
         note.update(f"system: {self.session.system}" if self.session.system else "")
         note.display = bool(self.session.system)
 
+    # --- text in -----------------------------------------------------------
+    def _valid(self, text: str, what: str) -> str:
+        """``text`` fit for the model and the history: bytes that were not UTF-8 become U+FFFD, said once."""
+        fixed, changed = valid_text(text)
+        if changed:
+            self._say_replaced(what)
+        return fixed
+
+    def _say_replaced(self, what: str) -> None:
+        note = f"{what} held bytes that are not UTF-8; they were replaced with U+FFFD (\ufffd)"
+        if self.is_running:
+            self.notify(note, severity="warning", timeout=10)
+        else:
+            self._notices.append(note)
+
+    def _clean_session(self) -> None:
+        """A resumed file may hold escaped lone surrogates (another tool wrote it): replace them, said once."""
+        s = self.session
+        replaced = False
+        if s.system:
+            s.system, replaced = valid_text(s.system)
+        for m in s.messages:
+            m.content, changed = valid_text(m.content)
+            replaced = replaced or changed
+        if replaced:
+            self._say_replaced("the resumed chat")
+
     # --- history -----------------------------------------------------------
     def _save(self) -> None:
+        """Write the session; a chat with no messages is no session (its file, if one was written, goes)."""
         try:
-            save_session(self.session, self.history_dir)
+            if self.session.messages:
+                save_session(self.session, self.history_dir)
+            else:
+                remove_session(self.session.id, self.history_dir)
         except OSError as err:
-            self._error(f"could not save the chat history: {err}")
+            self.unsaved_error = f"could not save the chat history: {err}"
+            self._error(self.unsaved_error)
+        else:
+            self.unsaved_error = None
 
     def _error(self, text: str) -> None:
         """Show a user-caused failure as one line; the app keeps running."""
+        if not self.is_running:  # leaving: the widgets are gone (the caller keeps what matters)
+            return
         self._status().error = text
         self.notify(text, severity="error", timeout=8)
+
+    def _record_reply(self, text: str, finish_reason: str, stats: dict[str, object] | None) -> None:
+        """Add the current reply to the history and save it, once per reply."""
+        if self._recorded_id == self._reply_id:
+            return
+        self._recorded_id = self._reply_id
+        self.session.messages.append(SessionMessage("assistant", text, finish_reason, stats))
+        self._save()
+
+    def _keep_unfinished_reply(self) -> None:
+        """Leaving mid-reply: save the reply as it stands, marked "interrupted".
+
+        The worker's final DoneEvent holds everything generated (it ends after its current step
+        once told to stop); if it has not ended, what is on screen is saved. A reply with no text
+        yet is not saved: its message stays the last turn, and --resume offers it again.
+        """
+        if not self.reply_running or self._recorded_id == self._reply_id:
+            return
+        finished = self._worker_done
+        done = finished[1] if finished is not None and finished[0] == self._reply_id else None
+        if done is not None and done.finish_reason != "cancelled":
+            reason = done.finish_reason  # it ended by itself before it could be stopped
+        else:
+            reason = INTERRUPTED
+        text = done.text if done is not None else (self._reply_view.text if self._reply_view is not None else "")
+        if not text:
+            return
+        stats = stats_summary(done.stats, self._reply_drafter) if done is not None else None
+        self._record_reply(text, reason, stats)
 
     # --- sending -----------------------------------------------------------
     def reply_options(self) -> GenerateOptions:
@@ -187,12 +314,14 @@ class LocalspecApp(App[int]):
             self.notify("a reply is still streaming; press Esc to stop it", severity="warning")
             return
         event.input.clear()
+        text = self._valid(text, "your message")
         self.session.messages.append(SessionMessage("user", text))
         self._save()
         self._reply_view = ReplyView(self.colours, colour=self.colour)
         self._user_view = UserMessage(text)
         self._chat().mount(self._user_view, self._reply_view)
         self._reply_id += 1
+        self._reply_drafter = None if self.drafter == OFF else self.drafter
         self._cancel = threading.Event()
         self.reply_running = True
         self._status().error = ""
@@ -213,11 +342,13 @@ class LocalspecApp(App[int]):
                 return
             try:
                 generation = self.engine.generate(self.engine.chat_tokens(messages), opts)
-            except LocalspecError as err:
-                self.post_message(ReplyFailed(reply_id, str(err), ends_reply=True))
+            except Exception as err:  # whatever fails, the app goes on: one line, the message back in the input
+                self.post_message(ReplyFailed(reply_id, error_line(err), ends_reply=True))
                 return
-            stream_reply(generation, reply_id, self.post_message, drafter=drafter,
-                         should_stop=lambda: cancel.is_set() or worker.is_cancelled or self._shutting_down.is_set())
+            done = stream_reply(generation, reply_id, self.post_message, drafter=drafter, describe=error_line,
+                                should_stop=lambda: (cancel.is_set() or worker.is_cancelled
+                                                     or self._shutting_down.is_set()))
+            self._worker_done = (reply_id, done)  # for leaving before ReplyFinished is handled
 
     def on_reply_progress(self, message: ReplyProgress) -> None:
         if message.reply_id != self._reply_id or self._reply_view is None:
@@ -232,9 +363,7 @@ class LocalspecApp(App[int]):
         self.last_done = done
         self._reply_view.finish(done.finish_reason)
         self.query_one(Dashboard).show_stats(done.stats)
-        self.session.messages.append(SessionMessage("assistant", done.text, done.finish_reason,
-                                                    stats_summary(done.stats, message.drafter)))
-        self._save()
+        self._record_reply(done.text, done.finish_reason, stats_summary(done.stats, message.drafter))
         self._end_reply(f"ready · last reply: {done.finish_reason}, {done.stats.tokens} tokens")
         if done.finish_reason == "context":
             self.notify("the context window is full; start a new chat (ctrl+n)", severity="warning")
@@ -281,8 +410,8 @@ class LocalspecApp(App[int]):
             try:
                 measure_plain_speed(self.engine, self.post_message, max_tokens=self.plain_tokens,
                                     sampling=self.base_opts.sampling, should_stop=self._shutting_down.is_set)
-            except LocalspecError as err:
-                self.post_message(PlainSpeedFailed(str(err)))
+            except Exception as err:  # the baseline is a nicety: its failure is one line, never the app's end
+                self.post_message(PlainSpeedFailed(error_line(err)))
 
     def on_plain_speed_measured(self, message: PlainSpeedMeasured) -> None:
         self.measuring = False
@@ -343,6 +472,7 @@ class LocalspecApp(App[int]):
         def done(text: str | None) -> None:
             if text is None:
                 return
+            text = self._valid(text, "the system prompt")
             self.session.system = text or None
             self._show_system_note()
             if self.session.messages:
@@ -351,19 +481,29 @@ class LocalspecApp(App[int]):
 
         self.push_screen(SystemPromptScreen(self.session.system or ""), done)
 
-    # --- shutdown ----------------------------------------------------------
+    # --- leaving -----------------------------------------------------------
+    def _exit_on_signal(self, signum: int) -> None:
+        # Save before anything touches the terminal: after SIGHUP it may be gone.
+        self.exit_signal = signum
+        self.wait_for_engine(SIGNAL_WAIT_S)
+        self.exit(return_code=128 + signum)
+
     def on_unmount(self) -> None:
         self.wait_for_engine()
+        self._exit_signals.release()
 
     def wait_for_engine(self, timeout_s: float = 60.0) -> bool:
-        """Stop any generation and wait until no worker uses the engine (so it can be closed or reused).
+        """Stop any generation, wait until no worker uses the engine (so it can be closed or reused),
+        and save the reply in flight as it stands.
 
         A cancelled generation ends after its current step, so this waits at
-        most one step (or one prompt prefill). Returns False on timeout.
+        most one step (or one prompt prefill). Returns False on timeout (what
+        is on screen is saved then).
         """
         self._shutting_down.set()
         self._cancel.set()
-        if self._engine_lock.acquire(timeout=timeout_s):
+        idle = self._engine_lock.acquire(timeout=timeout_s)
+        if idle:
             self._engine_lock.release()
-            return True
-        return False
+        self._keep_unfinished_reply()
+        return idle

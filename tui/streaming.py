@@ -14,7 +14,6 @@ from typing import Callable
 from textual.message import Message
 
 from localspec.engine import Engine, GenerateOptions, Generation
-from localspec.errors import LocalspecError
 from localspec.events import DoneEvent, StepEvent, TokenEvent
 from localspec.sampling import SamplingParams
 from localspec_tui.messages import Piece, PlainSpeedMeasured, ReplyFailed, ReplyFinished, ReplyProgress
@@ -30,6 +29,7 @@ Post = Callable[[Message], object]
 
 def stream_reply(generation: Generation, reply_id: int, post: Post, *, drafter: str | None,
                  should_stop: Callable[[], bool] = lambda: False,
+                 describe: Callable[[Exception], str] = str,
                  interval_s: float = UPDATE_INTERVAL_S) -> DoneEvent:
     """Iterate ``generation``, posting ReplyProgress at most every ``interval_s`` and one ReplyFinished.
 
@@ -37,8 +37,9 @@ def stream_reply(generation: Generation, reply_id: int, post: Post, *, drafter: 
     ones are batched. Every released piece of text is posted before the
     ReplyFinished, so the UI's reply equals ``done.text``. When ``should_stop()``
     turns true the generation is cancelled and ends after its current step,
-    keeping what it produced. A LocalspecError mid-stream ends the reply with
-    ``finish_reason == "error"`` (its partial text kept) and a ReplyFailed.
+    keeping what it produced. Any exception mid-stream ends the reply with
+    ``finish_reason == "error"`` (its partial text kept) and a ReplyFailed
+    carrying ``describe(error)``: the app shows it and goes on.
     """
     pieces: list[Piece] = []
     steps: list[StepEvent] = []
@@ -69,9 +70,9 @@ def stream_reply(generation: Generation, reply_id: int, post: Post, *, drafter: 
                     flush()
             elif isinstance(event, DoneEvent):
                 done = event
-    except LocalspecError as err:
+    except Exception as err:  # a bug or a user's error alike: the worker must end with a ReplyFinished
         done = dataclasses.replace(generation.interrupted(), finish_reason="error")
-        post(ReplyFailed(reply_id, str(err), ends_reply=False))
+        post(ReplyFailed(reply_id, describe(err), ends_reply=False))
     assert done is not None, "a generation always ends with a DoneEvent"
     if pieces or steps:
         flush()

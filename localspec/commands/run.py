@@ -8,7 +8,9 @@ here, inside the handler: nothing else in ``localspec`` depends on Textual.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     session = session or Session()
     # Saved with the chat, so that `--resume` alone brings back these models.
     session.model, session.draft = reference(choice.target), choice.drafts.text()
+    app = None
     try:
         # A model without a usable chat template cannot chat: say so before the app starts.
         engine.chat_tokens([{"role": "user", "content": "hello"}])
@@ -169,8 +172,25 @@ def run(args: argparse.Namespace) -> int:
 
         app = LocalspecApp(engine, opts, session=session, system=args.system, placement=settings)
         app.run()
-        # The app stopped its worker on exit; wait for it before freeing the models under it.
-        app.wait_for_engine()
     finally:
+        if app is not None:
+            # The app stopped its worker on exit (and saved the reply in flight); however it ended,
+            # wait for the worker before freeing the models under it.
+            app.wait_for_engine()
         engine.close()
+    say_how_it_ended(app.session, exit_signal=app.exit_signal, unsaved_error=app.unsaved_error)
     return app.return_code or 0
+
+
+def say_how_it_ended(session: Session, *, exit_signal: int | None, unsaved_error: str | None) -> None:
+    """One line on stderr after the app when the chat was not saved, or when a signal ended it
+    (where it was saved). Nothing for a plain ctrl+q. After SIGHUP there may be no terminal to write to."""
+    if unsaved_error is not None:
+        line = f"localspec: warning: {unsaved_error}; the chat's last change is not on disk"
+    elif exit_signal is not None and session.messages:
+        line = (f"localspec: stopped by {signal.Signals(exit_signal).name}; the chat is saved as session "
+                f"{session.id} (`localspec run --resume` continues it)")
+    else:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
