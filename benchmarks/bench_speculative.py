@@ -111,7 +111,7 @@ def spec_options(args):
 
 def peak_rss_mb(mode: str, args) -> float:
     cmd = [sys.executable, __file__, "--child", mode, "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx),
-           "--draft-max", str(args.draft_max), "--p-min", str(args.p_min)] + (["--adaptive"] if args.adaptive else [])
+           "--draft-max", str(args.draft_max), "--draft-p-min", str(args.p_min)] + (["--adaptive"] if args.adaptive else [])
     if args.target:
         cmd += [args.target, "--draft", args.draft]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -151,7 +151,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--draft-max", type=int, default=5, help="fixed draft length (default 5)")
     p.add_argument("--adaptive", action="store_true", help="let the adaptive controller choose the length")
-    p.add_argument("--p-min", type=float, default=0.0)
+    p.add_argument("--draft-p-min", "--p-min", dest="p_min", type=float, default=0.0, metavar="P",
+                   help="the draft stops when its top probability falls below P (localspec's --draft-p-min)")
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--memory", action="store_true", help="also compare peak RSS of plain vs speculative")

@@ -222,8 +222,13 @@ class Model:
     # --- text <-> tokens ---------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids for ``text``. ``add_special`` adds BOS when the model wants it;
-        ``parse_special`` turns ``<|im_start|>``-style text into control tokens (chat templates)."""
-        data = text.encode("utf-8")
+        ``parse_special`` turns ``<|im_start|>``-style text into control tokens (chat templates).
+        Lone surrogates (undecodable bytes Python carried through) are tokenized as U+FFFD."""
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            # Pair what pairs; what cannot be a character becomes U+FFFD, as undecodable input does.
+            data = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
         cap = len(data) + 8
         buf = (llama_cpp.llama_token * cap)()
         n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
@@ -275,7 +280,9 @@ class Context:
                  n_threads: int | None = None, flash_attn: bool | None = None) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
+        # llama.cpp rounds n_ctx up to a multiple of 256 but clamps n_batch to the n_ctx it was given:
+        # ask for the rounded size, or a tiny n_ctx leaves fewer batch rows than sequences (an abort).
+        params.n_ctx = -(-n_ctx // 256) * 256
         params.n_batch = n_batch
         params.n_ubatch = min(n_batch, 512)
         params.n_seq_max = n_seq

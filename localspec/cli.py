@@ -7,6 +7,7 @@ import importlib
 import sys
 from typing import NoReturn, Sequence
 
+from localspec.commands.common import Terminated, check_stdout, repair_text_options
 from localspec.errors import LocalspecError
 
 # Subcommand modules, in the order `--help` lists them.
@@ -38,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        check_stdout()
+        repair_text_options(args)
         return int(args.func(args) or 0)
     except LocalspecError as err:
         print(f"localspec: error: {err}", file=sys.stderr)
@@ -45,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("localspec: interrupted", file=sys.stderr)
         return 130
+    except Terminated as stop:
+        print(f"localspec: stopped by {stop}", file=sys.stderr)
+        return stop.exit_code
     except BrokenPipeError:
         return 0
 

@@ -271,8 +271,9 @@ def _check_can_roll_back(target: Model, draft: Model | None) -> None:
 class _Tally:
     """Running counts behind GenerationStats."""
 
-    def __init__(self, prompt_tokens: int, controller: Controller | None = None) -> None:
+    def __init__(self, prompt_tokens: int, controller: Controller | None = None, n_ctx: int = 0) -> None:
         self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
         self.controller = controller
         self.control_before = controller.stats.copy() if controller is not None else None
         self.tokens = self.steps = self.drafted = self.accepted = self.verified = 0
@@ -314,7 +315,7 @@ class _Tally:
             verify_ms=self.verify_s * 1e3, python_ms=self.python_s * 1e3,
             position_drafted=tuple(self.pos_drafted), position_accepted=tuple(self.pos_accepted),
             drafters=tuple(DrafterStats(name, *row) for name, row in self.by_drafter.items()),
-            control=self._control(),
+            control=self._control(), n_ctx=self.n_ctx,
         )
 
     def _control(self) -> ControlSummary | None:
@@ -342,7 +343,7 @@ class Generation(Iterator[Event]):
         self.sampler = Sampler(opts.sampling)
         self.drafter = engine.make_drafter(self.sampler, opts)
         self.controller = engine.controller(self.drafter, opts) if self.drafter is not None else None
-        self.tally = _Tally(len(prompt), self.controller)
+        self.tally = _Tally(len(prompt), self.controller, engine.n_ctx)
         self.tokens: list[int] = []
         self.text_parts: list[str] = []
         self.result: DoneEvent | None = None

@@ -104,6 +104,7 @@ class GenerationStats:
     position_accepted: tuple[int, ...] = ()
     drafters: tuple[DrafterStats, ...] = field(default=())
     control: ControlSummary | None = None  # None: no controller (plain decoding)
+    n_ctx: int = 0  # the context window it ran in, as llama.cpp sized it (it may round up what was asked)
 
     @property
     def acceptance_rate(self) -> float:

@@ -113,7 +113,8 @@ def test_prompt_longer_than_context(smollm2_path):
 @pytest.mark.parametrize("option,value,name", [
     ("--temp", "-1", "temp"), ("--top-p", "1.5", "top-p"), ("--top-k", "-3", "top-k"),
     ("--min-p", "1.0", "min-p"), ("--max-tokens", "0", "max-tokens"), ("--draft-max", "-2", "draft-max"),
-    ("--ctx", "4", "ctx"), ("--temp", "nan", "temp"), ("--seed", "-1", "seed"), ("--p-min", "1.0", "p-min"),
+    ("--ctx", "4", "ctx"), ("--temp", "nan", "temp"), ("--seed", "-1", "seed"), ("--p-min", "1.0", "draft-p-min"),
+    ("--draft-p-min", "-0.1", "draft-p-min"), ("--draft-p-min", "nan", "draft-p-min"),
     # Malformed values are argparse's to refuse, still in one line.
     ("--top-k", "1.5", "top-k"), ("--temp", "abc", "temp"), ("--max-tokens", "many", "max-tokens"),
 ])

@@ -25,3 +25,24 @@ def test_help_explains_how_models_are_named(command: str, capsys: pytest.Capture
 
 def test_every_subcommand_is_covered() -> None:
     assert set(cli.COMMANDS) == {"run", "generate", "bench", "index", "pull", "models", "plan", "doctor"}
+
+
+@pytest.mark.parametrize("command", ["run", "generate"])
+def test_the_drafts_cutoff_is_not_offered_beside_min_p(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--draft-p-min (the draft's confidence cut-off) is offered; --p-min, one letter from --min-p
+    (sampling), is only a hidden alias that still parses into the same setting."""
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "--draft-p-min P" in text and "--min-p P" in text
+    assert "--p-min" not in text.replace("--draft-p-min", "")
+    parser = cli.build_parser()
+    assert parser.parse_args([command, "--p-min", "0.4"]).p_min == 0.4
+    assert parser.parse_args([command, "--draft-p-min", "0.3"]).p_min == 0.3
+    assert parser.parse_args([command]).p_min == 0.0
+
+
+def test_generate_help_says_system_implies_chat(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    assert "implies --chat" in " ".join(capsys.readouterr().out.split())

@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     for text in args.draft:
         draft, _ = parse_config(text)
         refs = resolve_draft_refs(draft)
+        if refs.model is None and not refs.specs:
+            raise InvalidOptionError(f"--draft {text}: bench measures plain decoding anyway; "
+                                     "give the drafters to compare it with (e.g. --draft ngram)")
         if refs.model is not None:
             if draft_ref is not None and reference(refs.model) != reference(draft_ref):
                 raise InvalidOptionError("bench compares one draft model at a time; "

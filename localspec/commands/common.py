@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+import os
 import re
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, BinaryIO
 
-from localspec.errors import InvalidOptionError, ModelFileError, StoreError
+from localspec.errors import InvalidOptionError, LocalspecError, ModelFileError, RegistryError, StoreError
 
 if TYPE_CHECKING:
     from localspec.drafting.specs import DrafterSpec
@@ -19,6 +23,8 @@ if TYPE_CHECKING:
 
 OFF = "off"
 """``--draft off``: no drafter at all (plain decoding)."""
+DRAFTER_WORDS = ("ngram", "lookahead", "rest", OFF)
+"""The drafter names ``--draft`` takes beside a model, for "did you mean" on a typo."""
 MODEL_REF_HELP = "a name or alias from `localspec models` or a path to a GGUF file"
 """How a model is named, for a command that reads no weights (``plan``)."""
 MODEL_HELP = "a name or alias from `localspec models` (downloaded on first use) or a path to a GGUF file"
@@ -86,8 +92,11 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
                    help="draft exactly up to G tokens per step (0 turns speculation off); by default an "
                         "adaptive controller picks the length each step from measured costs and acceptance, "
                         "and drafts nothing where speculation would be slower than plain decoding")
-    s.add_argument("--p-min", type=float, default=0.0, metavar="P",
-                   help="stop drafting when the draft's top probability falls below P (default 0)")
+    s.add_argument("--draft-p-min", dest="p_min", type=float, default=0.0, metavar="P",
+                   help="a draft model stops drafting when its own top probability falls below P (default 0; "
+                        "not --min-p, which filters sampling)")
+    # The flag's first name, kept working for scripts but no longer offered beside --min-p.
+    s.add_argument("--p-min", dest="p_min", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def sampling_params(args: argparse.Namespace):
@@ -113,6 +122,17 @@ def check_engine_options(args: argparse.Namespace) -> None:
         raise InvalidOptionError(f"--ctx {ctx} is too small: use at least 16 tokens")
     if args.threads is not None and args.threads < 1:
         raise InvalidOptionError(f"--threads {args.threads} is out of range: use at least 1")
+    p_min = getattr(args, "p_min", 0.0)
+    if not 0.0 <= p_min < 1.0:  # NaN fails too
+        raise InvalidOptionError(f"--draft-p-min {p_min} is out of range: it must be in [0, 1)")
+    if args.threads is not None:
+        from localspec.backend import default_threads
+
+        cpus = default_threads()
+        if args.threads > cpus:
+            print(f"localspec: warning: --threads {args.threads} is more than the {cpus} CPUs this process may "
+                  f"use; the extra threads only wait for each other (leave --threads out to use {cpus})",
+                  file=sys.stderr)
     for name in ("temp", "top_p", "min_p"):
         value = getattr(args, name, 0.0)
         if isinstance(value, float) and math.isnan(value):
@@ -213,11 +233,141 @@ def model_header(ref: Resolved, *, offline: bool = False) -> Path | BinaryIO:
 
 
 def read_prompt(args: argparse.Namespace) -> str:
+    """``--prompt``, else all of stdin (bytes that are not UTF-8 replaced, with one warning)."""
     if args.prompt is not None:
         return args.prompt
     if sys.stdin is None or sys.stdin.isatty():
         raise InvalidOptionError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
-    return sys.stdin.read()
+    buffer = getattr(sys.stdin, "buffer", None)
+    data = buffer.read() if buffer is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        warn_invalid_utf8("stdin")
+        return data.decode("utf-8", "replace")
+
+
+# --- user text that is not UTF-8 ------------------------------------------------------------------
+TEXT_OPTIONS = {"prompt": "--prompt", "system": "--system", "stop": "--stop"}
+"""The options that carry text for the model (not paths), by argparse dest."""
+
+
+def repaired(text: str) -> tuple[str, bool]:
+    """``text`` with every byte sequence that was not UTF-8 replaced by U+FFFD, and whether any was.
+
+    Python hands undecodable bytes in argv over as lone surrogates (``surrogateescape``); they
+    are turned back into the user's bytes and decoded as ``bytes.decode(errors="replace")`` does.
+    """
+    try:
+        text.encode("utf-8")
+        return text, False
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), True
+    except UnicodeEncodeError:  # surrogates that stand for no byte: pair what pairs, replace the rest
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), True
+
+
+def warn_invalid_utf8(*inputs: str) -> None:
+    """One line that names every input whose invalid UTF-8 bytes were replaced."""
+    verb = "is" if len(inputs) == 1 else "are"
+    print(f"localspec: warning: {' and '.join(inputs)} {verb} not valid UTF-8; the invalid bytes were replaced "
+          "with U+FFFD (\ufffd)", file=sys.stderr)
+
+
+def repair_text_options(args: argparse.Namespace) -> None:
+    """Make the text options of ``args`` valid Unicode in place, with one warning naming those that were not.
+
+    Called once at the CLI edge, so that nothing below it sees a string llama.cpp cannot take.
+    """
+    bad: list[str] = []
+    for dest, flag in TEXT_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str):
+            fixed, changed = repaired(value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            pairs = [repaired(v) for v in value]
+            fixed, changed = [v for v, _ in pairs], any(c for _, c in pairs)
+        else:
+            continue
+        if changed:
+            setattr(args, dest, fixed)
+            bad.append(flag)
+    if bad:
+        warn_invalid_utf8(*bad)
+
+
+# --- signals --------------------------------------------------------------------------------------
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: a command stops as on Ctrl-C and exits with 128 + the signal's number.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way swallows it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGHUP into ``Terminated`` (raised where the main thread is, between two
+    calls into llama.cpp), so a command can stop as on Ctrl-C. A second such signal kills at once."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        raise Terminated(signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handler)
+
+
+# --- stdout ---------------------------------------------------------------------------------------
+class OutputError(LocalspecError):
+    """Standard output is closed or cannot be written (a full disk, a vanished terminal)."""
+
+    exit_code = 1
+
+
+def check_stdout() -> None:
+    """Refuse to start a command whose output has nowhere to go (``>&-`` leaves ``sys.stdout`` None)."""
+    if sys.stdout is None:
+        raise OutputError("standard output is closed (>&-); redirect it instead, e.g. > out.txt or > /dev/null")
+
+
+def write_out(text: str, *, flush: bool = False) -> None:
+    """Write ``text`` to stdout; a failed write (e.g. ENOSPC on ``> /dev/full``) is one OutputError.
+
+    A closed pipe (``| head``) stays a BrokenPipeError: the reader has what it wanted.
+    """
+    try:
+        sys.stdout.write(text)
+        if flush:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        discard_stdout()
+        reason = err.strerror or str(err)
+        raise OutputError(f"cannot write the output to standard output: {reason}") from None
+
+
+def discard_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so that the exit's final flush of what is still
+    buffered cannot fail a second time (with Python's "Exception ignored" noise)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -241,13 +391,37 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
     resolves (an unknown name fails with the nearest names) and a ``rest:STORE`` file exists."""
     from localspec.drafting.specs import parse_draft
 
+    if text is not None and text.strip().lower() in (OFF, "none"):
+        return DraftRefs(None, [])
     specs = parse_draft(text)
     model = next((s for s in specs if s.kind == "model"), None)
     for spec in specs:
         if spec.kind == "rest" and not Path(spec.arg or "").expanduser().is_file():
             raise StoreError(f"REST store not found: {spec.arg}; build one with `localspec index`")
-    ref = resolve_name(model.arg or "", registry) if model is not None else None
+    ref = None
+    if model is not None:
+        try:
+            ref = resolve_name(model.arg or "", registry)
+        except RegistryError:
+            hint = drafter_hint(model.arg or "")
+            if hint is None:
+                raise
+            raise InvalidOptionError(f"unknown drafter {model.arg!r}; did you mean {hint}? (--draft takes a "
+                                     "draft model from `localspec models`, ngram, lookahead, rest:STORE or off)"
+                                     ) from None
     return DraftRefs(ref, [s for s in specs if s.kind != "model"])
+
+
+def drafter_hint(word: str) -> str | None:
+    """The drafter name ``word`` was most likely meant to be (``ngrma`` -> ``'ngram'``,
+    ``rset:docs.lsstore`` -> ``'rest:docs.lsstore'``), or None when it looks like none."""
+    head, sep, tail = word.partition(":")
+    close = difflib.get_close_matches(head.strip().lower(), DRAFTER_WORDS, n=1, cutoff=0.6)
+    if not close:
+        return None
+    if close[0] == "rest":
+        return repr(f"rest:{tail if sep and tail else 'STORE'}")
+    return repr(close[0])
 
 
 def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) -> LoadSettings:

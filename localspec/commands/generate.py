@@ -7,15 +7,19 @@ import json
 import sys
 
 from localspec.commands.common import (
+    Terminated,
     add_model_options,
     add_sampling_options,
     check_engine_options,
     fetch_models,
     generate_options,
     load_settings,
+    parse_ctx,
     read_prompt,
     resolve_draft_refs,
     resolve_ref,
+    stop_on_signals,
+    write_out,
 )
 from localspec.events import DoneEvent, GenerationStats, TokenEvent
 
@@ -25,13 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "generate",
         help="generate text for one prompt (non-interactive)",
         description="Generate a continuation of one prompt. The text streams to stdout and the "
-                    "statistics go to stderr; --json prints one JSON object on stdout instead.",
+                    "statistics go to stderr; --json prints one JSON object on stdout instead. Ctrl-C, "
+                    "SIGTERM and SIGHUP stop it with what was generated so far and its statistics.",
     )
     add_model_options(p, model_required=False)
     p.add_argument("--prompt", "-p", default=None, metavar="TEXT", help="the prompt (default: read stdin)")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as one user turn in the model's own chat template")
-    p.add_argument("--system", default=None, metavar="TEXT", help="system prompt (with --chat)")
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="system prompt, before the prompt in the chat template (implies --chat)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, finish_reason, stats")
     p.add_argument("--quiet", "-q", action="store_true", help="no statistics on stderr")
     add_sampling_options(p)
@@ -42,6 +48,8 @@ def format_stats(stats: GenerationStats, finish_reason: str) -> str:
     """Two human lines: speed and acceptance, then where the time went."""
     line = (f"{stats.tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_second:.1f} tok/s), "
             f"{stats.steps} steps, finish: {finish_reason}")
+    if stats.n_ctx:
+        line += f"; context {stats.prompt_tokens + stats.tokens} of {stats.n_ctx} tokens used"
     if stats.drafted:
         alpha = stats.conditional_acceptance
         ceiling = f"{1 / (1 - alpha):.2f}" if alpha < 1 else "inf"
@@ -73,7 +81,17 @@ def result_json(done: DoneEvent) -> dict:
     }
 
 
+def context_notice(asked: str | None, used: int) -> str | None:
+    """The line that says ``--ctx`` got a different context than it asked for (None: it did not)."""
+    want = parse_ctx(asked)
+    if want is None or want == used:
+        return None
+    return (f"--ctx {asked} runs with a context of {used} tokens: llama.cpp sizes its context in "
+            f"multiples of 256 tokens")
+
+
 def run(args: argparse.Namespace) -> int:
+    stop_on_signals()
     check_engine_options(args)
     opts = generate_options(args)
     # Every name and the prompt are checked before anything is downloaded.
@@ -89,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
 
     engine = Engine.load(target, draft, specs=drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
                          n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers)
-    if args.chat:
+    notice = context_notice(args.ctx, engine.n_ctx)
+    if notice:
+        print(f"localspec: {notice}", file=sys.stderr)
+    # A system prompt is a chat turn: it implies --chat rather than being dropped.
+    if args.chat or args.system is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         messages.append({"role": "user", "content": prompt})
         tokens = engine.chat_tokens(messages)
@@ -101,20 +123,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         for event in gen:
             if isinstance(event, TokenEvent) and not args.json and event.text:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+                write_out(event.text, flush=True)
             elif isinstance(event, DoneEvent):
                 done = event
     except KeyboardInterrupt:
         done = gen.interrupted()
         code = 130
+    except Terminated as stop:
+        done = gen.interrupted()
+        code = stop.exit_code
+        print(f"localspec: stopped by {stop}", file=sys.stderr)
     assert done is not None
     if args.json:
-        json.dump(result_json(done), sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        write_out(json.dumps(result_json(done), ensure_ascii=False) + "\n", flush=True)
     else:
-        sys.stdout.write("\n")
-    sys.stdout.flush()
+        write_out("\n", flush=True)
     for warning in gen.warnings:
         print(f"localspec: warning: {warning}", file=sys.stderr)
     if not args.quiet:
