@@ -252,23 +252,6 @@ TEXT_OPTIONS = {"prompt": "--prompt", "system": "--system", "stop": "--stop"}
 """The options that carry text for the model (not paths), by argparse dest."""
 
 
-def repaired(text: str) -> tuple[str, bool]:
-    """``text`` with every byte sequence that was not UTF-8 replaced by U+FFFD, and whether any was.
-
-    Python hands undecodable bytes in argv over as lone surrogates (``surrogateescape``); they
-    are turned back into the user's bytes and decoded as ``bytes.decode(errors="replace")`` does.
-    """
-    try:
-        text.encode("utf-8")
-        return text, False
-    except UnicodeEncodeError:
-        pass
-    try:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), True
-    except UnicodeEncodeError:  # surrogates that stand for no byte: pair what pairs, replace the rest
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), True
-
-
 def warn_invalid_utf8(*inputs: str) -> None:
     """One line that names every input whose invalid UTF-8 bytes were replaced."""
     verb = "is" if len(inputs) == 1 else "are"
@@ -281,13 +264,15 @@ def repair_text_options(args: argparse.Namespace) -> None:
 
     Called once at the CLI edge, so that nothing below it sees a string llama.cpp cannot take.
     """
+    from localspec.history import valid_text
+
     bad: list[str] = []
     for dest, flag in TEXT_OPTIONS.items():
         value = getattr(args, dest, None)
         if isinstance(value, str):
-            fixed, changed = repaired(value)
+            fixed, changed = valid_text(value)
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            pairs = [repaired(v) for v in value]
+            pairs = [valid_text(v) for v in value]
             fixed, changed = [v for v, _ in pairs], any(c for _, c in pairs)
         else:
             continue
