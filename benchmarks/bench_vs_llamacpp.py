@@ -269,7 +269,8 @@ def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> l
         for name in args.prompts:
             text = prompt_text(engine, PROMPTS[name])
             prompt_file = Path(tmp) / f"{name}.txt"
-            prompt_file.write_text(text, encoding="utf-8")
+            # llama.cpp's -f drops one trailing newline from the file; the extra one keeps the prompt whole.
+            prompt_file.write_text(text + "\n", encoding="utf-8")
             run_localspec(engine, text, 16, False)  # warm up: page cache, allocator
             for rnd in range(args.rounds):
                 shift = rnd % len(systems)
