@@ -79,6 +79,57 @@ def test_lookup_of_another_context_matches_brute_force(hist: list[int], context:
     check_against_brute(found, brute_lookup(hist, context, 1, 4, max_tokens, 6), max_tokens)
 
 
+def brute_longest(hist: list[int], context: list[int], n_max: int, max_match: int, max_tokens: int, max_occ: int):
+    """brute_lookup (n_min 1), then a full-length match grown backwards up to ``max_match`` tokens at
+    each considered occurrence; only the occurrences with the longest match stay."""
+    found = brute_lookup(hist, context, 1, n_max, max_tokens, max_occ)
+    if found is None or found[0] < n_max:
+        return found
+    tail = context[-max_match:]
+
+    def length(p: int) -> int:
+        m = 0
+        while m < len(tail) and m < p and hist[p - m - 1] == tail[-m - 1]:
+            m += 1
+        return m
+
+    recent = found[2]
+    best = max(length(p) for p in recent)
+    if best == n_max:
+        return found
+    kept = [p for p in recent if length(p) == best]
+    return best, len(kept), kept, [tuple(hist[p : p + max_tokens]) for p in kept]
+
+
+@settings(max_examples=300, deadline=None)
+@given(hist=tokens, context=tokens, n_max=st.integers(1, 3), grow=st.integers(0, 6),
+       max_tokens=st.integers(1, 5), max_occ=st.integers(1, 8))
+def test_longer_matches_match_brute_force(hist: list[int], context: list[int], n_max: int, grow: int,
+                                          max_tokens: int, max_occ: int) -> None:
+    index = NgramIndex(1, n_max, max_occurrences=max_occ, recency_decay=1.0, max_match=n_max + grow)
+    index.extend(hist)
+    for ctx in (context, hist):
+        found = index.lookup(ctx, max_tokens, max_candidates=100)
+        check_against_brute(found, brute_longest(hist, ctx, n_max, n_max + grow, max_tokens, max_occ), max_tokens)
+
+
+def test_a_longer_match_finds_the_place_being_copied() -> None:
+    # "7 1 2 3" is followed by 4 once, "8 1 2 3" by 5 twice: the last 3 tokens alone vote for 5;
+    # the history ends in "7 1 2 3", so the place it copies says 4.
+    hist = [7, 1, 2, 3, 4, 0, 8, 1, 2, 3, 5, 0, 8, 1, 2, 3, 5, 0, 7, 1, 2, 3]
+    index = NgramIndex(1, 3, recency_decay=1.0)
+    index.extend(hist)
+    assert index.query(1).candidates[0].tokens == (5,)
+    longer = NgramIndex(1, 3, recency_decay=1.0, max_match=8)
+    longer.extend(hist)
+    found = longer.query(1)
+    assert found is not None and found.match_len == 4 and found.candidates[0].tokens == (4,)
+    drafter = NgramDrafter()
+    assert drafter.propose(hist, 1).tokens == (4,)
+    with pytest.raises(ValueError, match="max_match"):
+        NgramIndex(1, 4, max_match=3)
+
+
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(st.one_of(tokens, st.integers(0, 90)), max_size=12))
 def test_incremental_extend_and_truncate_equal_a_fresh_build(ops: list) -> None:
@@ -135,6 +186,8 @@ def _lookup(match_len: int, considered: int, support: Sequence[float]) -> Lookup
         (4, 5, [1.0] * 16, 11),
         (1, 4, [0.25] * 16, 0),  # four different continuations: nothing worth drafting
         (4, 5, [1.0, 1.0, 0.2, 0.2], 2),  # agreement stops after two tokens
+        (8, 1, [1.0] * 16, 16),  # a copy in progress: one long match drafts to the cap
+        (8, 4, [0.25] * 16, 3),  # long matches that disagree: no copy in progress, the 6+-gram rule
     ],
 )
 def test_policy_by_hand(match_len: int, considered: int, support: list[float], expected: int) -> None:
@@ -171,7 +224,7 @@ def test_drafter_follows_the_protocol_and_drafts_a_repeat() -> None:
 
 
 def test_drafter_tree_has_bounded_branches() -> None:
-    drafter = NgramDrafter()
+    drafter = NgramDrafter(max_match=4)  # longer matches would settle on one branch here
     hist = [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3, 4, 5, 1, 2, 3, 4]
     tree = drafter.propose_tree(hist, 3, 2).tree
     assert set(tree.branches) == {(5, 1, 2), (6, 1, 2)}

