@@ -253,7 +253,7 @@ def run_bench(engine, tasks: Sequence[Task], configs: Sequence[Config], *, round
         engine.reset_learning()
         opts = GenerateOptions(max_tokens=max_tokens or task.max_tokens,
                                sampling=SamplingParams(temperature=task.temperature, seed=seed),
-                               draft_max=config.draft_max, speculative=config.drafter is not None,
+                               draft_len=config.draft_max, speculative=config.drafter is not None,
                                drafter=config.drafter)
         return engine.generate(tokens, opts).run()
 

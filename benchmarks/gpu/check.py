@@ -121,7 +121,7 @@ def load_with_offload_check(path: Path) -> tuple[Any, dict[str, Any]]:
 def cost_curve(model: Any, prompt: list[int], depth: int, budget_s: float) -> dict[str, Any]:
     """ms per decode of k tokens after ``depth`` tokens of context."""
     from localspec.backend import Context
-    from localspec.costs import measure_verify_costs
+    from localspec.measure_costs import measure_verify_costs
 
     ctx = Context(model, n_ctx=depth + 64, n_batch=512)
     try:
@@ -209,7 +209,7 @@ def speculative_section(target: Any, target_path: Path, draft_path: Path, args: 
             continue
         try:
             for k_label, draft_max in ((f"k={fixed_k}", fixed_k), ("auto", None)):
-                opts = GenerateOptions(max_tokens=args.max_tokens, draft_max=draft_max)
+                opts = GenerateOptions(max_tokens=args.max_tokens, draft_len=draft_max)
                 run_once(engine, free, opts)  # warm-up (and the controller's cost measurement)
                 for pname, prompt in prompts.items():
                     key = f"{label} {k_label} {pname}"
