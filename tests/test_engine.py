@@ -203,7 +203,7 @@ def test_a_draft_model_that_cannot_win_is_never_even_prefilled(target, smollm2_q
     events = list(engine.generate(PROMPTS[0], GenerateOptions(max_tokens=200)))
     done = events[-1]
     steps = [e for e in events if isinstance(e, StepEvent)]
-    assert not any(s.drafted for s in steps) and done.stats.draft_ms < 1.0
+    assert not any(s.drafted for s in steps)
     assert engine.draft_ctx is not None and engine.draft_ctx.tokens == []
     assert all(s.decision for s in steps)  # every step says why
     assert all(s.decision.startswith("speculation off") for s in steps[:-1])
