@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--questions", type=int, default=len(QUESTIONS))
     args = parser.parse_args()
 
     from localspec.backend import Model
@@ -59,14 +61,14 @@ def main() -> None:
 
     target_path, draft_path = default_models()
     target = Model(target_path)
-    plain = Engine(target, n_ctx=args.ctx)
-    spec = Engine(target, draft=Model(draft_path), n_ctx=args.ctx)
+    plain = Engine(target, n_ctx=args.ctx, n_threads=args.threads)
+    spec = Engine(target, draft=Model(draft_path), n_ctx=args.ctx, n_threads=args.threads)
     spec.cost_model()  # measured (or read from the cache) before anything is timed
     plain_opts = GenerateOptions(max_tokens=args.max_tokens, speculative=False)
     spec_opts = GenerateOptions(max_tokens=args.max_tokens)
     all_speed, all_ttft = [], []
     print(f"target {target_path.name}, draft {draft_path.name}, {args.rounds} rounds, max {args.max_tokens} tokens")
-    for question in QUESTIONS:
+    for question in QUESTIONS[: args.questions]:
         reply(plain, question, plain_opts)  # warm-up
         speed, ttft, steps, drafted, draft_ms, tokens = [], [], [], [], [], []
         for r in range(args.rounds):
