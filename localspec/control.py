@@ -402,15 +402,19 @@ class Controller:
     engine from the backend, e.g. how far the target's cache can roll back).
     One controller lives as long as the engine: its costs and acceptance
     estimates carry over from one generation to the next. ``clock`` (seconds)
-    times the lookups it makes.
+    times the lookups it makes. While speculation is off and no lookup is
+    asked, the full plan runs every ``replan_every`` steps (its inputs drift
+    slowly; a due probe is never delayed), so an unused draft model costs a
+    plain step almost nothing.
     """
 
     def __init__(self, costs: CostModel, drafters: Sequence[Drafter] = (), *, draft_len: int | None = None,
                  draft_len_limit: int | None = None, draft_len_cap: int = DRAFT_LEN_CAP, margin: float = 0.05,
                  probe_share: float = 0.025, probe_len: int = 3, min_wait: int = 8, max_wait: int = 512,
                  prior: float = 0.6, lookup_share: float = 0.02, catch_up_horizon: int = 64,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 replan_every: int = 8, clock: Callable[[], float] = time.perf_counter) -> None:
         self.costs = costs
+        self.replan_every = replan_every
         self.draft_len_cap = draft_len_cap
         self.margin = margin
         self.probe_share = probe_share
@@ -431,6 +435,10 @@ class Controller:
         self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
         self._unused = UnusedProposals()
         self._last_used: str | None = None  # the drafter the last observed step verified
+        # While speculation is off and no lookup is asked, the full plan is redone only every few steps
+        # (nothing it depends on moves faster): until step _off_until, plain with this reason prefix.
+        self._off_until = 0
+        self._off_reason: tuple[str, int] = ("", 0)  # (reason up to the probe count, step of the next probe)
         self.start(drafters, draft_len=draft_len, draft_len_limit=draft_len_limit)
 
     def start(self, drafters: Sequence[Drafter], *, draft_len: int | None = None,
@@ -449,6 +457,7 @@ class Controller:
             state.lookups = 0
         self.draft_len = draft_len
         self.draft_len_limit = draft_len_limit
+        self._off_until = 0
         self._pending = None
         self._asked = {}
         self._unused.clear()
@@ -580,6 +589,10 @@ class Controller:
         self._asked = {}
         if limit <= 0 or not self._members:
             return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"plain: {why or 'no drafter'}"), t0, forced=True)
+        if self._step < self._off_until:
+            prefix, probe_at = self._off_reason
+            return self._decide(Decision(None, 0, 1.0, t0, 1.0,
+                                         f"{prefix}; probing again in {probe_at - self._step} steps"), t0)
         lookup_ms = self._look_up(history, limit)
 
         options: list[_Option] = []
@@ -617,10 +630,13 @@ class Controller:
         again = f"probing again in {nxt} steps" if nxt is not None else "drafters re-scored every step"
         speedup = best.tokens / best.ranked_ms(horizon) * t0
         catch_up = f", catching up {best.behind} tokens" if best.behind > 2 else ""
-        return self._decide(Decision(
-            None, 0, 1.0, t0, 1.0,
-            f"speculation off: best expected {speedup:.2f}× plain ({best.drafter.name} k={best.draft_len}"
-            f"{catch_up}); {again}", proposal_ms=lookup_ms), t0)
+        prefix = (f"speculation off: best expected {speedup:.2f}× plain ({best.drafter.name} k={best.draft_len}"
+                  f"{catch_up})")
+        if nxt is not None and not self._asked and speedup < 1.0:
+            # Nothing moves fast enough to change this within a few steps: skip the full plan until then.
+            self._off_until = self._step + min(self.replan_every, nxt)
+            self._off_reason = (prefix, self._step + nxt)
+        return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {again}", proposal_ms=lookup_ms), t0)
 
     def _chosen(self, option: _Option, speedup: float, lookup_ms: float, reason: str) -> Decision:
         return Decision(option.drafter, option.draft_len, option.tokens, option.ms, speedup, reason,

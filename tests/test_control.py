@@ -658,3 +658,18 @@ def test_controller_does_not_load_llama_cpp() -> None:
     code = "import sys, localspec.control; assert 'llama_cpp' not in sys.modules, 'llama_cpp imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_unused_draft_model_is_re_planned_only_every_few_steps() -> None:
+    """While speculation is off, the full plan (every length, the catch-up) runs every 8 steps; the
+    steps between decode plainly with a reason whose probe count stays true."""
+    sim = Sim(CPU, {"draft": lambda t: 0.75}, upkeep=("draft",), prompt=150)
+    calls = []
+    drafter = sim.drafters["draft"]
+    behind = drafter.behind
+    drafter.behind = lambda history: calls.append(len(history)) or behind(history)  # type: ignore[method-assign]
+    sim.run(80)
+    assert all(d.plain for d in sim.decisions)
+    assert len(set(calls)) == 80 // 8 and sorted(set(calls)) == list(range(150, 150 + 80, 8))  # one plan in 8
+    counts = [int(d.reason.rsplit("in ", 1)[1].split()[0]) for d in sim.decisions[:8]]
+    assert counts == [counts[0] - i for i in range(8)] or counts[0] < 8
