@@ -458,6 +458,9 @@ class Controller:
         self.draft_len = draft_len
         self.draft_len_limit = draft_len_limit
         self._off_until = 0
+        # Each generation earns its own probe budget: a reply never pays for a probe with what earlier
+        # replies saved, so none slows a reply (or its first token) beyond the bound.
+        self.stats.probe_budget_ms = 0.0
         self._pending = None
         self._asked = {}
         self._unused.clear()

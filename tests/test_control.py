@@ -673,3 +673,13 @@ def test_an_unused_draft_model_is_re_planned_only_every_few_steps() -> None:
     assert len(set(calls)) == 80 // 8 and sorted(set(calls)) == list(range(150, 150 + 80, 8))  # one plan in 8
     counts = [int(d.reason.rsplit("in ", 1)[1].split()[0]) for d in sim.decisions[:8]]
     assert counts == [counts[0] - i for i in range(8)] or counts[0] < 8
+
+
+def test_each_generation_earns_its_own_probe_budget() -> None:
+    """A reply never probes with budget saved by earlier replies: its first token waits for no probe."""
+    sim = Sim(CPU, {"draft": lambda t: 0.75}, upkeep=("draft",), prompt=30)
+    sim.run(2000)
+    assert sim.ctl.stats.probe_budget_ms > 0
+    sim.ctl.start(list(sim.drafters.values()))
+    assert sim.ctl.stats.probe_budget_ms == 0.0
+    assert not sim.one().probe
