@@ -69,7 +69,7 @@ def bench(args) -> dict:
     spec = Engine(target, draft=Model(draft_path), n_ctx=args.ctx, n_threads=args.threads)
     opts_plain = GenerateOptions(max_tokens=args.max_tokens, speculative=False)
     opts_spec = spec_options(args)
-    if opts_spec.draft_max is None:
+    if opts_spec.draft_len is None:
         spec.cost_model()  # measure the cost curve now, not inside the first timed run
     rows = {}
     for name, prompt in PROMPTS.items():
@@ -99,14 +99,14 @@ def bench(args) -> dict:
             "alpha": statistics.median(alphas), "tau": statistics.median(taus),
             "python_share": statistics.median(outside), "identical": f"{identical}/{args.rounds}",
         }
-    return {"target": str(target_path), "draft": str(draft_path), "draft_max": opts_spec.draft_max, "rows": rows}
+    return {"target": str(target_path), "draft": str(draft_path), "draft_max": opts_spec.draft_len, "rows": rows}
 
 
 def spec_options(args):
     from localspec.engine import GenerateOptions
 
     draft_max = None if args.adaptive else args.draft_max
-    return GenerateOptions(max_tokens=args.max_tokens, draft_max=draft_max, p_min=args.p_min)
+    return GenerateOptions(max_tokens=args.max_tokens, draft_len=draft_max, p_min=args.p_min)
 
 
 def peak_rss_mb(mode: str, args) -> float:
@@ -126,7 +126,7 @@ def child(mode: str, args) -> None:
     opts = spec_options(args) if mode == "spec" else GenerateOptions(max_tokens=args.max_tokens, speculative=False)
     for prompt in PROMPTS.values():
         done = engine.generate(prompt, opts).run()
-        if mode == "spec" and opts.draft_max:  # (the adaptive controller may rightly draft nothing)
+        if mode == "spec" and opts.draft_len:  # (the adaptive controller may rightly draft nothing)
             assert done.stats.drafted > 0, "the speculative child never drafted: its peak would be plain's"
     print(_peak_rss_mb())
 

@@ -27,15 +27,15 @@ class Completion:
 
 
 def options(*, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-            min_p: float = 0.0, seed: int | None = None, stop: Sequence[str] = (), draft_max: int | None = None,
+            min_p: float = 0.0, seed: int | None = None, stop: Sequence[str] = (), draft_len: int | None = None,
             p_min: float = 0.0, speculative: bool = True) -> GenerateOptions:
     """GenerateOptions from flat keyword arguments.
 
-    ``draft_max=None`` (the default, as in ``GenerateOptions``) lets the adaptive
+    ``draft_len=None`` (the default, as in ``GenerateOptions``) lets the
     controller choose the draft length each step; an int fixes it (0: plain).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    return GenerateOptions(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop), draft_max=draft_max,
+    return GenerateOptions(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop), draft_len=draft_len,
                            p_min=p_min, speculative=speculative)
 
 

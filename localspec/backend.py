@@ -421,10 +421,6 @@ class Context:
         """Make positions [p0, p1) of ``src`` visible to ``dst`` as well (no copy of data)."""
         llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
-    def keep_seq(self, seq_id: int) -> None:
-        """Drop every cache entry that does not belong to ``seq_id``."""
-        llama_cpp.llama_memory_seq_keep(self._mem, seq_id)
-
     def seq_pos_max(self, seq_id: int) -> int:
         """The largest position ``seq_id`` holds in the cache, -1 when it holds none."""
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))

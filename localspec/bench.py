@@ -48,11 +48,11 @@ class Task:
 
 @dataclass(frozen=True)
 class Config:
-    """A way to decode: ``drafter`` names from the engine (None: plain), ``draft_max`` None = adaptive."""
+    """A way to decode: ``drafter`` names from the engine (None: plain), ``draft_len`` None = adaptive."""
 
     label: str
     drafter: str | None
-    draft_max: int | None = None
+    draft_len: int | None = None
 
 
 PLAIN = Config("plain", None, 0)
@@ -254,7 +254,7 @@ def run_bench(engine, tasks: Sequence[Task], configs: Sequence[Config], *, round
         engine.reset_learning()
         opts = GenerateOptions(max_tokens=max_tokens or task.max_tokens,
                                sampling=SamplingParams(temperature=task.temperature, seed=seed),
-                               draft_max=config.draft_max, speculative=config.drafter is not None,
+                               draft_len=config.draft_len, speculative=config.drafter is not None,
                                drafter=config.drafter)
         return engine.generate(tokens, opts).run()
 

@@ -1,8 +1,11 @@
-"""The adaptive controller: each step, which drafter drafts how many tokens — or none.
+"""The controller: the one owner of every drafting decision.
 
-Pure logic (no llama.cpp): it plans with a ``CostModel`` (``localspec.costs``)
-and a running acceptance estimate per drafter, and learns both from the steps
-it is shown.
+Each step it decides which drafter drafts, how many tokens (``draft_len``)
+and, for a lookup that found several continuations, how wide a tree — or
+that the step decodes plainly. It sees the drafters themselves (what each
+declares in ``localspec.drafting.base.Drafter``), one decaying acceptance
+estimate per drafter, and a ``CostModel`` (``localspec.costs``) for every
+cost a choice causes. Pure logic: no llama.cpp.
 
 The decision rule
 -----------------
@@ -13,49 +16,58 @@ position, a step emits on average
 
 and takes
 
-    T(k) = draft_ms(d, k) + verify_ms(1 + w_d k + x_d) + overhead_ms(k)
+    T(k) = draft_ms(d, k) + C_d + verify_ms(1 + n_d(k) + x_d) + overhead_ms(k)
 
-where w_d is the drafter's verified tokens per planned draft token (1 for a
-full chain, more for a tree of branches, less for a drafter that often comes
-back empty) and x_d the tokens its every batch carries besides the
-candidates (lookahead's Jacobi window; known up front, so the controller
-need not first lose time to learn what a window costs). Plain decoding
-emits 1 token in T0 = verify_ms(1) + overhead_ms(0).
-The controller picks the (d, k) with the highest E/T and drafts only when that
-beats plain by ``margin`` (5%); otherwise it decodes plainly. A user's fixed
-``--draft-max`` forces k; the controller then only chooses the drafter.
+where n_d(k) is the number of candidate tokens verified (k for a chain, the
+node count for a tree; a learned width per planned token for drafters whose
+proposal is not known beforehand), x_d the tokens every batch of d carries
+besides the candidates (``batch_extra_tokens``: lookahead's window), and C_d
+the catch-up d must decode first (``behind``: a draft model's prefill of the
+prompt the first time, then every token since it last drafted). Plain
+decoding emits 1 token in T0 = verify_ms(1) + overhead_ms(0).
+
+The catch-up is paid once and then serves the steps that follow, so options
+are ranked by E / (T - C + C min(1, E / H)), the catch-up spread over the
+next H tokens (the tokens left, at most ``catch_up_horizon``). The best
+option is taken when it beats plain by ``margin`` (5%); otherwise the step
+decodes plainly. A fixed draft length (the user's) forces k; the controller
+then still chooses the drafter and the width.
+
+Cheap drafters (``cheap``: deterministic lookups costing microseconds) are
+asked before planning, while their lookups cost at most ``lookup_share`` of
+a plain step: the controller then plans with what they actually offer
+(depth, and for a tree its own confidence by depth and its node count, or
+only its most probable path), and scores the proposals it did not verify
+against the text that followed, for free. Their lookup time is spent
+whatever is decided, so it is not part of T; it is counted in the step's
+``draft_ms``.
 
 Probing, and why it costs at most ~2.5% speed
 ---------------------------------------------
 A drafter that is not used learns nothing, so one that turned good (the text
-became repetitive) would never be picked again. Drafters whose proposals are
-known before planning (cheap lookups, passed as ``offers``) can be scored
-every step for free against what was emitted (``observe_shadow``). The others
-are *probed*: after ``wait`` unobserved steps, one step drafts ``probe_k``
-tokens with them. ``wait`` doubles after each failed probe (up to
-``max_wait``) and falls back to ``min_wait`` after a success: more tokens
+became repetitive) would never be picked again. Drafters not asked
+beforehand are *probed*: after ``wait`` unobserved steps, one step drafts
+``probe_len`` tokens with them. ``wait`` doubles after each failed probe (up
+to ``max_wait``) and falls back to ``min_wait`` after a success: more tokens
 accepted than the estimate expected, at a rate that could beat plain
-decoding at all (a drafter that is often right but too costly ever to pay
-is not worth watching closely).
+decoding at all.
 
 Probes are paid from a budget: every non-probe step adds ``probe_share`` x
-T0 x (tokens emitted) — a share of what plain decoding would have spent on
-those tokens — and a probe starts only when the budget covers its worst-case
-excess over plain (its estimated time - T0: the probe emits a single token);
-its measured excess (time - T0 x tokens) is then charged. Hence over any run,
-with N tokens emitted and non-probe steps no slower than plain (they beat it
-by the margin, or are plain):
+T0 x (tokens emitted) and a probe starts only when the budget covers its
+worst-case excess over plain (T(k) - T0 with its whole catch-up: the probe
+emits a single token); its measured excess (time - T0 x tokens) is then
+charged. Hence over any run, with N tokens emitted and non-probe steps no
+slower than plain (they beat it by the margin, or are plain):
 
     time <= T0 N + sum(probe excess) <= T0 N (1 + probe_share) + one probe's estimation error,
 
-so speed >= 1 / 1.025 = 0.976 x plain for probe_share = 0.025, i.e. >= 0.97x
-with room for estimation error. With a useless drafter on a small CPU (probe
-of 3 tokens ~ 3.2 x T0, so an excess of ~2.2 T0) the budget alone spaces
-probes ~88 steps apart, and the doubling wait spaces them further. A probe
-that succeeds is usually profitable (negative excess) and funds the next.
-Where drafting is nearly free (a GPU), forgetting returns an unused drafter's
-estimate to the prior, which is enough to try it again as an ordinary step;
-each such try costs a few percent of one step.
+so speed >= 1 / 1.025 = 0.976 x plain for probe_share = 0.025. A draft model
+as costly as the target is never chosen (T(k) exceeds E(k) T0 at any
+acceptance), and its probes, which pay its prefill and catch-up, wait until
+the budget covers them: in a short reply, never, so nothing is decoded with
+it at all. Where drafting is nearly free (a GPU), forgetting returns an
+unused drafter's estimate to the prior, which is enough to try it again as
+an ordinary step.
 
 Acceptance estimates forget: each observation of a drafter discounts its
 past evidence by ``decay`` (memory ~20 observations, so a drafter that
@@ -68,28 +80,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Sequence
 
 from localspec.costs import CostModel
-from localspec.drafting.base import Proposal, TreeProposal
+from localspec.drafting.base import Drafter, Proposal, TreeProposal
+from localspec.drafting.tree import ROOT, CandidateTree
+from localspec.events import StepEvent
 
-
-class StepLike(Protocol):
-    """The fields of ``localspec.speculative.StepResult`` the controller reads.
-
-    (A protocol, not an import: ``speculative`` imports llama.cpp, and the
-    controller is pure logic.)
-    """
-
-    tokens: tuple[int, ...]
-    drafter: str | None
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float
-    python_s: float
-    verified: int
+# The most tokens the controller drafts per step when the length is not fixed
+# (the verify costs are measured up to batches of 16).
+DRAFT_LEN_CAP = 15
+# The longest fixed draft length accepted (a batch of 65 tokens).
+DRAFT_LEN_MAX = 64
 
 
 # --- acceptance with forgetting ----------------------------------------------
@@ -97,8 +101,8 @@ class StepLike(Protocol):
 class DecayingAcceptance:
     """Running acceptance by draft position that forgets, with a prior worth ``weight`` trials.
 
-    Same API as ``drafting.combine.PositionAcceptance`` (``rate``,
-    ``expected_accepted``, ``update``), so it can replace it. Two differences:
+    The one acceptance estimator (the controller keeps one per drafter). Two
+    properties matter:
 
     * evidence decays: by ``decay`` at each observation of the drafter, and
       by ``idle_decay`` per step without any observation (``update(...,
@@ -169,42 +173,38 @@ def expected_tokens_per_step(alpha: float, gamma: float) -> float:
     return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
 
 
-# --- what the controller takes and gives --------------------------------------
-@dataclass(frozen=True)
-class Offer:
-    """A proposal a cheap drafter has already made this step.
+# --- what a proposal offers ---------------------------------------------------
+def tree_confidence(tree: CandidateTree) -> tuple[float, ...]:
+    """A tree's own chance of being right at depth d+1 once right up to d, for each depth.
 
-    ``depth`` caps k (the drafter has nothing deeper). ``confidence[i]``, when
-    given, is the drafter's own probability that position i is right given
-    the earlier ones are (for a tree: the mass its branches cover at that
-    depth); the controller never plans with more than that, nor with more
-    than the drafter's measured acceptance.
+    A node's probability is the share of the continuations' weight that
+    starts with its path, so the mass at depth d+1 over the mass at depth d
+    is that chance.
     """
-
-    depth: int
-    confidence: tuple[float, ...] = ()
-
-
-def proposal_offer(proposal: Proposal | TreeProposal) -> Offer:
-    """The offer a proposal makes: its depth and, for a tree, its own confidence by depth.
-
-    A tree node's probability is the share of the continuations' weight that
-    starts with its path, so the mass at depth d+1 over the mass at depth d is
-    the tree's own chance of still being right at d+1 once right up to d.
-    """
-    if not isinstance(proposal, TreeProposal):
-        return Offer(len(proposal.tokens))
-    tree = proposal.tree
     depth = max(tree.depths, default=0)
     mass = [1.0] + [0.0] * depth
     for d, p in zip(tree.depths, tree.probs):
         mass[d] += p
-    confidence = tuple(min(1.0, mass[d + 1] / mass[d]) if mass[d] > 0 else 0.0 for d in range(depth))
-    return Offer(depth, confidence)
+    return tuple(min(1.0, mass[d + 1] / mass[d]) if mass[d] > 0 else 0.0 for d in range(depth))
+
+
+def best_path(tree: CandidateTree) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The tokens along the most probable child at each depth, and the chance of each given the ones before."""
+    tokens: list[int] = []
+    confidence: list[float] = []
+    node, prob = ROOT, 1.0
+    while True:
+        kids = [i for i in range(len(tree)) if tree.parents[i] == node]
+        if not kids:
+            return tuple(tokens), tuple(confidence)
+        node = max(kids, key=lambda i: tree.probs[i])
+        tokens.append(tree.tokens[node])
+        confidence.append(min(1.0, tree.probs[node] / prob) if prob > 0 else 0.0)
+        prob = tree.probs[node]
 
 
 def proposal_branches(proposal: Proposal | TreeProposal) -> tuple[tuple[int, ...], ...]:
-    """The candidate continuations of a proposal, for ``Controller.observe_shadow``."""
+    """The candidate continuations of a proposal."""
     if isinstance(proposal, TreeProposal):
         return proposal.tree.branches
     return (tuple(proposal.tokens),) if proposal.tokens else ()
@@ -212,34 +212,49 @@ def proposal_branches(proposal: Proposal | TreeProposal) -> tuple[tuple[int, ...
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do this step: draft ``k`` tokens with ``drafter``, or decode plainly (k = 0).
+    """What to do this step: draft ``draft_len`` tokens with ``drafter``, or decode plainly.
 
-    ``expected_tokens``/``expected_ms`` per step under the current estimates;
-    ``speedup`` = (expected_tokens / expected_ms) / (1 / plain step ms).
-    ``probe``: a step taken to re-test a drafter, not because it is expected to win.
+    ``expected_tokens``/``expected_ms`` per step under the current estimates
+    (``expected_ms`` with the whole catch-up); ``speedup``: expected tokens
+    per ms over plain decoding's (the catch-up spread as when ranking).
+    ``probe``: a step taken to re-test a drafter, not because it is expected
+    to win. ``proposal``: the proposal to verify when it was made while
+    planning (cut to ``draft_len`` and to the chosen width); None: the step
+    asks ``drafter``. ``proposal_ms``: the lookups made while planning.
+    ``behind``: the tokens ``drafter`` must catch up on first.
     """
 
-    drafter: str | None
-    k: int
+    drafter: Drafter | None
+    draft_len: int
     expected_tokens: float
     expected_ms: float
     speedup: float
     reason: str
     probe: bool = False
+    proposal: Proposal | TreeProposal | None = None
+    proposal_ms: float = 0.0
+    behind: int = 0
 
     @property
     def plain(self) -> bool:
-        return self.drafter is None or self.k == 0
+        return self.drafter is None or self.draft_len == 0
+
+    @property
+    def name(self) -> str | None:
+        """The chosen drafter's name (None: plain)."""
+        return self.drafter.name if self.drafter is not None and self.draft_len else None
 
 
 @dataclass
 class ControllerStats:
-    """Counters behind the controller's decisions, for the dashboard and ``--verbose`` output.
+    """Counters behind the controller's decisions, for the dashboard and the CLI's statistics.
 
     ``choices[name][k]`` counts steps planned with that drafter and k (plain
     steps under ``"plain"``, k = 0). Gains compare planned and measured
     drafting steps (probes excluded) with plain decoding of the same tokens
-    at the plain cost estimated at the time.
+    at the plain cost estimated at the time. ``last_reason``: the reason of the
+    last decision that weighed drafting (a step that could only decode
+    plainly, such as a reply's last token, leaves it).
     """
 
     steps: int = 0
@@ -310,217 +325,429 @@ class ControllerStats:
 
 @dataclass
 class _DrafterState:
+    """What the controller keeps about one drafter (by name: it outlives a generation)."""
+
     acceptance: DecayingAcceptance
-    width: float = 1.0      # verified tokens per planned draft token
-    extra: float = 0.0      # tokens every verification batch carries besides the candidates (a window)
+    width: float = 1.0      # verified tokens per planned draft token (drafters not asked beforehand)
     last_seen: int = 0      # step of the last acceptance observation
     wait: int = 0           # unobserved steps before the next probe
+    lookups: int = 0        # lookups since the drafter was reset (the first one indexes the prompt)
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One candidate plan: ``drafter`` drafting ``draft_len`` tokens (``proposal``: made already, cut)."""
+
+    drafter: Drafter
+    draft_len: int
+    tokens: float
+    ms: float
+    catch_up_ms: float = 0.0
+    behind: int = 0
+    proposal: Proposal | TreeProposal | None = None
+    shape: str = ""
+
+    def ranked_ms(self, horizon: float) -> float:
+        """The step's time with its catch-up spread over the ``horizon`` tokens it will serve."""
+        return self.ms - self.catch_up_ms + self.catch_up_ms * min(1.0, self.tokens / horizon)
+
+
+class UnusedProposals:
+    """Proposals a step did not verify, kept until the text that followed them can judge them.
+
+    A plain step emits one token, which would only ever judge a proposal's
+    first position; so an unused proposal waits until its depth is covered
+    (or it has parted from the text), and is then scored at every position
+    (``Controller.observe_shadow``), teaching the controller a lookup's
+    acceptance by position without paying for a verification.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, str, tuple[tuple[int, ...], ...]]] = []  # (history index, name, branches)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, start: int, name: str, branches: Sequence[Sequence[int]]) -> None:
+        """``name``'s proposal for the text from ``history[start]`` on."""
+        if any(branches):
+            self._pending.append((start, name, tuple(tuple(b) for b in branches if b)))
+
+    def ready(self, history: Sequence[int]) -> list[tuple[str, tuple[tuple[int, ...], ...], list[int]]]:
+        """(name, branches, what followed up to their depth) of each proposal the history now judges."""
+        out, pending = [], []
+        for start, name, branches in self._pending:
+            followed = list(history[start:])
+            depth = max(len(b) for b in branches)
+            matched = max(common_prefix(b, followed) for b in branches)
+            if len(followed) >= depth or matched < len(followed):
+                out.append((name, branches, followed[:depth]))
+            else:
+                pending.append((start, name, branches))
+        self._pending = pending
+        return out
+
+    def clear(self) -> None:
+        self._pending.clear()
 
 
 # --- the controller -----------------------------------------------------------
 class Controller:
     """Plans each step (``plan``) and learns from it (``observe``); see the module notes.
 
-    ``drafters``: the names ``plan`` may choose (what the engine can run).
-    ``fixed_k``: the user's ``--draft-max``; None lets the controller choose k
-    up to ``k_cap`` (the verify costs are measured up to 16 tokens).
-    One controller should live as long as the engine: its costs and
-    acceptance estimates carry over from one generation to the next.
+    ``drafters``: the drafters ``plan`` may choose this generation (``start``
+    replaces them). ``draft_len``: a fixed draft length (the user's); None
+    lets the controller choose up to ``draft_len_cap``. ``draft_len_limit``:
+    the most tokens any step may draft whatever else is asked (set by the
+    engine from the backend, e.g. how far the target's cache can roll back).
+    One controller lives as long as the engine: its costs and acceptance
+    estimates carry over from one generation to the next. ``clock`` (seconds)
+    times the lookups it makes. While speculation is off and no lookup is
+    asked, the full plan runs every ``replan_every`` steps (its inputs drift
+    slowly; a due probe is never delayed), so an unused draft model costs a
+    plain step almost nothing.
     """
 
-    def __init__(self, costs: CostModel, drafters: Sequence[str], *, fixed_k: int | None = None,
-                 k_cap: int = 15, margin: float = 0.05, probe_share: float = 0.025, probe_k: int = 3,
-                 min_wait: int = 8, max_wait: int = 512, prior: float = 0.6,
-                 extra_tokens: Mapping[str, int] | None = None) -> None:
-        if fixed_k is not None and fixed_k < 0:
-            raise ValueError(f"fixed_k must be >= 0, not {fixed_k}")
+    def __init__(self, costs: CostModel, drafters: Sequence[Drafter] = (), *, draft_len: int | None = None,
+                 draft_len_limit: int | None = None, draft_len_cap: int = DRAFT_LEN_CAP, margin: float = 0.05,
+                 probe_share: float = 0.025, probe_len: int = 3, min_wait: int = 8, max_wait: int = 512,
+                 prior: float = 0.6, lookup_share: float = 0.02, catch_up_horizon: int = 64,
+                 replan_every: int = 8, clock: Callable[[], float] = time.perf_counter) -> None:
         self.costs = costs
-        self.fixed_k = fixed_k
-        self.k_cap = k_cap
+        self.replan_every = replan_every
+        self.draft_len_cap = draft_len_cap
         self.margin = margin
         self.probe_share = probe_share
-        self.probe_k = probe_k
+        self.probe_len = probe_len
         self.min_wait = min_wait
         self.max_wait = max_wait
-        self._drafters = {name: _DrafterState(DecayingAcceptance(prior=prior), wait=min_wait,
-                                              extra=float((extra_tokens or {}).get(name, 0)))
-                          for name in drafters}
+        self.prior = prior
+        self.lookup_share = lookup_share
+        self.catch_up_horizon = catch_up_horizon
+        self.clock = clock
         self.stats = ControllerStats()
+        self._states: dict[str, _DrafterState] = {}
+        self._members: dict[str, Drafter] = {}
+        self.draft_len: int | None = None
+        self.draft_len_limit: int | None = None
         self._step = 0
         self._pending: tuple[Decision, float] | None = None  # the planned decision and T0 then
+        self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
+        self._unused = UnusedProposals()
         self._last_used: str | None = None  # the drafter the last observed step verified
+        # While speculation is off and no lookup is asked, the full plan is redone only every few steps
+        # (nothing it depends on moves faster): until step _off_until, plain with this reason prefix.
+        self._off_until = 0
+        self._off_reason: tuple[str, int] = ("", 0)  # (reason up to the probe count, step of the next probe)
+        self.start(drafters, draft_len=draft_len, draft_len_limit=draft_len_limit)
+
+    def start(self, drafters: Sequence[Drafter], *, draft_len: int | None = None,
+              draft_len_limit: int | None = None) -> None:
+        """Begin a generation with ``drafters`` (reset for a new sequence). What was learned stays."""
+        if draft_len is not None and not 0 <= draft_len <= DRAFT_LEN_MAX:
+            raise ValueError(f"a fixed draft length must be in 0..{DRAFT_LEN_MAX}, not {draft_len}")
+        names = [d.name for d in drafters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"drafter names must differ: {names}")
+        self._members = {d.name: d for d in drafters}
+        for name in self._members:
+            state = self._states.get(name)
+            if state is None:
+                state = self._states[name] = _DrafterState(DecayingAcceptance(prior=self.prior), wait=self.min_wait)
+            state.lookups = 0
+        self.draft_len = draft_len
+        self.draft_len_limit = draft_len_limit
+        self._off_until = 0
+        # Each generation earns its own probe budget: a reply never pays for a probe with what earlier
+        # replies saved, so none slows a reply (or its first token) beyond the bound.
+        self.stats.probe_budget_ms = 0.0
+        self._pending = None
+        self._asked = {}
+        self._unused.clear()
 
     @property
-    def drafters(self) -> list[str]:
-        return list(self._drafters)
+    def drafters(self) -> list[Drafter]:
+        return list(self._members.values())
 
     def acceptance(self, name: str) -> DecayingAcceptance:
-        return self._drafters[name].acceptance
+        return self._states[name].acceptance
 
     # --- the objective ------------------------------------------------------
-    def evaluate(self, name: str, k: int, offer: Offer | None = None) -> tuple[float, float]:
-        """(expected tokens, expected ms) of one step drafting ``k`` tokens with ``name``."""
-        if k <= 0:
-            return 1.0, self.costs.plain_ms()
-        state = self._drafters[name]
-        rates = state.acceptance.rates(k)
-        if offer is not None and offer.confidence:
-            rates = [min(a, offer.confidence[i]) if i < len(offer.confidence) else a
-                     for i, a in enumerate(rates)]
-        tokens, run = 1.0, 1.0
-        for a in rates:
-            run *= a
-            tokens += run
-        return tokens, self._step_ms(name, k)
+    def expected_tokens(self, name: str, draft_len: int, confidence: Sequence[float] = ()) -> float:
+        """E(k): the estimate's rates, never above the proposal's own ``confidence`` where it has one."""
+        return self._expected_by_length(name, draft_len, confidence)[draft_len]
 
-    def _step_ms(self, name: str, k: int) -> float:
-        """T(k): drafting ``k`` tokens with ``name``, verifying its batch, and the step's Python work."""
-        state = self._drafters[name]
-        return (self.costs.draft_ms(name, k) + self.costs.verify_ms(1.0 + state.width * k + state.extra)
-                + self.costs.overhead_ms(k))
+    def _expected_by_length(self, name: str, limit: int, confidence: Sequence[float] = ()) -> list[float]:
+        """E(k) for k = 0..limit in one pass."""
+        out, tokens, run = [1.0], 1.0, 1.0
+        for i, a in enumerate(self._states[name].acceptance.rates(limit)):
+            run *= min(a, confidence[i]) if i < len(confidence) else a
+            tokens += run
+            out.append(tokens)
+        return out
+
+    def step_ms(self, name: str, draft_len: int, *, verified: float | None = None, drafting: bool = True,
+                catch_up_ms: float = 0.0) -> float:
+        """T(k): drafting (unless already done), the catch-up, verifying the batch (``verified``
+        candidate tokens; default: the learned width times k, plus the drafter's extra tokens)
+        and the step's Python work."""
+        state = self._states[name]
+        member = self._members.get(name)
+        extra = member.batch_extra_tokens if member is not None else 0
+        n = state.width * draft_len if verified is None else verified
+        draft = self.costs.draft_ms(name, draft_len) if drafting else 0.0
+        return draft + catch_up_ms + self.costs.verify_ms(1.0 + n + extra) + self.costs.overhead_ms(draft_len)
+
+    def evaluate(self, name: str, draft_len: int, *, behind: int = 0) -> tuple[float, float]:
+        """(expected tokens, expected ms) of one step where ``name`` drafts ``draft_len`` tokens when asked,
+        after catching up ``behind`` tokens."""
+        if draft_len <= 0:
+            return 1.0, self.costs.plain_ms()
+        return (self.expected_tokens(name, draft_len),
+                self.step_ms(name, draft_len, catch_up_ms=self.costs.catch_up_ms(name, behind)))
+
+    def _lengths(self, limit: int) -> range:
+        return range(limit, limit + 1) if self.draft_len is not None else range(1, limit + 1)
+
+    def _asked_options(self, drafter: Drafter, proposal: Proposal | TreeProposal, limit: int) -> list[_Option]:
+        """Options from a proposal in hand: each depth, as the whole tree or its most probable path."""
+        name = drafter.name
+        out: list[_Option] = []
+        if isinstance(proposal, TreeProposal) and len(proposal.tree.leaves) > 1:
+            tree = proposal.tree
+            depth = min(max(tree.depths), limit)
+            tree_tokens = self._expected_by_length(name, depth, tree_confidence(tree))
+            path, path_confidence = best_path(tree)
+            path_tokens = self._expected_by_length(name, depth, path_confidence)
+            for k in self._lengths(depth):
+                nodes = sum(1 for d in tree.depths if d <= k)
+                out.append(_Option(drafter, k, tree_tokens[k], self.step_ms(name, k, verified=nodes, drafting=False),
+                                   proposal=proposal, shape=f"a {nodes}-node tree"))
+                out.append(_Option(drafter, k, path_tokens[k], self.step_ms(name, k, verified=k, drafting=False),
+                                   proposal=Proposal(path[:k], None, proposal.drafter or name)))
+            return out
+        tokens = proposal.tokens
+        depth = min(len(tokens), limit)
+        expected = self._expected_by_length(name, depth)
+        for k in self._lengths(depth):
+            out.append(_Option(drafter, k, expected[k], self.step_ms(name, k, verified=k, drafting=False),
+                               proposal=Proposal(tuple(tokens[:k]), None, proposal.drafter or name)))
+        return out
+
+    def _options(self, drafter: Drafter, limit: int, behind: int) -> list[_Option]:
+        """Options for a drafter asked only once chosen."""
+        name = drafter.name
+        catch_up = self.costs.catch_up_ms(name, behind)
+        expected = self._expected_by_length(name, limit)
+        return [_Option(drafter, k, expected[k], self.step_ms(name, k, catch_up_ms=catch_up), catch_up, behind)
+                for k in self._lengths(limit)]
 
     # --- planning -----------------------------------------------------------
-    def plan(self, max_k: int, offers: Mapping[str, Offer] | None = None) -> Decision:
+    def _limit(self, room: int, remaining: int) -> tuple[int, str]:
+        """The most tokens this step may draft, and when that is 0, why (in words)."""
+        if self.draft_len == 0:
+            return 0, "the draft length is fixed at 0"
+        if self.draft_len_limit is not None and self.draft_len_limit <= 0:
+            return 0, "the model cannot roll back a draft"
+        if room <= 0:
+            return 0, "the context has no room for a draft"
+        if remaining <= 1:
+            return 0, "one token left to generate"
+        limit = min(room, remaining - 1, self.draft_len if self.draft_len is not None else self.draft_len_cap)
+        if self.draft_len_limit is not None:
+            limit = min(limit, self.draft_len_limit)
+        return limit, ""
+
+    def _lookup_pays(self, drafter: Drafter, limit: int) -> bool:
+        """Whether to ask ``drafter`` before planning: a lookup that stays within ``lookup_share`` of a plain step."""
+        return drafter.cheap and self.costs.draft_ms(drafter.name, limit) <= self.lookup_share * self.costs.plain_ms()
+
+    def _look_up(self, history: Sequence[int], limit: int) -> float:
+        """Ask the cheap drafters; returns the ms it took (spent whatever is decided)."""
+        self._asked = {}
+        total = 0.0
+        for drafter in self._members.values():
+            if not self._lookup_pays(drafter, limit):
+                continue
+            t = self.clock()
+            proposal = drafter.propose(history, limit)
+            ms = (self.clock() - t) * 1e3
+            total += ms
+            state = self._states[drafter.name]
+            if state.lookups:  # the first lookup of a sequence indexes the whole prompt: not a step's cost
+                self.costs.observe_draft(drafter.name, limit, ms)
+            state.lookups += 1
+            self._asked[drafter.name] = proposal
+        return total
+
+    def plan(self, history: Sequence[int], *, room: int, remaining: int) -> Decision:
         """The decision for the next step.
 
-        ``max_k``: the most draft tokens that fit (context room, tokens left).
-        ``offers``: proposals cheap drafters already made this step; a drafter
-        missing from a given mapping has nothing this step (None: no drafter
-        proposed in advance, each may draft up to ``max_k``).
+        ``history``: the tokens so far (the last one not yet decoded by the
+        target); ``room``: draft tokens that fit in the context; ``remaining``:
+        tokens still to generate (a draft can emit at most that many).
         """
         t0 = self.costs.plain_ms()
-        limits: dict[str, int] = {}
-        for name in self._drafters:
-            limit = max(0, max_k if self.fixed_k is None else min(max_k, self.fixed_k))
-            if self.fixed_k is None:
-                limit = min(limit, self.k_cap)
-            if offers is not None:
-                offer = offers.get(name)
-                limit = min(limit, offer.depth) if offer is not None else 0
-            if limit > 0:
-                limits[name] = limit
+        limit, why = self._limit(room, remaining)
+        self._asked = {}
+        if limit <= 0 or not self._members:
+            return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"plain: {why or 'no drafter'}"), t0, forced=True)
+        if self._step < self._off_until:
+            prefix, probe_at = self._off_reason
+            return self._decide(Decision(None, 0, 1.0, t0, 1.0,
+                                         f"{prefix}; probing again in {probe_at - self._step} steps"), t0)
+        lookup_ms = self._look_up(history, limit)
 
-        best: tuple[float, str, int, float, float] | None = None  # speed, name, k, tokens, ms
-        for name, limit in limits.items():
-            offer = offers.get(name) if offers is not None else None
-            for k in ([limit] if self.fixed_k is not None else range(1, limit + 1)):
-                tokens, ms = self.evaluate(name, k, offer)
-                if best is None or tokens / ms > best[0]:
-                    best = (tokens / ms, name, k, tokens, ms)
+        options: list[_Option] = []
+        for name, drafter in self._members.items():
+            if name in self._asked:
+                options += self._asked_options(drafter, self._asked[name], limit)
+            else:
+                options += self._options(drafter, limit, drafter.behind(history))
+        horizon = float(max(1, min(remaining, self.catch_up_horizon)))
+        best = max(options, key=lambda o: o.tokens / o.ranked_ms(horizon), default=None)
 
         choice: Decision | None = None
         if best is not None:
-            speed, name, k, tokens, ms = best
-            speedup = speed * t0
-            if self.fixed_k is not None:
-                choice = Decision(name, k, tokens, ms, speedup,
-                                  f"{name}: --draft-max {self.fixed_k} → k={k}, expected {tokens:.1f} tok/step "
-                                  f"at {ms:.0f} ms → {speedup:.2f}× plain")
+            speedup = best.tokens / best.ranked_ms(horizon) * t0
+            what = f"{best.drafter.name} k={best.draft_len}" + (f" as {best.shape}" if best.shape else "")
+            costs = f"expected {best.tokens:.1f} tok/step at {best.ms:.0f} ms"
+            if best.behind > 2:
+                costs += f" (catching up {best.behind} tokens)"
+            if self.draft_len is not None:
+                choice = self._chosen(best, speedup, lookup_ms,
+                                      f"{what}: draft length fixed at {self.draft_len}; {costs} → {speedup:.2f}× plain")
             elif speedup >= 1.0 + self.margin:
-                choice = Decision(name, k, tokens, ms, speedup,
-                                  f"{name}: expected {tokens:.1f} tok/step at {ms:.0f} ms → {speedup:.2f}× plain")
+                choice = self._chosen(best, speedup, lookup_ms, f"{what}: {costs} → {speedup:.2f}× plain")
 
         # A stale drafter is probed whatever the choice (it may now beat the chosen one too).
-        probe = self._probe(limits, choice.drafter if choice is not None else None, offers, t0)
+        probe = self._probe(history, limit, choice.drafter if choice is not None else None, lookup_ms, t0)
         if probe is not None:
             return self._decide(probe, t0)
         if choice is not None:
             return self._decide(choice, t0)
         if best is None:
-            why = "no room to draft" if max_k <= 0 or self.fixed_k == 0 else "no drafter has a proposal"
-            return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"plain: {why}"), t0)
-        nxt = self._next_probe_in(t0)
+            return self._decide(Decision(None, 0, 1.0, t0, 1.0, "plain: no drafter has a proposal",
+                                         proposal_ms=lookup_ms), t0)
+        nxt = self._next_probe_in(history, limit, t0)
         again = f"probing again in {nxt} steps" if nxt is not None else "drafters re-scored every step"
-        return self._decide(Decision(
-            None, 0, 1.0, t0, 1.0,
-            f"speculation off: best expected {best[0] * t0:.2f}× plain ({best[1]} k={best[2]}); {again}"), t0)
+        speedup = best.tokens / best.ranked_ms(horizon) * t0
+        catch_up = f", catching up {best.behind} tokens" if best.behind > 2 else ""
+        prefix = (f"speculation off: best expected {speedup:.2f}× plain ({best.drafter.name} k={best.draft_len}"
+                  f"{catch_up})")
+        if nxt is not None and not self._asked and speedup < 1.0:
+            # Nothing moves fast enough to change this within a few steps: skip the full plan until then.
+            self._off_until = self._step + min(self.replan_every, nxt)
+            self._off_reason = (prefix, self._step + nxt)
+        return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {again}", proposal_ms=lookup_ms), t0)
 
-    def _probe(self, limits: Mapping[str, int], chosen: str | None, offers: Mapping[str, Offer] | None,
+    def _chosen(self, option: _Option, speedup: float, lookup_ms: float, reason: str) -> Decision:
+        return Decision(option.drafter, option.draft_len, option.tokens, option.ms, speedup, reason,
+                        proposal=option.proposal, proposal_ms=lookup_ms, behind=option.behind)
+
+    def _probe(self, history: Sequence[int], limit: int, chosen: Drafter | None, lookup_ms: float,
                t0: float) -> Decision | None:
-        """A probe of the longest-unobserved drafter (other than ``chosen``) that is due and
-        whose expected excess over plain the budget covers, if any."""
-        due = [(self._step - s.last_seen, name) for name, s in self._drafters.items()
-               if name in limits and name != chosen and self._step - s.last_seen >= s.wait]
-        for _, name in sorted(due, reverse=True):
-            # A fixed --draft-max holds for probes too; otherwise a short draft keeps them cheap.
-            k = limits[name] if self.fixed_k is not None else min(self.probe_k, limits[name])
-            tokens, ms = self.evaluate(name, k, offers.get(name) if offers is not None else None)
+        """A probe of the longest-unobserved drafter not asked beforehand (nor ``chosen``) that is due
+        and whose worst-case excess over plain, its catch-up included, the budget covers."""
+        due = [(self._step - self._states[name].last_seen, name) for name, d in self._members.items()
+               if name not in self._asked and d is not chosen
+               and self._step - self._states[name].last_seen >= self._states[name].wait]
+        for unseen, name in sorted(due, reverse=True):
+            drafter = self._members[name]
+            # A fixed draft length holds for probes too; otherwise a short draft keeps them cheap.
+            k = limit if self.draft_len is not None else min(self.probe_len, limit)
+            behind = drafter.behind(history)
+            tokens, ms = self.evaluate(name, k, behind=behind)
             if self.stats.probe_budget_ms >= ms - t0:  # worst case: the probe emits one token
-                return Decision(name, k, tokens, ms, tokens / ms * t0,
-                                f"probe {name} k={k}: unobserved for {self._step - self._drafters[name].last_seen} "
-                                f"steps, expected {tokens / ms * t0:.2f}× plain", probe=True)
+                catch_up = f", catching up {behind} tokens" if behind > 2 else ""
+                return Decision(drafter, k, tokens, ms, tokens / ms * t0,
+                                f"probe {name} k={k}: unobserved for {unseen} steps{catch_up}, "
+                                f"expected {tokens / ms * t0:.2f}× plain", probe=True, proposal_ms=lookup_ms,
+                                behind=behind)
         return None
 
-    def _next_probe_in(self, t0: float) -> int | None:
+    def _next_probe_in(self, history: Sequence[int], limit: int, t0: float) -> int | None:
         """Steps until the next probe could start (by wait and budget), for the reason text."""
         best: int | None = None
-        for name, s in self._drafters.items():
-            if self._step > 0 and s.last_seen == self._step:
-                continue  # observed in the last step (shadow-scored): needs no probe
+        for name, drafter in self._members.items():
+            if name in self._asked:
+                continue  # scored every step: needs no probe
+            s = self._states[name]
             by_wait = max(0, s.wait - (self._step - s.last_seen))
-            tokens, ms = self.evaluate(name, min(self.probe_k, self.k_cap))
+            _, ms = self.evaluate(name, min(self.probe_len, limit), behind=drafter.behind(history))
             deficit = ms - t0 - self.stats.probe_budget_ms
             by_budget = math.ceil(deficit / (self.probe_share * t0)) if deficit > 0 and self.probe_share > 0 else 0
             n = max(by_wait, by_budget)
             best = n if best is None else min(best, n)
         return best
 
-    def _decide(self, decision: Decision, t0: float) -> Decision:
+    def _decide(self, decision: Decision, t0: float, *, forced: bool = False) -> Decision:
         self._pending = (decision, t0)
-        self.stats.last_reason = decision.reason
+        if not forced or not self.stats.last_reason:
+            self.stats.last_reason = decision.reason
         return decision
 
     # --- learning -----------------------------------------------------------
-    def observe(self, step: StepLike, *, batch_tokens: int | None = None) -> None:
-        """Learn from the step just taken (after the ``plan`` that decided it).
-
-        ``batch_tokens``: tokens in the verification decode when it held more
-        than ``1 + step.verified`` (lookahead's window); otherwise inferred.
-        A step without a preceding ``plan`` is attributed to ``step.drafter``.
-        """
-        decision, t0 = self._pending or (None, self.costs.plain_ms())
+    def observe(self, step: StepEvent, history: Sequence[int]) -> None:
+        """Learn from the step just taken (after the ``plan`` that decided it); ``history`` ends with
+        its tokens. Every drafter the step did not use is told the outcome (``accepted(history, 0)``)."""
+        decision, t0 = self._pending or (Decision(None, 0, 1.0, self.costs.plain_ms(), 1.0, ""),
+                                         self.costs.plain_ms())
         self._pending = None
         self._step += 1
-        if decision is None:
-            k = step.drafted if step.drafter in self._drafters else 0
-            decision = Decision(step.drafter if k else None, k, 1.0, t0, 1.0, "")
-        batch = batch_tokens if batch_tokens is not None else 1 + step.verified
-        step_ms = (step.draft_s + step.verify_s + step.python_s) * 1e3
-        n_tokens = len(step.tokens)
+        n_tokens = step.emitted
+        start = len(history) - n_tokens
 
         # costs
-        if step.verify_s > 0:
-            self.costs.observe_verify(batch, step.verify_s * 1e3)
-        self.costs.observe_overhead(decision.k, step.python_s * 1e3)
+        if step.verify_ms > 0:
+            self.costs.observe_verify(step.batch_tokens, step.verify_ms)
+        self.costs.observe_overhead(decision.draft_len, step.python_ms)
 
         # the drafter: cost when asked for k, acceptance over the k planned positions
         # (a proposal shorter than planned counts its missing positions as rejected,
         # so expected tokens match what such steps really emit)
-        name = decision.drafter if not decision.plain else None
+        name = decision.name
         self._last_used = name
-        if name is not None and name in self._drafters:
-            state = self._drafters[name]
-            self.costs.observe_draft(name, decision.k, step.draft_s * 1e3)
-            state.acceptance.update(decision.k, step.accepted,
+        if name is not None and name in self._states:
+            state = self._states[name]
+            if name not in self._asked and decision.behind <= 8:
+                own_ms = step.draft_ms - decision.proposal_ms - self.costs.catch_up_ms(name, decision.behind)
+                self.costs.observe_draft(name, decision.draft_len, max(0.0, own_ms))
+            state.acceptance.update(decision.draft_len, step.accepted,
                                     idle_steps=max(0, self._step - state.last_seen - 1))
-            state.width += 0.1 * (max(0.0, batch - 1 - state.extra) / decision.k - state.width)
+            if name not in self._asked:
+                extra = self._members[name].batch_extra_tokens if name in self._members else 0
+                candidates = max(0.0, step.batch_tokens - 1 - extra)
+                state.width += 0.1 * (candidates / decision.draft_len - state.width)
             state.last_seen = self._step
+
+        # the drafters the step did not use follow the text; their unused lookups wait to be scored
+        for other, drafter in self._members.items():
+            if other == name:
+                continue
+            if other in self._asked:
+                drafter.verified(0)
+                self._unused.add(start, other, proposal_branches(self._asked[other]))
+            drafter.accepted(history, 0)
+        self._asked = {}
+        for other, branches, followed in self._unused.ready(history):
+            self.observe_shadow(other, branches, followed, deferred=True)
 
         # counters, the probe budget, probe outcomes
         stats = self.stats
         stats.steps += 1
         row = stats.choices.setdefault(name or "plain", {})
-        row[decision.k] = row.get(decision.k, 0) + 1
+        row[decision.draft_len] = row.get(decision.draft_len, 0) + 1
         if decision.probe and name is not None:
             stats.probes += 1
-            stats.probe_budget_ms -= step_ms - t0 * n_tokens
-            state = self._drafters[name]
+            stats.probe_budget_ms -= step.step_ms - t0 * n_tokens
+            state = self._states[name]
             # Success: the probe kept more than the estimate expects (a drafter gone good beats a
             # stale low estimate; a useless one never does), and acceptance as good as the probe's
             # could pay at all. A drafter that is often right but too costly to win (a draft model
             # as slow as the target) fails like a useless one, so its probes thin out.
-            rate = step.accepted / decision.k
-            if step.accepted > decision.expected_tokens - 1.0 and self._could_win(name, rate, decision.k):
+            rate = step.accepted / decision.draft_len
+            if step.accepted > decision.expected_tokens - 1.0 and self._could_win(name, rate, decision.draft_len):
                 stats.probe_successes += 1
                 state.wait = self.min_wait
             else:
@@ -535,79 +762,41 @@ class Controller:
             stats.expected_ms += decision.expected_ms
             stats.expected_plain_ms += decision.expected_tokens * t0
             stats.measured_tokens += n_tokens
-            stats.measured_ms += step_ms
+            stats.measured_ms += step.step_ms
             stats.measured_plain_ms += n_tokens * t0
 
-    def _could_win(self, name: str, alpha: float, k: int) -> bool:
-        """Whether a ``k``-token draft by ``name``, accepted at ``alpha`` per position, would beat plain by the
-        margin at the estimated costs (judging a probe at its own length: a 3-token probe that was fully
-        accepted says little about 15-token drafts)."""
-        speedup = expected_tokens_per_step(alpha, k) / self._step_ms(name, k) * self.costs.plain_ms()
+    def _could_win(self, name: str, alpha: float, draft_len: int) -> bool:
+        """Whether a ``draft_len``-token draft by ``name``, accepted at ``alpha`` per position, would beat
+        plain by the margin at the estimated costs, once caught up (judging a probe at its own length: a
+        3-token probe that was fully accepted says little about 15-token drafts)."""
+        speedup = expected_tokens_per_step(alpha, draft_len) / self.step_ms(name, draft_len) * self.costs.plain_ms()
         return speedup >= 1.0 + self.margin
 
     def observe_shadow(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
                        deferred: bool = False) -> None:
-        """Score a deterministic drafter's proposal that was not verified this step.
+        """Score a deterministic drafter's proposal that was not verified.
 
         ``branches``: its candidate continuations (one for a chain);
-        ``emitted``: the tokens the step produced (``step.tokens``). Emitted
-        tokens are exact target outputs (greedy picks or samples of the
-        target's distribution, whoever drafted them), so a deterministic
-        draft matching them is exactly as likely as its being accepted; past
-        the end of ``emitted`` the outcome is unknown and not counted. Not for
-        sampled drafts (a draft model), whose acceptance is min(1, p/q), and
-        not for the drafter the step used (``observe`` counted it). ``deferred``:
-        ``emitted`` is what followed a proposal of some steps ago (scored once
-        enough tokens are known), so the last step's use does not matter.
+        ``emitted``: the tokens that followed. Emitted tokens are exact target
+        outputs (greedy picks or samples of the target's distribution, whoever
+        drafted them), so a deterministic draft matching them is exactly as
+        likely as its being accepted; past the end of ``emitted`` the outcome
+        is unknown and not counted. Not for sampled drafts (a draft model),
+        whose acceptance is min(1, p/q), and not for the drafter the last step
+        used (``observe`` counted it) unless ``deferred``: ``emitted`` is what
+        followed a proposal of some steps ago.
         """
-        state = self._drafters.get(name)
+        state = self._states.get(name)
         depth = max((len(b) for b in branches), default=0)
         if state is None or depth == 0 or (name == self._last_used and not deferred):
             return
         matched = max(common_prefix(b, emitted) for b in branches)
+        idle = max(0, self._step - state.last_seen - 1)
         if matched >= len(emitted):
-            state.acceptance.update(matched, matched, idle_steps=max(0, self._step - state.last_seen - 1))
+            state.acceptance.update(matched, matched, idle_steps=idle)
         else:
-            state.acceptance.update(depth, matched, idle_steps=max(0, self._step - state.last_seen - 1))
-        nodes = len({tuple(b[:i]) for b in branches for i in range(1, len(b) + 1)})
-        state.width += 0.1 * (nodes / depth - state.width)
+            state.acceptance.update(depth, matched, idle_steps=idle)
         state.last_seen = self._step
-
-
-class UnusedProposals:
-    """Proposals a step did not verify, kept until the text that followed them can judge them.
-
-    A plain step emits one token, which would only ever judge a proposal's
-    first position; so an unused proposal waits until its depth is covered
-    (or it has parted from the text), and is then scored at every position
-    (``Controller.observe_shadow``), teaching the controller a lookup's
-    acceptance by position without paying for a verification.
-    """
-
-    def __init__(self) -> None:
-        self._pending: list[tuple[int, tuple[tuple[int, ...], ...]]] = []  # (history index, branches)
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def add(self, start: int, branches: Sequence[Sequence[int]]) -> None:
-        """A proposal for the text from ``history[start]`` on."""
-        if any(branches):
-            self._pending.append((start, tuple(tuple(b) for b in branches if b)))
-
-    def ready(self, history: Sequence[int]) -> list[tuple[tuple[tuple[int, ...], ...], list[int]]]:
-        """(branches, what followed, up to their depth) of each proposal the history now judges."""
-        out, pending = [], []
-        for start, branches in self._pending:
-            followed = list(history[start:])
-            depth = max(len(b) for b in branches)
-            matched = max(common_prefix(b, followed) for b in branches)
-            if len(followed) >= depth or matched < len(followed):
-                out.append((branches, followed[:depth]))
-            else:
-                pending.append((start, branches))
-        self._pending = pending
-        return out
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,44 +1,23 @@
-"""What a step costs on this machine: measured once, cached, refined while generating.
+"""What a step costs on this machine: the cost model the controller plans with.
 
 Speculative decoding pays only when verifying k+1 tokens in one target decode
 costs little more than decoding one. That ratio is a property of the machine,
 not of the model alone: on a 2-core CPU a decode is compute-bound and 16 tokens
 cost ~8x one token; on a GPU 8 tokens cost about the same as one. So the
-controller (``localspec.control``) plans with costs measured here:
+controller (``localspec.control``) plans with measured costs:
+``CostModel`` interpolates between measured points and follows the machine
+afterwards (``observe_verify``/``observe_draft``/``observe_overhead``), so
+thermal throttling or another process moves the estimates within a few dozen
+steps.
 
-* ``measure_verify_costs(ctx)`` times one decode of k tokens for a few k, in
-  about a second and a half, and leaves the context exactly as it found it;
-* ``load_or_measure(ctx)`` caches that per model file, llama.cpp build, offload
-  and thread count in ``cache_dir()/costs/<key>.json``;
-* ``CostModel`` interpolates between the measured points and follows the
-  machine afterwards (``observe_verify``/``observe_draft``/``observe_overhead``),
-  so thermal throttling or another process moves the estimates within a few
-  dozen steps.
-
-Importing this module does not load llama.cpp (the controller, which is pure
-logic, imports it); only ``measure_verify_costs``, ``cost_key`` and
-``load_or_measure`` use a ``Context`` and the backend.
+Pure arithmetic: measuring a model and caching what was measured is
+``localspec.measure_costs``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import random
-import statistics
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
-
-from localspec.paths import atomic_write, cache_dir
-
-if TYPE_CHECKING:
-    from localspec.backend import Context
-
-DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
-SCHEMA = 1
+from typing import Any, Mapping
 
 # Refinement. Timings are compared in log space, so "twice as slow" and "half as
 # slow" weigh alike, and a single surprise is clipped to a factor of 3: a GC pause
@@ -58,9 +37,11 @@ _ALPHA_LINE = 0.05
 # the fit defined when every observation has the same n.
 _PRIOR_WEIGHT = 0.5
 
-# A model-free drafter's proposal is a Python lookup: a fixed cost, nothing per token.
-LOOKUP_FIXED_MS = 0.3
-LOOKUP_PER_TOKEN_MS = 0.01
+# A model-free drafter's proposal is a Python lookup: a fixed cost, little per token
+# (an n-gram lookup takes tens of microseconds; the prior must let a cheap drafter be
+# asked before planning until its own lookups are measured).
+LOOKUP_FIXED_MS = 0.05
+LOOKUP_PER_TOKEN_MS = 0.002
 # Per-step Python work around the decode (acceptance rule, history bookkeeping).
 OVERHEAD_FIXED_MS = 0.2
 OVERHEAD_PER_TOKEN_MS = 0.02
@@ -119,9 +100,10 @@ class _Line:
         return {"fixed_ms": self.fixed, "per_token_ms": self.per_token}
 
 
-def _interpolate(points: Mapping[int, float], k: float) -> float:
-    """Piecewise-linear through ``points``; linear beyond the ends (never sloping down past the last)."""
-    ks = sorted(points)
+def _interpolate(points: Mapping[int, float], k: float, ks: list[int] | None = None) -> float:
+    """Piecewise-linear through ``points`` (``ks``: their keys, sorted); linear beyond the ends (never
+    sloping down past the last)."""
+    ks = sorted(points) if ks is None else ks
     if len(ks) == 1:
         return points[ks[0]]
     if k <= ks[0]:
@@ -165,8 +147,10 @@ class CostModel:
             raise ValueError("a cost model needs at least one measured verify cost (k >= 1, ms > 0)")
         self.measured: dict[int, float] = dict(points)
         self._points = points
+        self._ks = sorted(points)
         self._scale = 1.0
         self._draft: dict[str, _Line] = {}
+        self._draft_models: dict[str, CostModel] = {}
         self._overhead = _Line(*overhead)
 
     # --- estimates ---------------------------------------------------------
@@ -174,7 +158,7 @@ class CostModel:
         """Milliseconds of one target decode of ``k`` >= 1 tokens."""
         if k < 1:
             raise ValueError(f"a decode holds at least one token, not {k}")
-        return self._scale * _interpolate(self._points, k)
+        return self._scale * _interpolate(self._points, k, self._ks)
 
     def relative(self, k: float) -> float:
         """``verify_ms(k) / verify_ms(1)``: ~1 on a GPU for k <= 8, ~k/2 on a small CPU."""
@@ -207,9 +191,23 @@ class CostModel:
     def set_model_drafter(self, name: str, draft_model: "CostModel") -> None:
         """A draft model drafting n tokens: a catch-up decode (the last target token, or
         the last draft token and the bonus: ~2 tokens) then n - 1 one-token decodes,
-        i.e. ``(V(2) - V(1)) + n * V(1)`` with V the draft model's own decode costs."""
+        i.e. ``(V(2) - V(1)) + n * V(1)`` with V the draft model's own decode costs.
+        A longer catch-up (its prefill, or the tokens of steps it sat out) is
+        ``catch_up_ms``."""
         one = draft_model.verify_ms(1)
         self.set_draft_cost(name, max(0.0, draft_model.verify_ms(2) - one), one)
+        self._draft_models[name] = draft_model
+
+    def catch_up_ms(self, name: str, behind: int) -> float:
+        """What drafter ``name`` pays beyond ``draft_ms`` to decode the ``behind`` tokens it lacks.
+
+        ``draft_ms`` already holds a 2-token catch-up; past that, a draft model
+        decodes the rest in one batch: ``V(behind) - V(2)``. Lookups never lag.
+        """
+        model = self._draft_models.get(name)
+        if model is None or behind <= 2:
+            return 0.0
+        return max(0.0, model.verify_ms(behind) - model.verify_ms(2))
 
     def _line(self, name: str) -> _Line:
         line = self._draft.get(name)
@@ -232,6 +230,8 @@ class CostModel:
         base = self._points.get(k)
         if base is None:
             base = _interpolate(self._points, k)
+        if k not in self._points:
+            self._ks = sorted([*self._ks, k])
         self._points[k] = base * math.exp(_ALPHA_POINT * rest)
 
     def observe_draft(self, name: str, n: int, ms: float) -> None:
@@ -240,7 +240,7 @@ class CostModel:
             self._line(name).observe(n, ms)
 
     def observe_overhead(self, n: int, ms: float) -> None:
-        """Learn from a step's Python time (``StepResult.python_s``) with ``n`` draft tokens."""
+        """Learn from a step's Python time (``StepEvent.python_ms``) with ``n`` draft tokens."""
         if ms >= 0 and math.isfinite(ms):
             self._overhead.observe(n, ms)
 
@@ -257,176 +257,3 @@ class CostModel:
 
 def _clip(x: float) -> float:
     return max(-_LOG_CLIP, min(_LOG_CLIP, x))
-
-
-# --- measuring ---------------------------------------------------------------
-class Measurement(dict[int, float]):
-    """Median ms per batch size, and whether the planned ``min_reps`` rounds all ran.
-
-    An incomplete measurement (the machine was so loaded that the rounds overran
-    the time limit) is still the best guess for now, but it is not cached.
-    """
-
-    def __init__(self, costs: Mapping[int, float], rounds: int, complete: bool) -> None:
-        super().__init__(costs)
-        self.rounds = rounds
-        self.complete = complete
-
-
-def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budget_s: float = 1.5,
-                         min_reps: int = 3, max_reps: int = 25, seed: int = 0) -> Measurement:
-    """Milliseconds of one decode of k tokens, for each k in ``ks`` that fits.
-
-    Each sample decodes k tokens right after what the context holds, with
-    logits for every row (as verification asks), then rolls the cache back.
-    The tokens are repeats of the last token (any valid id costs the same).
-    One untimed warm-up round lets llama.cpp size its buffers; then rounds
-    visit every k once, in a shuffled order, until ``budget_s`` (warm-up
-    included) is spent: at least ``min_reps`` rounds unless that takes three
-    budgets, at least one, at most ``max_reps``. Interleaving makes
-    drift (throttling, a background job) hit every k alike instead of
-    skewing whichever k ran during it.
-
-    The statistic is the per-k median: noise on a shared machine is one-sided
-    (interrupts only add time), so the mean is pulled by outliers and the
-    minimum is a best case the generation loop will rarely see; the median is
-    the typical cost of a step, which is what the controller plans with.
-
-    Postcondition: ``ctx.tokens`` and the cache hold exactly what they held
-    before (also when a decode raises). Raises ValueError when no k fits in the
-    context's free room or batch.
-    """
-    n0 = len(ctx.tokens)
-    fits = sorted({int(k) for k in ks if 1 <= k <= ctx.n_batch and n0 + k <= ctx.n_ctx})
-    if not fits:
-        raise ValueError(f"no batch of {sorted(ks)} tokens fits after {n0} tokens in a context of {ctx.n_ctx}")
-    token = ctx.tokens[-1] if ctx.tokens else max(ctx.model.bos, 0)
-    samples: dict[int, list[float]] = {k: [] for k in fits}
-    rng = random.Random(seed)
-
-    def timed(k: int) -> float:
-        t0 = time.perf_counter()
-        ctx.decode([token] * k, range(n0, n0 + k), None, [True] * k)
-        ms = (time.perf_counter() - t0) * 1e3
-        # decode() leaves ctx.tokens alone; mirror the batch so rollback_to trims it.
-        ctx.tokens.extend([token] * k)
-        ctx.rollback_to(n0)
-        return ms
-
-    start = time.perf_counter()
-    rounds = 0
-    try:
-        for k in fits:  # warm-up, untimed
-            timed(k)
-        while rounds < max_reps:
-            elapsed = time.perf_counter() - start
-            # On a machine so loaded that min_reps rounds overrun the budget threefold,
-            # stop anyway: refinement during generation corrects a rough first guess.
-            if rounds >= 1 and (elapsed >= 3 * budget_s or (rounds >= min_reps and elapsed >= budget_s)):
-                break
-            order = list(fits)
-            rng.shuffle(order)
-            for k in order:
-                samples[k].append(timed(k))
-            rounds += 1
-    finally:
-        # A decode that raised may have left its batch in the cache (tokens not yet mirrored).
-        ctx.remove_seq(0, n0, -1)
-        del ctx.tokens[n0:]
-    return Measurement({k: statistics.median(v) for k, v in samples.items()}, rounds, rounds >= min_reps)
-
-
-# --- the cache ---------------------------------------------------------------
-@dataclass(frozen=True)
-class CostKey:
-    """Everything a measured cost depends on; its hash names the cache file."""
-
-    model: str
-    model_size: int
-    model_mtime_ns: int
-    system_info: str
-    gpu_offload: bool
-    n_gpu_layers: int
-    n_threads: int
-    n_ctx: int
-    n_seq: int
-    llama_cpp_version: str
-
-    def digest(self) -> str:
-        raw = json.dumps({"schema": SCHEMA, **self.__dict__}, sort_keys=True).encode()
-        return hashlib.sha256(raw).hexdigest()[:20]
-
-
-def cost_key(ctx: "Context", *, n_threads: int | None = None, n_gpu_layers: int = -1) -> CostKey:
-    """The key for ``ctx``'s model on this machine.
-
-    ``Context`` does not keep its thread count or the model's offload, so the
-    caller passes what it created them with (None threads: the backend default).
-    """
-    from importlib.metadata import PackageNotFoundError, version
-
-    from localspec.backend import default_threads, gpu_offload_supported, system_info
-
-    path = Path(ctx.model.path).resolve()
-    st = path.stat()
-    try:
-        llama_version = version("llama-cpp-python")
-    except PackageNotFoundError:  # pragma: no cover - a source checkout of the bindings
-        llama_version = "unknown"
-    return CostKey(
-        model=str(path), model_size=st.st_size, model_mtime_ns=st.st_mtime_ns,
-        system_info=system_info(), gpu_offload=gpu_offload_supported(), n_gpu_layers=n_gpu_layers,
-        n_threads=n_threads or default_threads(), n_ctx=ctx.n_ctx, n_seq=ctx.n_seq,
-        llama_cpp_version=llama_version,
-    )
-
-
-def cost_path(key: CostKey) -> Path:
-    return cache_dir() / "costs" / f"{key.digest()}.json"
-
-
-def save_costs(path: Path, key: CostKey, verify: Mapping[int, float]) -> None:
-    record = {"schema": SCHEMA, "key": key.__dict__, "measured_at": time.time(),
-              "verify_ms": {str(k): float(v) for k, v in sorted(verify.items())}}
-    with atomic_write(path) as fh:
-        fh.write(json.dumps(record, indent=1).encode())
-
-
-def load_costs(path: Path, key: CostKey, *, max_age_s: float | None = None) -> dict[int, float] | None:
-    """The cached verify costs for ``key``, or None when absent, stale, foreign or unreadable."""
-    try:
-        record = json.loads(path.read_text())
-        if record.get("schema") != SCHEMA or record.get("key") != key.__dict__:
-            return None
-        if max_age_s is not None and time.time() - float(record["measured_at"]) > max_age_s:
-            return None
-        verify = {int(k): float(v) for k, v in record["verify_ms"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        # A half-written or hand-edited file is not an error: measuring again fixes it.
-        return None
-    return verify if verify and all(v > 0 for v in verify.values()) else None
-
-
-def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layers: int = -1,
-                    refresh: bool = False, max_age_s: float | None = 30 * 86400,
-                    budget_s: float = 1.5) -> CostModel:
-    """The cost model for ``ctx``: from the cache when this machine measured it already
-    (and within ``max_age_s``), else measured now (~``budget_s``) and cached.
-
-    The measurement leaves ``ctx`` untouched. It is not cached when it was cut
-    short (see ``Measurement``) or the cache cannot be written; the costs are
-    returned all the same and the next run measures again.
-    """
-    key = cost_key(ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
-    path = cost_path(key)
-    verify = None if refresh else load_costs(path, key, max_age_s=max_age_s)
-    if verify is None:
-        verify = measure_verify_costs(ctx, budget_s=budget_s)
-        # A measurement cut short by an overloaded machine is used now but not kept:
-        # cached, it would mislead every later run on a quiet machine.
-        if not isinstance(verify, Measurement) or verify.complete:
-            try:
-                save_costs(path, key, verify)
-            except OSError:
-                pass  # a read-only cache dir costs a re-measurement next time, nothing else
-    return CostModel(verify)

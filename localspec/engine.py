@@ -8,6 +8,7 @@ statistics, so a caller interrupted midway can still report them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,17 +16,16 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from localspec.backend import Context, Model
 from localspec.chat import Message, render_chat
-from localspec.control import Controller, UnusedProposals, proposal_branches, proposal_offer
+from localspec.control import DRAFT_LEN_MAX, Controller, Decision
 from localspec.costs import CostModel
-from localspec.drafting.base import Drafter, Proposal, TreeProposal
-from localspec.drafting.combine import DrafterSet
+from localspec.drafting.base import Drafter
 from localspec.drafting.model import ModelDrafter
 from localspec.drafting.specs import DrafterSpec
 from localspec.errors import ContextOverflowError, InvalidOptionError, UnsupportedModelError
 from localspec.events import ControlSummary, DoneEvent, DrafterStats, Event, GenerationStats, StepEvent, TokenEvent
 from localspec.planner import DRAFT_N_UBATCH
 from localspec.sampling import Sampler, SamplingParams
-from localspec.speculative import StepResult, speculative_step
+from localspec.speculative import speculative_step
 from localspec.textstream import TokenReleaser
 
 
@@ -33,15 +33,17 @@ from localspec.textstream import TokenReleaser
 class GenerateOptions:
     """How to generate.
 
-    ``draft_max`` is gamma, a fixed number of tokens drafted per step; None (the
-    default) lets the adaptive controller choose each step from the measured
-    costs and acceptance, including 0 (plain decoding) when drafting would not pay.
+    ``draft_len`` is gamma, a fixed number of tokens drafted per step (up to
+    ``DRAFT_LEN_MAX``); None (the default) lets the controller choose each step
+    from the measured costs and acceptance, including 0 (plain decoding) when
+    drafting would not pay. ``p_min``: a draft model stops drafting where its own
+    top probability falls below it.
     """
 
     max_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
-    draft_max: int | None = None
+    draft_len: int | None = None
     p_min: float = 0.0
     speculative: bool = True
     drafter: str | None = None  # from Engine.drafter_names() (a comma list combines); None: all configured
@@ -50,18 +52,15 @@ class GenerateOptions:
         self.sampling.validate()
         if self.max_tokens < 1:
             raise InvalidOptionError(f"--max-tokens {self.max_tokens} is out of range: it must be at least 1")
-        if self.draft_max is not None and not 0 <= self.draft_max <= 64:
-            raise InvalidOptionError(f"--draft-max {self.draft_max} is out of range: it must be in 0..64")
+        if self.draft_len is not None and not 0 <= self.draft_len <= DRAFT_LEN_MAX:
+            raise InvalidOptionError(
+                f"--draft-max {self.draft_len} is out of range: it must be in 0..{DRAFT_LEN_MAX}")
         if not 0.0 <= self.p_min < 1.0:
             raise InvalidOptionError(f"--p-min {self.p_min} is out of range: it must be in [0, 1)")
 
 
 # Sequences for multi-branch verification: candidate branches and lookahead's window.
 TREE_SEQUENCES = 32
-# The most tokens the controller drafts per step when the user fixes no --draft-max.
-AUTO_DRAFT_MAX = 16
-# A cheap drafter proposes before planning only while its proposals cost at most this share of a plain step.
-LOOKUP_SHARE = 0.02
 
 DrafterFactory = Callable[[Sampler, GenerateOptions], Drafter]
 
@@ -83,7 +82,7 @@ class Engine:
             _check_can_roll_back(target, draft)
         self.target = target
         self.n_threads = n_threads
-        self._controllers: dict[str, Controller] = {}
+        self._controller: Controller | None = None
         self._costs: CostModel | None = None
         n_seq = 1 + TREE_SEQUENCES if model_free else 1
         self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
@@ -127,7 +126,7 @@ class Engine:
         The measured costs stay: they belong to the machine. ``localspec bench``
         calls this before each run so that no run profits from an earlier one.
         """
-        self._controllers.clear()
+        self._controller = None
         for spec in self._model_free_specs:
             self._factories[spec.name] = self._model_free_factory(spec)
 
@@ -135,7 +134,7 @@ class Engine:
         """The costs the controllers plan with (measured or loaded on first use; None if not yet and not
         ``measure``)."""
         if self._costs is None and measure:
-            from localspec.costs import load_or_measure
+            from localspec.measure_costs import load_or_measure
 
             self._costs = load_or_measure(self.ctx, n_threads=self.n_threads)
             if self.draft_ctx is not None:
@@ -193,34 +192,39 @@ class Engine:
         names = list(self._factories)
         return [",".join(names), *names] if len(names) > 1 else names
 
-    def controller(self, drafter: Drafter, opts: GenerateOptions) -> Controller:
-        """The adaptive controller for ``drafter``; it keeps learning across generations.
+    @property
+    def draft_len_limit(self) -> int | None:
+        """The most tokens any step may draft whatever is asked (None: no limit beyond the options').
+
+        The one place where the backend bounds the draft length (e.g. a model
+        that can roll back only so many tokens); today every model that can
+        draft at all rolls back any number.
+        """
+        return None
+
+    def controller(self) -> Controller:
+        """The controller; it keeps learning across generations.
 
         The first call measures the target's (and draft model's) verification
-        costs, about a second and a half, cached on disk per model and build.
+        costs, about a second and a half each, cached on disk per model and build.
         """
-        costs = self.cost_model()
-        assert costs is not None
-        ctl = self._controllers.get(drafter.name)
-        if ctl is None:
-            extra = {drafter.name: getattr(drafter, "batch_extra_tokens", 0)}
-            ctl = self._controllers[drafter.name] = Controller(costs, [drafter.name], extra_tokens=extra)
-        ctl.fixed_k = opts.draft_max
-        return ctl
+        if self._controller is None:
+            costs = self.cost_model()
+            assert costs is not None
+            self._controller = Controller(costs)
+        return self._controller
 
-    def make_drafter(self, sampler: Sampler, opts: GenerateOptions) -> Drafter | None:
-        if not opts.speculative or opts.draft_max == 0 or not self._factories:
-            return None
+    def make_drafters(self, sampler: Sampler, opts: GenerateOptions) -> list[Drafter]:
+        """The drafters ``opts`` asks for (all configured ones by default; none for plain decoding)."""
+        if not opts.speculative or opts.draft_len == 0 or not self._factories:
+            return []
         wanted = opts.drafter.split(",") if opts.drafter else list(self._factories)
         unknown = [n for n in wanted if n not in self._factories]
         if unknown:
             raise InvalidOptionError(
                 f"unknown drafter {unknown[0]!r}; this engine has: {', '.join(self._factories) or 'none'}"
             )
-        drafters = [self._factories[n](sampler, opts) for n in wanted]
-        if len(drafters) == 1:
-            return drafters[0]
-        return DrafterSet(drafters, expensive=["draft"])
+        return [self._factories[n](sampler, opts) for n in wanted]
 
     def generate(self, prompt: str | Sequence[int], opts: GenerateOptions | None = None) -> "Generation":
         opts = opts or GenerateOptions()
@@ -277,20 +281,20 @@ class _Tally:
         self.controller = controller
         self.control_before = controller.stats.copy() if controller is not None else None
         self.tokens = self.steps = self.drafted = self.accepted = self.verified = 0
-        self.prefill_s = self.draft_s = self.verify_s = self.python_s = 0.0
+        self.prefill_ms = self.draft_ms = self.verify_ms = self.python_ms = 0.0
         self.start = self.end = 0.0
         self.pos_drafted: list[int] = []
         self.pos_accepted: list[int] = []
         self.by_drafter: dict[str, list[int]] = {}
 
-    def add(self, step: StepResult) -> None:
+    def add(self, step: StepEvent) -> None:
         self.steps += 1
         self.drafted += step.drafted
         self.accepted += step.accepted
         self.verified += step.verified
-        self.draft_s += step.draft_s
-        self.verify_s += step.verify_s
-        self.python_s += step.python_s
+        self.draft_ms += step.draft_ms
+        self.verify_ms += step.verify_ms
+        self.python_ms += step.python_ms
         if step.drafted:
             reached = min(step.drafted, step.accepted + 1)
             while len(self.pos_drafted) < step.drafted:
@@ -311,8 +315,8 @@ class _Tally:
             prompt_tokens=self.prompt_tokens, tokens=self.tokens, steps=self.steps,
             drafted=self.drafted, accepted=self.accepted, verified=self.verified,
             elapsed_s=max(0.0, end - self.start) if self.start else 0.0,
-            prefill_ms=self.prefill_s * 1e3, draft_ms=self.draft_s * 1e3,
-            verify_ms=self.verify_s * 1e3, python_ms=self.python_s * 1e3,
+            prefill_ms=self.prefill_ms, draft_ms=self.draft_ms,
+            verify_ms=self.verify_ms, python_ms=self.python_ms,
             position_drafted=tuple(self.pos_drafted), position_accepted=tuple(self.pos_accepted),
             drafters=tuple(DrafterStats(name, *row) for name, row in self.by_drafter.items()),
             control=self._control(), n_ctx=self.n_ctx,
@@ -330,10 +334,13 @@ class _Tally:
 class Generation(Iterator[Event]):
     """One generation in progress: iterate it for events.
 
-    ``cancel()`` (from another thread, e.g. the TUI's Esc) ends it after the
-    current step with ``finish_reason == "cancelled"``. If iteration is broken
-    by an exception (Ctrl-C), ``interrupted()`` still returns a DoneEvent with
-    everything generated and measured so far.
+    The loop (``_run``) is prefill, then per step: plan (the controller's
+    decision), step (``speculative_step``), observe (the controller learns),
+    emit (token and step events, stop checks). ``cancel()`` (from another
+    thread, e.g. the TUI's Esc) ends it after the current step with
+    ``finish_reason == "cancelled"``. If iteration is broken by an exception
+    (Ctrl-C), ``interrupted()`` still returns a DoneEvent with everything
+    generated and measured so far.
     """
 
     def __init__(self, engine: Engine, prompt: list[int], opts: GenerateOptions) -> None:
@@ -341,16 +348,16 @@ class Generation(Iterator[Event]):
         self.prompt = prompt
         self.opts = opts
         self.sampler = Sampler(opts.sampling)
-        self.drafter = engine.make_drafter(self.sampler, opts)
-        self.controller = engine.controller(self.drafter, opts) if self.drafter is not None else None
+        self.drafters = engine.make_drafters(self.sampler, opts)
+        self.controller = engine.controller() if self.drafters else None
+        if self.controller is not None:
+            self.controller.start(self.drafters, draft_len=opts.draft_len, draft_len_limit=engine.draft_len_limit)
         self.tally = _Tally(len(prompt), self.controller, engine.n_ctx)
         self.tokens: list[int] = []
         self.text_parts: list[str] = []
         self.result: DoneEvent | None = None
         self.warnings: list[str] = []
-        self._unused = UnusedProposals()
-        self._lookup_ms: float | None = None  # running mean time of a premade proposal
-        self._lookups = 0
+        self._releaser = TokenReleaser(opts.stop)
         self._cancel = False
         self._events = self._run()
 
@@ -380,42 +387,11 @@ class Generation(Iterator[Event]):
             self.result = DoneEvent("interrupted", "".join(self.text_parts), tuple(self.tokens), self.stats())
         return self.result
 
-    def _lookup_first(self) -> bool:
-        """Whether to propose before planning: the drafter is a lookup, and it has stayed cheap here.
-
-        Paid every step, even when the controller then decodes plainly, a lookup
-        must cost little beside a plain step: a REST query over a large store
-        (~1 ms) next to a 135M model's ~15 ms step would cost more than it saves.
-        Past ``LOOKUP_SHARE`` of the plain step the drafter is asked only when
-        the controller plans to draft.
-        """
-        if not getattr(self.drafter, "cheap", False):
-            return False
-        assert self.controller is not None
-        return self._lookup_ms is None or self._lookup_ms <= LOOKUP_SHARE * self.controller.costs.plain_ms()
-
-    def _score_unused(self, history: Sequence[int], unused: Proposal | TreeProposal | None, emitted: int) -> None:
-        """Score cheap proposals the step did not verify, once the text that followed can judge them."""
-        assert self.drafter is not None and self.controller is not None
-        if unused is not None:
-            self._unused.add(len(history) - emitted, proposal_branches(unused))
-        for branches, followed in self._unused.ready(history):
-            self.controller.observe_shadow(self.drafter.name, branches, followed, deferred=True)
-
-    def _remember(self, reason: str) -> None:
-        """Add a finished reply to the personal store (when an n-gram drafter keeps one)."""
-        if self.drafter is None or not self.tokens or reason not in ("stop", "length"):
-            return
-        from localspec.drafting.personal import remember
-        from localspec.errors import StoreError
-
-        try:
-            remember(self.drafter, self.tokens, context=self.prompt)
-        except StoreError as err:
-            # The reply itself is complete and delivered; only the drafting history missed it.
-            self.warnings.append(str(err))
-
+    # --- the loop's stages ---------------------------------------------------
     def _prefill(self) -> list[int]:
+        """Decode the prompt into the target's cache (all but its last token). Drafters are only reset:
+        a draft model decodes the prompt when the controller first asks it to draft."""
+        t0 = time.perf_counter()
         ctx = self.engine.ctx
         history = list(self.prompt)
         # Keep whatever prefix the cache already holds (the previous chat turn).
@@ -424,84 +400,104 @@ class Generation(Iterator[Event]):
             keep = 0  # a recurrent state cannot drop a suffix: decode the prompt afresh
         ctx.rollback_to(keep)
         ctx.append(history[keep:-1])
-        if self.drafter is not None:
-            self.drafter.reset()
+        for drafter in self.drafters:
+            drafter.reset()
+        self.tally.start = time.perf_counter()
+        self.tally.prefill_ms = (self.tally.start - t0) * 1e3
         return history
 
-    def _run(self) -> Iterator[Event]:
-        engine, opts, tally = self.engine, self.opts, self.tally
-        model, ctx = engine.target, engine.ctx
-        releaser = TokenReleaser(opts.stop)
-        try:
-            t0 = time.perf_counter()
-            history = self._prefill()
-            tally.start = time.perf_counter()
-            tally.prefill_s = tally.start - t0
-            reason = ""
-            while not reason:
-                if self._cancel:
-                    reason = "cancelled"
-                    break
-                remaining = opts.max_tokens - len(self.tokens)
-                room = ctx.n_ctx - len(ctx.tokens) - 1  # draft tokens that still fit after `last`
-                if room < 0:
-                    reason = "context"
-                    break
-                reason_text = ""
-                k = 0
-                premade = None
-                if self.drafter is not None:
-                    max_k = max(0, min(AUTO_DRAFT_MAX, remaining - 1, room))
-                    offers = None
-                    if max_k > 0 and self._lookup_first():
-                        # A lookup costs microseconds: make it first, so the controller plans with
-                        # what it offers and scores it even on steps that decode plainly.
-                        t = time.perf_counter()
-                        proposal = self.drafter.propose(history, min(max_k, opts.draft_max or max_k))
-                        premade = (proposal, time.perf_counter() - t)
-                        offers = {self.drafter.name: proposal_offer(proposal)}
-                        if self._lookups:  # the first lookup indexes the whole prompt: not a step's cost
-                            ms = premade[1] * 1e3
-                            self._lookup_ms = ms if self._lookup_ms is None else 0.8 * self._lookup_ms + 0.2 * ms
-                        self._lookups += 1
-                    decision = self.controller.plan(max_k, offers)
-                    k, reason_text = decision.k, decision.reason
-                step = speculative_step(ctx, history, self.drafter, self.sampler, k, premade)
-                if self.drafter is not None:
-                    self.controller.observe(step, batch_tokens=1 + step.verified)
-                    self._score_unused(history, premade[0] if premade is not None and not step.drafted else None,
-                                       len(step.tokens))
-                tally.add(step)
-                for i, tok in enumerate(step.tokens):
-                    if model.is_eog(tok):
-                        reason = "stop"
-                        break
-                    self.tokens.append(tok)
-                    tally.tokens += 1
-                    source = step.drafter if i < step.accepted else None
-                    for t, text, src in releaser.push(tok, model.piece(tok), source):
-                        self.text_parts.append(text)
-                        yield TokenEvent(t, text, src)
-                    if releaser.stopped:
-                        reason = "stop"
-                        break
-                    if len(self.tokens) >= opts.max_tokens:
-                        reason = "length"
-                        break
-                yield StepEvent(tally.steps, step.drafter, step.drafted, step.accepted, len(step.tokens),
-                                step.draft_s * 1e3, step.verify_s * 1e3, step.python_s * 1e3, step.verified,
-                                reason_text)
-            for t, text, src in releaser.finish():
+    def _halt_reason(self) -> str:
+        """Why no further step can run ("" when one can)."""
+        if self._cancel:
+            return "cancelled"
+        if len(self.engine.ctx.tokens) >= self.engine.ctx.n_ctx:
+            return "context"
+        return ""
+
+    def _plan(self, history: list[int]) -> Decision | None:
+        if self.controller is None:
+            return None
+        ctx = self.engine.ctx
+        return self.controller.plan(history, room=ctx.n_ctx - len(ctx.tokens) - 1,
+                                    remaining=self.opts.max_tokens - len(self.tokens))
+
+    def _step(self, history: list[int], decision: Decision | None) -> StepEvent:
+        if decision is None:
+            step = speculative_step(self.engine.ctx, history, None, self.sampler, 0)
+        else:
+            step = speculative_step(self.engine.ctx, history, decision.drafter, self.sampler, decision.draft_len,
+                                    decision.proposal, decision.proposal_ms)
+        return dataclasses.replace(step, index=self.tally.steps + 1,
+                                   decision=decision.reason if decision is not None else "")
+
+    def _observe(self, step: StepEvent, history: list[int]) -> None:
+        if self.controller is not None:
+            self.controller.observe(step, history)
+        self.tally.add(step)
+
+    def _emit(self, step: StepEvent) -> Iterator[Event]:
+        """The step's tokens as events, then the step itself; returns the finish reason ("" to go on)."""
+        model = self.engine.target
+        reason = ""
+        for i, tok in enumerate(step.tokens):
+            if model.is_eog(tok):
+                reason = "stop"
+                break
+            self.tokens.append(tok)
+            self.tally.tokens += 1
+            source = step.drafter if i < step.accepted else None
+            for t, text, src in self._releaser.push(tok, model.piece(tok), source):
                 self.text_parts.append(text)
                 yield TokenEvent(t, text, src)
-            tally.end = time.perf_counter()
-            self._remember(reason)
-            self.result = DoneEvent(reason, "".join(self.text_parts), tuple(self.tokens), self.stats())
-            yield self.result
+            if self._releaser.stopped:
+                reason = "stop"
+                break
+            if len(self.tokens) >= self.opts.max_tokens:
+                reason = "length"
+                break
+        yield step
+        return reason
+
+    def _finish(self, reason: str) -> Iterator[Event]:
+        for t, text, src in self._releaser.finish():
+            self.text_parts.append(text)
+            yield TokenEvent(t, text, src)
+        self.tally.end = time.perf_counter()
+        self._remember(reason)
+        self.result = DoneEvent(reason, "".join(self.text_parts), tuple(self.tokens), self.stats())
+        yield self.result
+
+    def _remember(self, reason: str) -> None:
+        """Add a finished reply to the personal store (when an n-gram drafter keeps one)."""
+        if not self.drafters or not self.tokens or reason not in ("stop", "length"):
+            return
+        from localspec.drafting.personal import remember
+        from localspec.errors import StoreError
+
+        try:
+            for drafter in self.drafters:
+                remember(drafter, self.tokens, context=self.prompt)
+        except StoreError as err:
+            # The reply itself is complete and delivered; only the drafting history missed it.
+            self.warnings.append(str(err))
+
+    def _run(self) -> Iterator[Event]:
+        try:
+            history = self._prefill()
+            reason = ""
+            while not reason:
+                reason = self._halt_reason()
+                if reason:
+                    break
+                decision = self._plan(history)
+                step = self._step(history, decision)
+                self._observe(step, history)
+                reason = yield from self._emit(step)
+            yield from self._finish(reason)
         except GeneratorExit:
             # The consumer stopped listening between steps: the caches are consistent.
             raise
         except BaseException:
             # The caches may be mid-step; the next generation starts from scratch.
-            engine.invalidate()
+            self.engine.invalidate()
             raise

@@ -31,7 +31,19 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class StepEvent:
-    """What one speculative step did."""
+    """What one speculative step did: the one step record.
+
+    ``localspec.speculative.speculative_step`` makes it, the controller learns
+    from it, the engine numbers it (``index``), adds the controller's reason
+    (``decision``) and yields it. ``tokens`` are the emitted tokens (the
+    accepted draft tokens, then the target's own token; ``emitted`` counts
+    them). ``drafted`` is the proposal's depth, ``verified`` every candidate
+    token the target computed (a tree counts each node), ``batch_tokens`` the
+    whole verification decode (the last token, the candidates and any extra
+    tokens such as lookahead's window). ``draft_ms`` holds every drafting cost
+    of the step: lookups made while planning, a draft model's catch-up and
+    its draft.
+    """
 
     index: int
     drafter: str | None
@@ -41,8 +53,14 @@ class StepEvent:
     draft_ms: float
     verify_ms: float
     python_ms: float
-    verified: int = 0  # candidate tokens the target computed (a tree counts every node)
+    verified: int = 0
     decision: str = ""  # why the controller drafted this many tokens (or none)
+    tokens: tuple[int, ...] = ()
+    batch_tokens: int = 1
+
+    @property
+    def step_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.python_ms
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ of plain decoding, so plain and speculative decoding share one loop.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -24,29 +23,10 @@ from localspec.acceptance import Verdict, accept_greedy, accept_sampled
 from localspec.backend import Context
 from localspec.drafting.base import Drafter, Proposal, TreeProposal
 from localspec.drafting.tree import ROOT, accept_tree
+from localspec.events import StepEvent
 from localspec.sampling import Sampler, sample
 
 NO_PROPOSAL = Proposal()
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one step produced: ``tokens`` = the accepted drafts then the target's token.
-
-    ``drafted`` is the depth of the proposal (its longest candidate), the
-    quantity acceptance rates are measured against; ``verified`` counts every
-    candidate token the target computed (a tree shares prefixes, so it can
-    exceed ``drafted``).
-    """
-
-    tokens: tuple[int, ...]
-    drafter: str | None
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float
-    python_s: float
-    verified: int = 0
 
 
 class _LazyDistributions(Sequence[np.ndarray]):
@@ -76,23 +56,26 @@ class _LazyDistributions(Sequence[np.ndarray]):
         return hit
 
 
-def speculative_step(target: Context, history: list[int], drafter: Drafter | None,
-                     sampler: Sampler, max_draft: int,
-                     premade: tuple[Proposal | TreeProposal, float] | None = None) -> StepResult:
-    """Draft up to ``max_draft`` tokens, verify them in one target pass, keep the accepted prefix.
+def speculative_step(target: Context, history: list[int], drafter: Drafter | None, sampler: Sampler,
+                     draft_len: int, proposal: Proposal | TreeProposal | None = None,
+                     proposal_ms: float = 0.0) -> StepEvent:
+    """Draft up to ``draft_len`` tokens, verify them in one target pass, keep the accepted prefix.
 
-    ``history`` is extended in place with the emitted tokens. ``premade``: a
-    proposal ``drafter`` already made for this history (and the seconds it
-    took), e.g. so the controller could see it before choosing ``max_draft``;
-    it is cut to ``max_draft``.
+    ``history`` is extended in place with the emitted tokens. ``proposal``: one
+    ``drafter`` already made for this history (a lookup asked before
+    planning); it is cut to ``draft_len``. ``proposal_ms``: drafting time
+    spent before this call (such lookups), counted in the step's ``draft_ms``.
+    The step updates the drafter it used (``verified`` then ``accepted``);
+    the returned record has ``index`` 0 and no ``decision`` (the engine's to fill).
     """
     t0 = time.perf_counter()
     # propose
-    if premade is not None:
-        proposal = _cut(premade[0], max_draft) if max_draft > 0 else NO_PROPOSAL
-        t0 -= premade[1]
+    if draft_len <= 0 or drafter is None:
+        proposal = NO_PROPOSAL
+    elif proposal is not None:
+        proposal = _cut(proposal, draft_len)
     else:
-        proposal = drafter.propose(history, max_draft) if drafter is not None and max_draft > 0 else NO_PROPOSAL
+        proposal = drafter.propose(history, draft_len)
     t1 = time.perf_counter()
     decode_before = target.decode_seconds
 
@@ -102,32 +85,35 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     if isinstance(proposal, TreeProposal) and (len(proposal.tree) or proposal.extra):
         accepted, next_token = _verify_tree(target, history, proposal, sampler)
         drafted, verified = max(proposal.tree.depths, default=0), len(proposal.tree)
-        if proposal.extra is not None:
-            verified += len(proposal.extra.tokens)
+        batch = 1 + verified + (len(proposal.extra.tokens) if proposal.extra is not None else 0)
     else:
-        draft = proposal.tokens[:max_draft]
+        draft = proposal.tokens[:draft_len]
         probs = proposal.probs[: len(draft)] if proposal.probs is not None else None
         accepted, next_token = _verify_chain(target, history, draft, probs, sampler)
         drafted = verified = len(draft)
+        batch = 1 + verified
     verify_s = target.decode_seconds - decode_before
 
     # update: the drafter learns what was kept
     n_acc = len(accepted)
     history.extend((*accepted, next_token))
-    if drafter is not None:
-        if premade is not None and hasattr(drafter, "verified"):
-            drafter.verified(drafted)  # a premade proposal may have been cut, or not used at all
+    if drafter is not None and draft_len > 0:
+        drafter.verified(drafted)
         drafter.accepted(history, n_acc)
     t2 = time.perf_counter()
-    return StepResult(
-        tokens=(*accepted, next_token),
-        drafter=(proposal.drafter or (drafter.name if drafter is not None else None)) if drafted else None,
+    tokens = (*accepted, next_token)
+    return StepEvent(
+        index=0,
+        drafter=(proposal.drafter or drafter.name) if drafted and drafter is not None else None,
         drafted=drafted,
         accepted=n_acc,
-        draft_s=t1 - t0,
-        verify_s=verify_s,
-        python_s=(t2 - t1) - verify_s,
+        emitted=len(tokens),
+        draft_ms=proposal_ms + (t1 - t0) * 1e3,
+        verify_ms=verify_s * 1e3,
+        python_ms=((t2 - t1) - verify_s) * 1e3,
         verified=verified,
+        tokens=tokens,
+        batch_tokens=batch,
     )
 
 

@@ -25,7 +25,7 @@ def engine(smollm2_path, smollm2_q4_0_path):
 
 
 def test_complete_returns_the_text_and_consistent_stats(engine):
-    spec = localspec.complete(engine, PROMPT, max_tokens=40, draft_max=4)
+    spec = localspec.complete(engine, PROMPT, max_tokens=40, draft_len=4)
     plain = localspec.complete(engine, PROMPT, max_tokens=40, speculative=False)
     assert spec.text and spec.finish_reason in ("length", "stop")
     assert len(spec.tokens) == spec.stats.tokens <= 40
@@ -40,7 +40,7 @@ def test_complete_returns_the_text_and_consistent_stats(engine):
 
 
 def test_generate_streams_events_that_add_up(engine):
-    gen = engine.generate(PROMPT, GenerateOptions(max_tokens=32, draft_max=3,
+    gen = engine.generate(PROMPT, GenerateOptions(max_tokens=32, draft_len=3,
                                                   sampling=SamplingParams(temperature=0.8, seed=7)))
     events = list(gen)
     done = events[-1]
@@ -53,18 +53,18 @@ def test_generate_streams_events_that_add_up(engine):
     assert sum(e.accepted for e in steps) == done.stats.accepted
     assert gen.stats() == done.stats
     # Seeded sampling through the API is reproducible.
-    again = localspec.complete(engine, PROMPT, max_tokens=32, draft_max=3, temperature=0.8, seed=7)
+    again = localspec.complete(engine, PROMPT, max_tokens=32, draft_len=3, temperature=0.8, seed=7)
     assert again.tokens == done.tokens
 
 
 def test_options_default_to_the_adaptive_controller():
     from localspec.api import options
 
-    assert options().draft_max is None and GenerateOptions().draft_max is None
+    assert options().draft_len is None and GenerateOptions().draft_len is None
 
 
 def test_cancel_stops_a_generation(engine):
-    gen = engine.generate(PROMPT, GenerateOptions(max_tokens=200, draft_max=2))
+    gen = engine.generate(PROMPT, GenerateOptions(max_tokens=200, draft_len=2))
     for event in gen:
         if isinstance(event, TokenEvent):
             gen.cancel()

@@ -1,9 +1,11 @@
-"""The adaptive controller, on simulated costs and acceptance traces.
+"""The controller, on simulated costs and acceptance traces.
 
-A simulation draws each step's accepted count from a drafter's acceptance
-rate (which may change mid-way), charges time from a "true" cost model, and
-feeds the controller the resulting step exactly as the engine would. All
-times are simulated: nothing here measures the machine.
+A simulation runs the controller against simulated drafters over a text
+whose token at position i is i: a drafter's proposal matches the text for a
+run of positions drawn from its acceptance rate (which may change mid-way),
+time is charged from a "true" cost model on a simulated clock, and the
+controller is fed each step exactly as the engine would. All times are
+simulated: nothing here measures the machine.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import math
 import random
 import subprocess
 import sys
-from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -24,59 +25,107 @@ from localspec.control import (
     ControllerStats,
     DecayingAcceptance,
     Decision,
-    Offer,
+    UnusedProposals,
+    best_path,
     proposal_branches,
-    proposal_offer,
+    tree_confidence,
 )
 from localspec.costs import CostModel
-from localspec.drafting.base import Proposal, TreeProposal
+from localspec.drafting.base import DrafterBase, Proposal, TreeProposal
 from localspec.drafting.tree import build_tree
+from localspec.events import StepEvent
 
 # ms for one decode of k tokens: SmolLM2-135M on 2 CPU threads, and a GPU that verifies 8 for the price of 1.
 CPU = {1: 5.4, 2: 11.3, 4: 16.2, 8: 24.9, 16: 41.1}
 GPU = {1: 10.0, 2: 10.1, 4: 10.2, 8: 10.5, 16: 12.0}
 LOOKUP = (0.3, 0.0)      # ms: fixed, per token
+CHEAP_LOOKUP = (0.02, 0.0)  # an n-gram lookup: asked before planning every step
 DRAFT_MODEL = (1.0, 5.0)  # a draft model as slow as the CPU target: never worth it there
+ROOM = 10**6
 
 
-@dataclass(frozen=True)
-class FakeStep:
-    """The fields of StepResult the controller reads."""
+class Clock:
+    """Simulated seconds."""
 
-    tokens: tuple[int, ...]
-    drafter: str | None
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float
-    python_s: float
-    verified: int
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, ms: float) -> None:
+        self.now += ms / 1e3
+
+
+class SimDrafter(DrafterBase):
+    """A drafter whose proposal for ``history`` matches the text (token i at position i) for a run
+    of positions drawn at ``rate(step)``, and which spends simulated time proposing.
+
+    ``cost``: (fixed, per token) ms; ``upkeep``: the decode costs of a draft model, which must
+    also catch up on every token since it last drafted (its prefill, the first time).
+    """
+
+    def __init__(self, sim: "Sim", name: str, rate: Callable[[int], float], *, cost: tuple[float, float] = LOOKUP,
+                 cheap: bool = False, depth: int = 8, extra: int = 0, upkeep: CostModel | None = None) -> None:
+        self.sim, self.name, self.rate, self.cost = sim, name, rate, cost
+        self.cheap = cheap  # type: ignore[misc]
+        self.batch_extra_tokens = extra  # type: ignore[misc]
+        self.depth, self.upkeep = depth, upkeep
+        self.synced = 0  # a draft model's cache holds history[:synced]
+        self.proposals = 0
+        self.decoded = 0  # tokens a draft model decoded (catch-up and drafts)
+
+    def behind(self, history: Sequence[int]) -> int:
+        return len(history) - min(self.synced, len(history) - 1) if self.upkeep is not None else 0
+
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
+        self.proposals += 1
+        n = min(draft_len, self.depth) if self.cheap else draft_len
+        if self.upkeep is not None:
+            behind = self.behind(history)
+            self.sim.clock.spend(self.upkeep.verify_ms(behind) + (n - 1) * self.upkeep.verify_ms(1))
+            self.decoded += behind + n - 1
+            self.synced = len(history) + n - 1
+        else:
+            self.sim.clock.spend(self.cost[0] + self.cost[1] * n)
+        matched = self.sim.chain(self.rate(self.sim.step), n)
+        start = len(history)
+        return Proposal(tuple(range(start, start + matched)) + (-1,) * (n - matched), None, self.name)
+
+    def accepted(self, history: Sequence[int], n_accepted: int) -> None:
+        self.synced = min(self.synced, len(history) - 1)
 
 
 class Sim:
-    """A controller run against simulated drafters.
+    """A controller run against simulated drafters (``rates[name](step)``: true per-position acceptance).
 
-    ``rates[name](step)`` is the drafter's true per-position acceptance at that
-    step. Drafters in ``shadow`` are cheap lookups whose proposals (depth 8)
-    are offered before planning and scored after each step they were not used.
+    Drafters in ``shadow`` are cheap lookups (proposals 8 deep) the controller asks before planning;
+    ``upkeep`` names draft models whose decode costs are ``points`` (as costly as the target).
     """
 
     def __init__(self, points: Mapping[int, float], rates: Mapping[str, Callable[[int], float]], *,
                  draft_costs: Mapping[str, tuple[float, float]] | None = None, shadow: tuple[str, ...] = (),
-                 seed: int = 0, **controller_kw) -> None:
+                 upkeep: tuple[str, ...] = (), extra: Mapping[str, int] | None = None, seed: int = 0,
+                 prompt: int = 10, **controller_kw) -> None:
         self.truth = CostModel(points)
-        self.rates = dict(rates)
-        self.draft_costs = {name: (draft_costs or {}).get(name, LOOKUP) for name in rates}
-        self.shadow = shadow
-        self.ctl = Controller(CostModel(points), list(rates), **controller_kw)
-        for name, (fixed, per) in self.draft_costs.items():
-            self.ctl.costs.set_draft_cost(name, fixed, per)
+        self.clock = Clock()
         self.rng = random.Random(seed)
         self.step = 0
+        self.history = list(range(prompt))
+        default = {name: CHEAP_LOOKUP if name in shadow else LOOKUP for name in rates}
+        self.drafters = {name: SimDrafter(self, name, rate, cost=(draft_costs or {}).get(name, default[name]),
+                                          cheap=name in shadow, extra=(extra or {}).get(name, 0),
+                                          upkeep=CostModel(points) if name in upkeep else None)
+                         for name, rate in rates.items()}
+        self.ctl = Controller(CostModel(points), list(self.drafters.values()), clock=self.clock, **controller_kw)
+        for name, d in self.drafters.items():
+            if d.upkeep is not None:
+                self.ctl.costs.set_model_drafter(name, CostModel(points))
+            else:
+                self.ctl.costs.set_draft_cost(name, *d.cost)
         self.total_ms = 0.0
         self.tokens = 0
         self.decisions: list[Decision] = []
-        self._next_token = 0
 
     @property
     def plain_ms(self) -> float:
@@ -86,41 +135,76 @@ class Sim:
     def speed_vs_plain(self) -> float:
         return self.tokens * self.plain_ms / self.total_ms
 
-    def _chain(self, rate: float, depth: int) -> int:
+    def chain(self, rate: float, depth: int) -> int:
         n = 0
         while n < depth and self.rng.random() < rate:
             n += 1
         return n
 
     def run(self, n_steps: int, max_k: int = 64) -> list[Decision]:
-        out = []
-        for _ in range(n_steps):
-            out.append(self.one(max_k))
-        return out
+        return [self.one(max_k) for _ in range(n_steps)]
 
-    def one(self, max_k: int = 64) -> Decision:
-        offers = {name: Offer(8) for name in self.shadow} if self.shadow else None
-        decision = self.ctl.plan(max_k, offers)
-        k = decision.k
-        accepted = self._chain(self.rates[decision.drafter](self.step), k) if k else 0
-        emitted = tuple(range(self._next_token, self._next_token + accepted + 1))
-        self._next_token += accepted + 1
-        fixed, per = self.draft_costs[decision.drafter] if k else (0.0, 0.0)
-        draft_ms = fixed + per * k if k else 0.0
-        verify_ms = self.truth.verify_ms(k + 1)
-        python_ms = self.truth.overhead_ms(k)
-        self.ctl.observe(FakeStep(emitted, decision.drafter if k else None, k, accepted,
-                                  draft_ms / 1e3, verify_ms / 1e3, python_ms / 1e3, k))
-        for name in self.shadow:
-            if name != decision.drafter or not k:
-                matched = self._chain(self.rates[name](self.step), 8)
-                branch = (emitted + (-1,) * 8)[:matched] + (-2,) * 8
-                self.ctl.observe_shadow(name, [branch[:8]], emitted)
-        self.total_ms += draft_ms + verify_ms + python_ms
-        self.tokens += accepted + 1
+    def one(self, max_k: int = 64, remaining: int = ROOM) -> Decision:
+        history = self.history
+        decision = self.ctl.plan(history, room=max_k, remaining=remaining)
+        k, drafter, proposal = decision.draft_len, decision.drafter, decision.proposal
+        t = self.clock()
+        if not decision.plain and proposal is None:
+            proposal = drafter.propose(history, k)
+        own_ms = (self.clock() - t) * 1e3
+        draft = tuple(proposal.tokens[:k]) if proposal is not None and not decision.plain else ()
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == len(history) + accepted:
+            accepted += 1
+        extra = drafter.batch_extra_tokens if drafter is not None and not decision.plain else 0
+        batch = 1 + len(draft) + extra
+        tokens = tuple(range(len(history), len(history) + accepted + 1))
+        step = StepEvent(index=self.step + 1, drafter=drafter.name if draft else None, drafted=len(draft),
+                         accepted=accepted, emitted=len(tokens), draft_ms=decision.proposal_ms + own_ms,
+                         verify_ms=self.truth.verify_ms(batch), python_ms=self.truth.overhead_ms(len(draft)),
+                         verified=len(draft), tokens=tokens, batch_tokens=batch)
+        history.extend(tokens)
+        if not decision.plain:
+            drafter.verified(len(draft))
+            drafter.accepted(history, accepted)
+        self.ctl.observe(step, history)
+        self.total_ms += step.step_ms
+        self.tokens += len(tokens)
         self.step += 1
         self.decisions.append(decision)
         return decision
+
+
+class Named(DrafterBase):
+    """A drafter that only has a name (for planning without proposing)."""
+
+    def __init__(self, name: str, *, cheap: bool = False, extra: int = 0, tokens: tuple[int, ...] = ()) -> None:
+        self.name, self.tokens = name, tokens
+        self.cheap = cheap  # type: ignore[misc]
+        self.batch_extra_tokens = extra  # type: ignore[misc]
+        self.kept: list[int] = []
+
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
+        return Proposal(self.tokens[:draft_len], None, self.name)
+
+    def accepted(self, history: Sequence[int], n_accepted: int) -> None:
+        self.kept.append(n_accepted)
+
+
+def controller(points: Mapping[int, float], *names: str, **kw) -> Controller:
+    return Controller(CostModel(points), [Named(n) for n in names], **kw)
+
+
+def plan(ctl: Controller, max_k: int = 64, history: Sequence[int] = (0,)) -> Decision:
+    return ctl.plan(list(history), room=max_k, remaining=ROOM)
+
+
+def step_event(tokens: tuple[int, ...], drafter: str | None, drafted: int, accepted: int, *, draft_ms: float = 0.0,
+               verify_ms: float = 0.0, verified: int | None = None, batch: int | None = None) -> StepEvent:
+    verified = drafted if verified is None else verified
+    return StepEvent(index=0, drafter=drafter, drafted=drafted, accepted=accepted, emitted=len(tokens),
+                     draft_ms=draft_ms, verify_ms=verify_ms, python_ms=0.0, verified=verified, tokens=tokens,
+                     batch_tokens=1 + verified if batch is None else batch)
 
 
 def teach(ctl: Controller, name: str, rates: list[float], evidence: float = 1000.0) -> None:
@@ -145,10 +229,10 @@ def brute_force(ctl: Controller, name: str, max_k: int) -> tuple[int, float, flo
 # --- the objective -------------------------------------------------------------------
 def test_plain_where_drafting_loses() -> None:
     """On a small CPU, verifying k+1 tokens costs ~k/2 plain steps: 60% acceptance cannot pay."""
-    ctl = Controller(CostModel(CPU), ["ngram"])
+    ctl = controller(CPU, "ngram")
     teach(ctl, "ngram", [0.6] * 16)
-    decision = ctl.plan(64)
-    assert decision.plain and decision.k == 0 and decision.drafter is None
+    decision = plan(ctl)
+    assert decision.plain and decision.draft_len == 0 and decision.drafter is None and decision.name is None
     assert decision.speedup == 1.0
     assert decision.reason.startswith("speculation off: best expected 0.")
     k, tokens, ms = brute_force(ctl, "ngram", 15)
@@ -162,17 +246,17 @@ def test_plain_where_drafting_loses() -> None:
     (CPU, [0.97] * 16),
     (CPU, [0.95, 0.95, 0.9, 0.9, 0.5, 0.5, 0.5, 0.5] + [0.2] * 8),
 ], ids=["gpu-flat", "gpu-falling", "gpu-weak", "cpu-strong", "cpu-shallow"])
-def test_picks_the_optimal_k(points: Mapping[int, float], rates: list[float]) -> None:
-    ctl = Controller(CostModel(points), ["d"])
+def test_picks_the_optimal_length(points: Mapping[int, float], rates: list[float]) -> None:
+    ctl = controller(points, "d")
     teach(ctl, "d", rates)
-    decision = ctl.plan(64)
-    k, tokens, ms = brute_force(ctl, "d", ctl.k_cap)
+    decision = plan(ctl)
+    k, tokens, ms = brute_force(ctl, "d", ctl.draft_len_cap)
     assert k > 0
-    assert (decision.drafter, decision.k) == ("d", k)
+    assert (decision.name, decision.draft_len) == ("d", k)
     assert decision.expected_tokens == pytest.approx(tokens)
     assert decision.expected_ms == pytest.approx(ms)
     assert decision.speedup == pytest.approx(tokens / ms * ctl.costs.plain_ms())
-    assert decision.reason.startswith(f"d: expected {tokens:.1f} tok/step at ")
+    assert decision.reason.startswith(f"d k={k}: expected {tokens:.1f} tok/step at ")
 
 
 @settings(max_examples=150, deadline=None)
@@ -187,54 +271,99 @@ def test_decision_matches_brute_force(steps: list[float], base: float, rates: li
     for k, step in zip((1, 2, 4, 8, 16), [0.0, *steps]):
         ms += step * k
         points[k] = ms
-    ctl = Controller(CostModel(points), ["d"])
+    ctl = controller(points, "d")
     teach(ctl, "d", rates)
-    decision = ctl.plan(max_k)
-    k, tokens, ms = brute_force(ctl, "d", min(max_k, ctl.k_cap))
+    decision = plan(ctl, max_k)
+    k, tokens, ms = brute_force(ctl, "d", min(max_k, ctl.draft_len_cap))
     best = tokens / ms * ctl.costs.plain_ms()
     # (near-ties, within rounding, may go either way)
     if k and best >= 1.05 + 1e-9:
-        assert decision.drafter == "d" and 1 <= decision.k <= max_k
+        assert decision.name == "d" and 1 <= decision.draft_len <= max_k
         assert decision.speedup == pytest.approx(best, rel=1e-9)
     elif not k or best < 1.05 - 1e-9:
         assert decision.plain
 
 
-def test_max_k_limits_the_draft() -> None:
-    ctl = Controller(CostModel(GPU), ["d"])
+def test_room_and_tokens_left_limit_the_draft_and_the_reason_says_which() -> None:
+    ctl = controller(GPU, "d")
     teach(ctl, "d", [0.95] * 16)
-    assert ctl.plan(3).k == 3
-    assert ctl.plan(0).plain and ctl.plan(0).reason == "plain: no room to draft"
+    assert plan(ctl, 3).draft_len == 3
+    assert ctl.plan([0], room=64, remaining=3).draft_len == 2  # a draft of 2 and the target's token
+    assert plan(ctl, 0).reason == "plain: the context has no room for a draft"
+    assert ctl.plan([0], room=64, remaining=1).reason == "plain: one token left to generate"
+    ctl.draft_len_limit = 0  # the engine's bound from the backend
+    assert plan(ctl).reason == "plain: the model cannot roll back a draft"
+    ctl.draft_len_limit = 4
+    assert plan(ctl).draft_len == 4
 
 
-def test_offers_cap_k_and_confidence_caps_acceptance() -> None:
-    ctl = Controller(CostModel(GPU), ["ngram"])
+def test_a_forced_plain_step_leaves_the_last_reason() -> None:
+    """A reply's last token can only be plain; the summary keeps the reason that weighed drafting."""
+    ctl = controller(CPU, "draft")
+    ctl.costs.set_draft_cost("draft", *DRAFT_MODEL)
+    first = plan(ctl)
+    ctl.observe(step_event((1,), None, 0, 0), [0, 1])
+    last = ctl.plan([0, 1], room=64, remaining=1)
+    assert last.reason == "plain: one token left to generate"
+    assert ctl.stats.last_reason == first.reason and first.reason.startswith("speculation off")
+
+
+def test_lookups_cap_the_depth_and_a_tree_its_confidence() -> None:
+    ctl = Controller(CostModel(GPU), [Named("ngram", cheap=True, tokens=(1, 2, 3, 4))])
     teach(ctl, "ngram", [0.9] * 16)
-    assert ctl.plan(64, {"ngram": Offer(4)}).k == 4
-    assert ctl.plan(64, {}).reason == "plain: no drafter has a proposal"
-    sure, unsure = ctl.evaluate("ngram", 4), ctl.evaluate("ngram", 4, Offer(4, (0.9, 0.2, 0.2, 0.2)))
-    assert unsure[0] < sure[0]
+    decision = plan(ctl)
+    assert (decision.name, decision.draft_len) == ("ngram", 4)
+    assert decision.proposal is not None and decision.proposal.tokens == (1, 2, 3, 4)
+    ctl.observe(step_event((1, 2, 3, 4, 5), "ngram", 4, 4), [0, 1, 2, 3, 4, 5])
+    empty = Controller(CostModel(GPU), [Named("ngram", cheap=True)])
+    assert plan(empty).reason == "plain: no drafter has a proposal"
+    sure = ctl.expected_tokens("ngram", 4)
+    unsure = ctl.expected_tokens("ngram", 4, (0.9, 0.2, 0.2, 0.2))
+    assert unsure < sure
 
 
-def test_offers_from_proposals() -> None:
+def test_tree_confidence_and_best_path() -> None:
     """A tree's own confidence at depth d+1: the mass of its nodes there over the mass at depth d."""
     tree = build_tree([((1, 2, 3), 3.0), ((1, 2, 4), 1.0), ((5,), 1.0)])
-    offer = proposal_offer(TreeProposal(tree, "ngram"))
-    assert offer.depth == 3
-    assert offer.confidence == pytest.approx((1.0, 0.8, 1.0))  # 1 -> 1,5 (all); 1 -> 1,2 (4/5); 1,2 -> 3 or 4
+    assert tree_confidence(tree) == pytest.approx((1.0, 0.8, 1.0))  # 1 -> 1,5 (all); 1 -> 1,2 (4/5); 1,2 -> 3 or 4
+    path, confidence = best_path(tree)
+    assert path == (1, 2, 3) and confidence == pytest.approx((0.8, 1.0, 0.75))
     assert sorted(proposal_branches(TreeProposal(tree, "ngram"))) == [(1, 2, 3), (1, 2, 4), (5,)]
-    assert proposal_offer(Proposal((7, 8))) == Offer(2)
     assert proposal_branches(Proposal((7, 8))) == ((7, 8),) and proposal_branches(Proposal()) == ()
 
 
-def test_a_tree_costs_its_width() -> None:
-    """A drafter verifying 3 candidate tokens per depth is planned at 1 + 3k verified tokens."""
-    ctl = Controller(CostModel(CPU), ["ngram"], fixed_k=4)
+class TreeLookup(Named):
+    def __init__(self, tree) -> None:
+        super().__init__("ngram", cheap=True)
+        self.tree = tree
+
+    def propose(self, history: Sequence[int], draft_len: int) -> TreeProposal:
+        return TreeProposal(self.tree, self.name)
+
+
+def test_the_width_of_a_tree_is_chosen_by_its_cost() -> None:
+    """Two continuations, one seen 9 times in 10: on a GPU both are verified (a wider batch costs
+    nothing), on a CPU, where every verified token costs, only the most probable path is."""
+    tree = build_tree([((1, 2, 3, 4), 9.0), ((5, 6, 7, 8), 1.0)])
+    for points, want_tree in ((GPU, True), (CPU, False)):
+        ctl = Controller(CostModel(points), [TreeLookup(tree)])
+        teach(ctl, "ngram", [0.99] * 16)
+        decision = plan(ctl)
+        assert decision.name == "ngram" and decision.draft_len == 4
+        assert isinstance(decision.proposal, TreeProposal) is want_tree, points
+        if want_tree:
+            assert "as a 8-node tree" in decision.reason
+            assert decision.expected_ms == pytest.approx(ctl.costs.verify_ms(1 + 8) + ctl.costs.overhead_ms(4))
+
+
+def test_a_drafter_proposing_after_planning_costs_its_learned_width() -> None:
+    """A drafter verifying 3 candidate tokens per planned token is planned at 1 + 3k verified tokens."""
+    ctl = controller(CPU, "lookahead", draft_len=4)
     for i in range(60):
-        ctl.plan(64)
-        ctl.observe(FakeStep((i,), None, 4, 0, 0.0003, 0.0, 0.0, 12))
-    _, ms = ctl.evaluate("ngram", 4)
-    expected = ctl.costs.draft_ms("ngram", 4) + ctl.costs.verify_ms(1 + 3 * 4) + ctl.costs.overhead_ms(4)
+        plan(ctl)
+        ctl.observe(step_event((i,), None, 4, 0, draft_ms=0.3, verified=12), [i])
+    _, ms = ctl.evaluate("lookahead", 4)
+    expected = ctl.costs.draft_ms("lookahead", 4) + ctl.costs.verify_ms(1 + 3 * 4) + ctl.costs.overhead_ms(4)
     assert ms == pytest.approx(expected, rel=0.02)
 
 
@@ -267,26 +396,36 @@ def test_estimator_prior_and_idle_forgetting() -> None:
 
 def test_a_window_every_batch_carries_is_charged_from_the_first_step() -> None:
     """Lookahead's 14-token window: on the CPU even a good prior cannot pay for it, on a GPU it can."""
-    cpu = Controller(CostModel(CPU), ["lookahead"], extra_tokens={"lookahead": 14})
-    assert cpu.plan(8).plain
+    cpu = Controller(CostModel(CPU), [Named("lookahead", extra=14)])
+    assert plan(cpu, 8).plain
     tokens, ms = cpu.evaluate("lookahead", 4)
     assert ms == pytest.approx(cpu.costs.draft_ms("lookahead", 4) + cpu.costs.verify_ms(1 + 4 + 14)
                                + cpu.costs.overhead_ms(4))
-    unknown = Controller(CostModel(CPU), ["lookahead"])  # without it a probe would look 4x cheaper than it is
+    unknown = controller(CPU, "lookahead")  # without it a probe would look 4x cheaper than it is
     assert unknown.evaluate("lookahead", 3)[1] < cpu.evaluate("lookahead", 3)[1] / 2
-    gpu = Controller(CostModel(GPU), ["lookahead"], extra_tokens={"lookahead": 14})
-    assert not gpu.plan(8).plain
+    gpu = Controller(CostModel(GPU), [Named("lookahead", extra=14)])
+    assert not plan(gpu, 8).plain
     # Learning the width leaves the window out: a batch of 1 + 4 candidates + 14 window tokens for k = 4.
-    decision = gpu.plan(4)
-    gpu.observe(FakeStep((1, 2), "lookahead", 4, 1, 0.0, 0.01, 0.0, 18), batch_tokens=1 + 4 + 14)
-    assert decision.k == 4 and gpu._drafters["lookahead"].width == pytest.approx(1.0)
+    decision = plan(gpu, 4)
+    gpu.observe(step_event((1, 2), "lookahead", 4, 1, verify_ms=10.0, batch=1 + 4 + 14), [0, 1, 2])
+    assert decision.draft_len == 4 and gpu._states["lookahead"].width == pytest.approx(1.0)
+
+
+def test_combined_drafters_are_each_planned_with_their_own_costs() -> None:
+    """ngram and lookahead together: the lookup is planned without a window, lookahead with its own."""
+    ctl = Controller(CostModel(CPU), [Named("ngram", cheap=True, tokens=(1, 2, 3)), Named("lookahead", extra=14)])
+    teach(ctl, "ngram", [0.97] * 16)
+    teach(ctl, "lookahead", [0.97] * 16)
+    decision = plan(ctl)
+    assert decision.name == "ngram"
+    assert decision.expected_ms == pytest.approx(ctl.costs.verify_ms(1 + 3) + ctl.costs.overhead_ms(3))
 
 
 def test_switches_drafters_when_one_degrades() -> None:
     """Two drafters trade places at step 400; neither is scored for free, so the new best is found by probes."""
     sim = Sim(GPU, {"a": lambda t: 0.9 if t < 400 else 0.1, "b": lambda t: 0.1 if t < 400 else 0.9})
     sim.run(1200)
-    used = [d.drafter for d in sim.decisions if not d.probe]
+    used = [d.name for d in sim.decisions if not d.probe]
     assert used[100:400].count("a") > 0.9 * 300
     assert used[900:].count("b") > 0.9 * 300
 
@@ -296,11 +435,24 @@ def test_cheap_drafters_scored_every_step_switch_within_dozens_of_steps() -> Non
               shadow=("a", "b"))
     sim.run(600)
     assert all(not d.probe for d in sim.decisions)  # shadow scoring needs no probes
-    used = [d.drafter for d in sim.decisions]
+    used = [d.name for d in sim.decisions]
     assert used[100:300].count("a") > 0.9 * 200
     switched = next(t for t in range(300, 600) if used[t] == "b")
     assert switched - 300 <= 60
     assert used[400:].count("b") > 0.9 * 200
+    # Every drafter follows the text: each was told the outcome of every step (with 0 when unused).
+    assert all(d.proposals == 600 for d in sim.drafters.values())
+
+
+def test_a_lookup_that_turns_out_costly_is_no_longer_asked_before_planning() -> None:
+    """Asking first is paid on every step; a 'cheap' drafter that takes longer than a plain step's 2%
+    is asked only when the controller plans to draft with it."""
+    sim = Sim(CPU, {"ngram": lambda t: 0.0}, shadow=("ngram",), draft_costs={"ngram": (2.0, 0.0)})
+    sim.ctl.costs.set_draft_cost("ngram", 0.01, 0.0)  # the controller first believes it cheap
+    sim.run(100)
+    asked = sim.drafters["ngram"].proposals
+    assert 2 <= asked <= 12  # the first lookup (indexing the prompt) is not judged; a few more are
+    assert sum(1 for d in sim.decisions if d.proposal is not None) == 0  # none was worth verifying
 
 
 def test_recovers_after_probes() -> None:
@@ -310,24 +462,38 @@ def test_recovers_after_probes() -> None:
     probes_while_bad = sim.ctl.stats.probes
     assert probes_while_bad <= 20  # waits doubled: 8, 16, ..., 512
     sim.run(1500)
-    first = next(t for t, d in enumerate(sim.decisions) if t >= 2000 and d.drafter and not d.probe)
+    first = next(t for t, d in enumerate(sim.decisions) if t >= 2000 and d.name and not d.probe)
     # at most one max_wait until a probe, then a few successful probes
     assert first - 2000 <= 512 + 400
-    assert [d.drafter for d in sim.decisions[-500:]].count("d") > 450
+    assert [d.name for d in sim.decisions[-500:]].count("d") > 450
 
 
-def test_fixed_draft_max_is_honoured() -> None:
-    ctl = Controller(CostModel(CPU), ["a", "b"], fixed_k=5)
+def test_fixed_draft_length_is_honoured() -> None:
+    ctl = controller(CPU, "a", "b", draft_len=5)
     teach(ctl, "a", [0.5] * 16)
     teach(ctl, "b", [0.2] * 16)
-    decision = ctl.plan(64)  # drafting loses here, but the user asked for 5
-    assert (decision.drafter, decision.k) == ("a", 5)
-    assert "--draft-max 5" in decision.reason
-    assert ctl.plan(3).k == 3  # the context still limits it
+    decision = plan(ctl)  # drafting loses here, but the user asked for 5
+    assert (decision.name, decision.draft_len) == ("a", 5)
+    assert "draft length fixed at 5" in decision.reason
+    assert plan(ctl, 3).draft_len == 3  # the context still limits it
     teach(ctl, "b", [0.9] * 16)
-    assert (ctl.plan(64).drafter, ctl.plan(64).k) == ("b", 5)  # still chooses among drafters
-    assert ctl.plan(64, {"a": Offer(2)}).k == 2  # and cannot draft deeper than a proposal
-    assert Controller(CostModel(CPU), ["a"], fixed_k=0).plan(64).plain
+    assert (plan(ctl).name, plan(ctl).draft_len) == ("b", 5)  # still chooses among drafters
+    assert controller(CPU, "a", draft_len=0).plan([0], room=64, remaining=ROOM).plain
+
+
+def test_a_fixed_length_above_the_automatic_cap_is_honoured() -> None:
+    """Issue 9: a fixed 40 ran at 16 because the automatic cap also capped a fixed length."""
+    ctl = controller(CPU, "a", draft_len=40)
+    assert plan(ctl).draft_len == 40 > ctl.draft_len_cap
+    assert controller(CPU, "a").plan([0], room=64, remaining=ROOM).draft_len <= ctl.draft_len_cap
+    with pytest.raises(ValueError, match="0..64"):
+        controller(CPU, "a", draft_len=65)
+
+
+def test_a_lookup_proposal_is_cut_to_a_fixed_length() -> None:
+    ctl = Controller(CostModel(CPU), [Named("a", cheap=True, tokens=(1, 2))], draft_len=5)
+    decision = plan(ctl)
+    assert decision.draft_len == 2 and decision.proposal is not None and decision.proposal.tokens == (1, 2)
 
 
 # --- never slower than plain -----------------------------------------------------------
@@ -351,6 +517,47 @@ def test_an_accurate_drafter_too_costly_to_win_is_probed_ever_more_rarely() -> N
     assert stats.draft_steps == 0 and stats.probe_successes == 0
     assert stats.probes <= 12  # waits doubling: 8, 16, ..., 512, then every 512 steps
     assert sim.speed_vs_plain >= 0.97
+
+
+@pytest.mark.parametrize("prompt", [20, 150, 600])
+def test_a_draft_model_as_costly_as_the_target_never_slows_a_chat_reply(prompt: int) -> None:
+    """Issue 10: the draft's prefill and catch-up are charged to the decisions that cause them. A draft
+    model whose every decode costs what the target's does (the Q4_0 self-draft on a CPU), often right,
+    is kept off: in a 160-token reply it decodes nothing at all, and over every prefix of a long run
+    its probes, which pay its catch-up, keep the speed within 3% of plain."""
+    sim = Sim(CPU, {"draft": lambda t: 0.75}, upkeep=("draft",), prompt=prompt)
+    for _ in range(160):
+        sim.one(remaining=ROOM)
+    draft = sim.drafters["draft"]
+    assert draft.decoded == 0 and draft.proposals == 0 and sim.speed_vs_plain == pytest.approx(1.0)
+    assert sim.ctl.stats.last_reason.startswith("speculation off") and "catching up" in sim.ctl.stats.last_reason
+    for _ in range(3000):
+        sim.one()
+        assert sim.speed_vs_plain >= 0.97
+    assert sim.ctl.stats.draft_steps == 0
+
+
+def test_probes_pay_their_catch_up_from_the_budget() -> None:
+    """The same draft model charged without its catch-up is probed within 400 steps (a probe's excess is
+    ~5 plain steps, which the budget covers after ~200 tokens); with its catch-up of 150+ tokens it is not."""
+    without = Sim(CPU, {"draft": lambda t: 0.75}, draft_costs={"draft": DRAFT_MODEL}, prompt=150)
+    without.run(400)
+    assert without.ctl.stats.probes > 0
+    upkeep = Sim(CPU, {"draft": lambda t: 0.75}, upkeep=("draft",), prompt=150)
+    upkeep.run(400)
+    assert upkeep.ctl.stats.probes == 0 and upkeep.drafters["draft"].decoded == 0
+
+
+def test_a_cheap_draft_model_is_started_despite_its_prefill() -> None:
+    """A draft model 10x cheaper than the target, 90% right, on a GPU: its prefill is spread over the
+    tokens it will serve, so it is used from the first steps instead of waiting for a probe."""
+    cheap = {k: v / 10 for k, v in GPU.items()}
+    sim = Sim(GPU, {"draft": lambda t: 0.9}, upkeep=("draft",), prompt=150)
+    sim.drafters["draft"].upkeep = CostModel(cheap)
+    sim.ctl.costs.set_model_drafter("draft", CostModel(cheap))
+    sim.run(50)
+    assert sim.decisions[0].name == "draft" and "catching up 150 tokens" in sim.decisions[0].reason
+    assert sim.speed_vs_plain > 2.0
 
 
 def test_probe_budget_holds_over_a_short_run_on_cpu() -> None:
@@ -378,7 +585,7 @@ def test_stats_count_choices_probes_and_gains() -> None:
     assert stats.measured_gain == pytest.approx(stats.expected_gain, rel=0.25)
     assert stats.measured_gain > 2.0
     summary = stats.to_dict()
-    assert summary["choices"]["d"] and summary["last_reason"].startswith("d: expected")
+    assert summary["choices"]["d"] and summary["last_reason"].startswith("d k=")
 
 
 def test_stats_since_an_earlier_copy_count_one_generation() -> None:
@@ -389,7 +596,7 @@ def test_stats_since_an_earlier_copy_count_one_generation() -> None:
     delta = sim.ctl.stats.since(before)
     assert delta.steps == 100 == delta.plain_steps + delta.draft_steps + delta.probes
     assert sum(sum(ks.values()) for ks in delta.choices.values()) == 100
-    drafted = [d.k for d in sim.decisions[200:] if not d.plain]
+    drafted = [d.draft_len for d in sim.decisions[200:] if not d.plain]
     assert delta.mean_k == pytest.approx(sum(drafted) / len(drafted))
     assert delta.measured_gain > 2.0 and delta.last_reason == sim.ctl.stats.last_reason
     # The copy is independent: later steps did not change it.
@@ -397,24 +604,22 @@ def test_stats_since_an_earlier_copy_count_one_generation() -> None:
 
 
 def test_unused_proposals_wait_until_the_text_judges_every_position() -> None:
-    from localspec.control import UnusedProposals
-
     book = UnusedProposals()
     history = [9, 9, 9]
-    book.add(3, [(1, 2, 3, 4)])          # a chain of depth 4 for what follows history[:3]
-    book.add(3, [(1, 2, 7), (5,)])       # a tree
-    book.add(3, [])                      # nothing proposed: nothing kept
+    book.add(3, "a", [(1, 2, 3, 4)])     # a chain of depth 4 for what follows history[:3]
+    book.add(3, "b", [(1, 2, 7), (5,)])  # a tree
+    book.add(3, "c", [])                 # nothing proposed: nothing kept
     assert len(book) == 2
     history.append(1)                    # a plain step emitted one token: both still match
     assert book.ready(history) == [] and len(book) == 2
     history.append(2)
     history.append(3)                    # the tree's (1, 2, 7) parted at its third position
-    assert book.ready(history) == [(((1, 2, 7), (5,)), [1, 2, 3])]
+    assert book.ready(history) == [("b", ((1, 2, 7), (5,)), [1, 2, 3])]
     history.append(4)                    # the chain's depth is covered, every position matched
-    assert book.ready(history) == [(((1, 2, 3, 4),), [1, 2, 3, 4])]
+    assert book.ready(history) == [("a", ((1, 2, 3, 4),), [1, 2, 3, 4])]
     assert len(book) == 0
     # Scored that way, deep positions learn: a lookup right 4 deep raises the rate at position 3.
-    ctl = Controller(CostModel(CPU), ["ngram"])
+    ctl = controller(CPU, "ngram")
     before = ctl.acceptance("ngram").rate(3)
     for _ in range(5):
         ctl.observe_shadow("ngram", [(1, 2, 3, 4)], [1, 2, 3, 4], deferred=True)
@@ -422,15 +627,15 @@ def test_unused_proposals_wait_until_the_text_judges_every_position() -> None:
 
 
 def test_reason_says_when_the_next_probe_comes() -> None:
-    ctl = Controller(CostModel(CPU), ["draft"])
+    ctl = controller(CPU, "draft")
     ctl.costs.set_draft_cost("draft", *DRAFT_MODEL)
-    decision = ctl.plan(64)
+    decision = plan(ctl)
     assert decision.plain
     assert "probing again in" in decision.reason and "× plain" in decision.reason
 
 
 def test_shadow_scoring_counts_only_known_outcomes() -> None:
-    ctl = Controller(CostModel(CPU), ["ngram"])
+    ctl = controller(CPU, "ngram")
     ctl.observe_shadow("ngram", [(5, 6, 7, 8)], emitted=(5, 6))  # matched all 2 emitted: position 2 unknown
     est = ctl.acceptance("ngram")
     assert est.reached == [1.0, 1.0] and est.kept == [1.0, 1.0]
@@ -438,7 +643,43 @@ def test_shadow_scoring_counts_only_known_outcomes() -> None:
     assert est.reached[:2] == pytest.approx([1.95, 1.95]) and est.kept[:2] == pytest.approx([1.95, 0.95])
 
 
+def test_unused_drafters_follow_the_text() -> None:
+    """Every member is told each step's outcome; only the one whose proposal was verified with its count."""
+    a, b = Named("a", cheap=True, tokens=(1, 2, 3)), Named("b", cheap=True, tokens=(7,))
+    ctl = Controller(CostModel(GPU), [a, b])
+    teach(ctl, "a", [0.99] * 16)
+    decision = plan(ctl)
+    assert decision.name == "a"
+    ctl.observe(step_event((1, 2, 3, 4), "a", 3, 3), [0, 1, 2, 3, 4])
+    assert b.kept == [0] and a.kept == []  # a's outcome is the step's to report (speculative_step)
+
+
 def test_controller_does_not_load_llama_cpp() -> None:
     code = "import sys, localspec.control; assert 'llama_cpp' not in sys.modules, 'llama_cpp imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_unused_draft_model_is_re_planned_only_every_few_steps() -> None:
+    """While speculation is off, the full plan (every length, the catch-up) runs every 8 steps; the
+    steps between decode plainly with a reason whose probe count stays true."""
+    sim = Sim(CPU, {"draft": lambda t: 0.75}, upkeep=("draft",), prompt=150)
+    calls = []
+    drafter = sim.drafters["draft"]
+    behind = drafter.behind
+    drafter.behind = lambda history: calls.append(len(history)) or behind(history)  # type: ignore[method-assign]
+    sim.run(80)
+    assert all(d.plain for d in sim.decisions)
+    assert len(set(calls)) == 80 // 8 and sorted(set(calls)) == list(range(150, 150 + 80, 8))  # one plan in 8
+    counts = [int(d.reason.rsplit("in ", 1)[1].split()[0]) for d in sim.decisions[:8]]
+    assert counts == [counts[0] - i for i in range(8)] or counts[0] < 8
+
+
+def test_each_generation_earns_its_own_probe_budget() -> None:
+    """A reply never probes with budget saved by earlier replies: its first token waits for no probe."""
+    sim = Sim(CPU, {"draft": lambda t: 0.75}, upkeep=("draft",), prompt=30)
+    sim.run(2000)
+    assert sim.ctl.stats.probe_budget_ms > 0
+    sim.ctl.start(list(sim.drafters.values()))
+    assert sim.ctl.stats.probe_budget_ms == 0.0
+    assert not sim.one().probe

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec import costs
-from localspec.costs import CostKey, CostModel, load_costs, load_or_measure, measure_verify_costs, save_costs
+from localspec import costs, measure_costs
+from localspec.costs import CostModel
+from localspec.measure_costs import CostKey, load_costs, load_or_measure, measure_verify_costs, save_costs
 
 # ms for one decode of k tokens: SmolLM2-135M on 2 CPU threads (compute-bound) and a flat GPU-like curve.
 CPU = {1: 5.4, 2: 11.3, 4: 16.2, 8: 24.9, 16: 41.1}
@@ -59,6 +60,10 @@ def test_draft_costs_lookup_default_and_model_drafter() -> None:
     # a catch-up of ~2 tokens, then one decode per further token: (V(2) - V(1)) + n V(1)
     assert model.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0)
     assert model.plain_ms() == pytest.approx(5.4 + model.overhead_ms(0))
+    # A longer catch-up (the prefill, or the tokens of steps it sat out) is one batch of the draft's.
+    assert model.catch_up_ms("draft", 2) == 0.0 and model.catch_up_ms("ngram", 500) == 0.0
+    assert model.catch_up_ms("draft", 4) == pytest.approx(5.0 - 3.0)
+    assert model.catch_up_ms("draft", 100) == pytest.approx(draft_model.verify_ms(100) - 3.0)
 
 
 # --- refinement ----------------------------------------------------------------
@@ -186,12 +191,12 @@ def key(**changes) -> CostKey:
 def test_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
     k = key()
-    path = costs.cost_path(k)
+    path = measure_costs.cost_path(k)
     assert path.parent == tmp_path / "costs"
     save_costs(path, k, CPU)
     assert load_costs(path, k) == CPU
     # another thread count, another machine, a rebuilt model: a different file, and never this record
-    assert costs.cost_path(key(n_threads=4)) != path
+    assert measure_costs.cost_path(key(n_threads=4)) != path
     assert load_costs(path, key(system_info="CUDA = 1")) is None
     assert load_costs(path, k, max_age_s=-1) is None  # too old
     path.write_text("{ half a file")
@@ -201,8 +206,8 @@ def test_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 def test_load_or_measure_measures_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
     calls: list[object] = []
-    monkeypatch.setattr(costs, "cost_key", lambda ctx, **kw: key())
-    monkeypatch.setattr(costs, "measure_verify_costs", lambda ctx, **kw: calls.append(ctx) or dict(GPU))
+    monkeypatch.setattr(measure_costs, "cost_key", lambda ctx, **kw: key())
+    monkeypatch.setattr(measure_costs, "measure_verify_costs", lambda ctx, **kw: calls.append(ctx) or dict(GPU))
     first = load_or_measure(object())  # type: ignore[arg-type]
     second = load_or_measure(object())  # type: ignore[arg-type]
     assert len(calls) == 1
@@ -213,11 +218,11 @@ def test_load_or_measure_measures_once(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_an_incomplete_measurement_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(costs, "cost_key", lambda ctx, **kw: key())
-    monkeypatch.setattr(costs, "measure_verify_costs",
-                        lambda ctx, **kw: costs.Measurement(CPU, rounds=1, complete=False))
+    monkeypatch.setattr(measure_costs, "cost_key", lambda ctx, **kw: key())
+    monkeypatch.setattr(measure_costs, "measure_verify_costs",
+                        lambda ctx, **kw: measure_costs.Measurement(CPU, rounds=1, complete=False))
     assert load_or_measure(object()).points == CPU  # type: ignore[arg-type]
-    assert not costs.cost_path(key()).exists()
+    assert not measure_costs.cost_path(key()).exists()
 
 
 # --- a real model ------------------------------------------------------------------
@@ -238,7 +243,7 @@ def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_p
         result = measure_verify_costs(measured_ctx, budget_s=0.5)
         assert measured_ctx.tokens == before
         assert measured_ctx.seq_pos_max(0) == len(before) - 1  # nothing left in the KV cache
-        assert sorted(result) == list(costs.DEFAULT_KS)
+        assert sorted(result) == list(measure_costs.DEFAULT_KS)
         assert all(ms > 0 for ms in result.values())
         # increasing-ish, with room for a noisy machine: 16 tokens never cost less than half of one
         assert result[16] > 0.5 * result[1]
@@ -250,13 +255,13 @@ def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_p
 
         # cached per model and machine: the second load reads the file
         monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
-        monkeypatch.setattr(costs, "measure_verify_costs", lambda ctx, **kw: dict(result))
+        monkeypatch.setattr(measure_costs, "measure_verify_costs", lambda ctx, **kw: dict(result))
         first = load_or_measure(fresh_ctx, n_threads=1)
 
         def no_measuring(ctx, **kw):
             raise AssertionError("measured again despite the cache")
 
-        monkeypatch.setattr(costs, "measure_verify_costs", no_measuring)
+        monkeypatch.setattr(measure_costs, "measure_verify_costs", no_measuring)
         assert load_or_measure(fresh_ctx, n_threads=1).points == first.points
         assert len(list((tmp_path / "costs").glob("*.json"))) == 1
     finally:

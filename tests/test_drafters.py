@@ -1,12 +1,11 @@
-"""Drafter specs and combination (pure), and multi-branch verification on the real model."""
+"""Drafter specs and the protocol (pure), and multi-branch verification on the real model."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from localspec.drafting.base import BatchExtra, Proposal, TreeProposal
-from localspec.drafting.combine import DrafterSet, PositionAcceptance
+from localspec.drafting.base import BatchExtra, Drafter, DrafterBase, Proposal, TreeProposal
 from localspec.drafting.specs import DrafterSpec, parse_draft
 from localspec.drafting.tree import tree_from_branches
 from localspec.errors import InvalidOptionError
@@ -29,56 +28,32 @@ def test_parse_draft_errors(text, needle):
         parse_draft(text)
 
 
-def test_position_acceptance_prior_and_updates():
-    acc = PositionAcceptance(prior=0.5, weight=2.0)
-    assert acc.expected_accepted(2) == pytest.approx(0.5 + 0.25)
-    for _ in range(8):
-        acc.update(drafted_depth=3, accepted=3)  # always accepted
-    assert acc.rate(0) == pytest.approx((8 + 1) / (8 + 2))
-    acc.update(drafted_depth=3, accepted=0)  # rejected at position 0: later positions not reached
-    assert acc.reached[:3] == [9, 8, 8] and acc.kept[:3] == [8, 8, 8]
-
-
-class Fixed:
+class Fixed(DrafterBase):
     """A drafter that always proposes the same chain (pure-logic stand-in)."""
 
     def __init__(self, name: str, tokens: tuple[int, ...]):
         self.name, self.tokens, self.calls, self.kept = name, tokens, 0, []
 
-    def propose(self, history, max_tokens):
+    def propose(self, history, draft_len):
         self.calls += 1
-        return Proposal(self.tokens[:max_tokens], None, self.name)
+        return Proposal(self.tokens[:draft_len], None, self.name)
 
     def accepted(self, history, n_accepted):
         self.kept.append(n_accepted)
 
-    def reset(self):
-        pass
 
+def test_every_drafter_states_what_it_offers():
+    """The protocol's members exist on every drafter, with the base class's defaults where not overridden."""
+    from localspec.drafting.lookahead import LookaheadDrafter
+    from localspec.drafting.ngram import NgramDrafter
 
-def test_drafter_set_prefers_the_drafter_that_keeps_more():
-    good, bad = Fixed("good", (1, 2, 3)), Fixed("bad", (4, 5, 6))
-    combo = DrafterSet([bad, good])
-    picks = []
-    for _ in range(20):
-        p = combo.propose([0], 3)
-        picks.append(p.drafter)
-        combo.accepted([0], 3 if p.drafter == "good" else 0)
-    assert picks[-5:] == ["good"] * 5
-    # Only the chosen drafter is told its tokens were accepted.
-    assert bad.kept[-1] == 0 and good.kept[-1] == 3
-
-
-def test_drafter_set_asks_an_expensive_drafter_only_when_it_can_win():
-    cheap, model = Fixed("ngram", (1, 2, 3, 4)), Fixed("draft", (7, 8, 9, 10))
-    combo = DrafterSet([cheap, model], expensive=["draft"])
-    combo.propose([0], 4)
-    calls = model.calls
-    for _ in range(10):  # the model drafter keeps failing, the cheap one keeps winning
-        p = combo.propose([0], 4)
-        combo.accepted([0], 4 if p.drafter == "ngram" else 0)
-    assert model.calls - calls < 10
-    assert combo.propose([0], 4).drafter == "ngram"
+    plain = Fixed("x", (1,))
+    assert isinstance(plain, Drafter)
+    assert (plain.cheap, plain.batch_extra_tokens, plain.behind([1, 2, 3])) == (False, 0, 0)
+    ngram, lookahead = NgramDrafter(), LookaheadDrafter()
+    assert isinstance(ngram, Drafter) and isinstance(lookahead, Drafter)
+    assert ngram.cheap and ngram.batch_extra_tokens == 0 and ngram.behind([1, 2]) == 0
+    assert not lookahead.cheap and lookahead.batch_extra_tokens == lookahead.width * (lookahead.ngram - 1) - 1
 
 
 def test_tree_proposal_chain_view_follows_the_most_probable_child():
@@ -158,25 +133,7 @@ def test_a_proposal_is_shrunk_to_the_free_cells_at_the_end_of_the_context():
     assert cut.tokens == (1, 2) and len(cut.probs) == 2
 
 
-class Windowed(Fixed):
-    """A drafter with no candidates yet but a window to run (lookahead before its pool fills)."""
-
-    def propose(self, history, max_tokens):
-        self.calls += 1
-        return TreeProposal(tree_from_branches(()), self.name, window(4))
-
-
-def test_drafter_set_runs_a_lookahead_window_when_nobody_has_candidates():
-    la, empty = Windowed("lookahead", ()), Fixed("ngram", ())
-    combo = DrafterSet([empty, la])
-    p = combo.propose([0], 4)
-    assert isinstance(p, TreeProposal) and p.extra is not None
-    # ... but candidates with a positive expected value win over a bare window.
-    combo = DrafterSet([Fixed("ngram", (1, 2)), la])
-    assert combo.propose([0], 4).drafter == "ngram"
-
-
-def test_a_premade_proposal_is_cut_to_the_planned_depth():
+def test_a_proposal_made_while_planning_is_cut_to_the_planned_depth():
     from localspec.speculative import _cut
 
     tree = tree_from_branches([(1, 2, 3), (1, 4), (5,)])
@@ -186,18 +143,3 @@ def test_a_premade_proposal_is_cut_to_the_planned_depth():
     probs = tuple(np.full(4, 0.25) for _ in range(3))
     chain = _cut(Proposal((1, 2, 3), probs, "draft"), 1)
     assert chain.tokens == (1,) and len(chain.probs) == 1
-
-
-def test_drafter_set_judges_a_premade_proposal_only_as_deep_as_it_was_verified():
-    a = Fixed("ngram", (1, 2, 3))
-    a.cheap = True
-    combo = DrafterSet([a])
-    assert combo.cheap and not DrafterSet([a, Fixed("draft", (7,))]).cheap
-    combo.propose([0], 3)
-    combo.verified(0)             # the controller chose plain: nothing to judge
-    combo.accepted([0, 5], 0)
-    assert combo.acceptance["ngram"].reached == []
-    combo.propose([0], 3)
-    combo.verified(2)             # cut to 2 and both kept
-    combo.accepted([0, 1, 2, 9], 2)
-    assert combo.acceptance["ngram"].reached == [1, 1] and combo.acceptance["ngram"].kept == [1, 1]

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from localspec.drafting.base import Drafter, TreeProposal
+from localspec.drafting.base import Drafter, DrafterBase, TreeProposal
 from localspec.drafting.lookahead import (
     LookaheadDrafter,
     NgramPool,
@@ -238,7 +238,7 @@ def test_greedy_output_equals_plain_decoding(la_engine, target, prompt: str) -> 
     from localspec.engine import GenerateOptions
 
     plain = plain_greedy(target, la_engine.tokenize(prompt), 64)
-    done = list(la_engine.generate(prompt, GenerateOptions(max_tokens=64, draft_max=5)))[-1]
+    done = list(la_engine.generate(prompt, GenerateOptions(max_tokens=64, draft_len=5)))[-1]
     assert_matches_plain(done.tokens, plain)
 
 
@@ -247,7 +247,7 @@ def test_lookahead_gets_tokens_accepted_on_repetitive_text(la_engine) -> None:
     from localspec.engine import GenerateOptions
     from localspec.events import DoneEvent, StepEvent, TokenEvent
 
-    events = list(la_engine.generate(REPETITIVE, GenerateOptions(max_tokens=48, draft_max=5)))
+    events = list(la_engine.generate(REPETITIVE, GenerateOptions(max_tokens=48, draft_len=5)))
     done = events[-1]
     assert isinstance(done, DoneEvent)
     assert done.stats.accepted > 0
@@ -264,24 +264,24 @@ def test_the_jacobi_window_alone_gets_tokens_accepted(target) -> None:
     engine = Engine(target, specs=[DrafterSpec("lookahead")], n_ctx=512)
     drafter = LookaheadDrafter(learn_history=False)
     engine._factories["lookahead"] = lambda sampler, opts: drafter
-    done = list(engine.generate(REPETITIVE, GenerateOptions(max_tokens=48, draft_max=5)))[-1]
+    done = list(engine.generate(REPETITIVE, GenerateOptions(max_tokens=48, draft_len=5)))[-1]
     assert drafter.stats.window_steps > 0
     assert done.stats.accepted >= 10
 
 
-class Capturing:
+class Capturing(DrafterBase):
     """A LookaheadDrafter whose window levels are set by hand and whose window logits are kept."""
 
     def __init__(self, inner: LookaheadDrafter, levels: list[list[int]]) -> None:
         self.inner, self.levels, self.name = inner, levels, inner.name
         self.rows: list[np.ndarray] = []
 
-    def propose(self, history, max_tokens):
+    def propose(self, history, draft_len):
         from dataclasses import replace
 
-        self.inner.propose(history, max_tokens)  # anchors the window here
+        self.inner.propose(history, draft_len)  # anchors the window here
         self.inner._levels = self.levels
-        proposal = self.inner.propose(history, max_tokens)
+        proposal = self.inner.propose(history, draft_len)
         extra = proposal.extra
         assert extra is not None
         first = len(extra.tokens) - self.inner.width
@@ -342,9 +342,9 @@ def test_after_each_step_the_cache_holds_the_history_minus_its_last_token(la_eng
     from localspec.speculative import speculative_step
 
     ctx = la_engine.ctx
-    opts = GenerateOptions(sampling=SamplingParams(temperature=temperature, seed=1), draft_max=4)
+    opts = GenerateOptions(sampling=SamplingParams(temperature=temperature, seed=1), draft_len=4)
     sampler = Sampler(opts.sampling)
-    drafter = la_engine.make_drafter(sampler, opts)
+    [drafter] = la_engine.make_drafters(sampler, opts)
     assert isinstance(drafter, LookaheadDrafter)
     history = la_engine.tokenize(REPETITIVE)
     ctx.clear()
@@ -371,7 +371,7 @@ def test_drafting_runs_to_the_end_of_the_context(target, specs: str) -> None:
     prompt = REPETITIVE * 8
     n_prompt = len(engine.tokenize(prompt))
     assert n_prompt < 220
-    done = list(engine.generate(prompt, GenerateOptions(max_tokens=1000, draft_max=5)))[-1]
+    done = list(engine.generate(prompt, GenerateOptions(max_tokens=1000, draft_len=5)))[-1]
     assert done.finish_reason == "context"
     assert n_prompt + len(done.tokens) == engine.n_ctx + 1
     assert done.stats.verified > done.stats.drafted  # the window was decoded beside the candidates

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from localspec.drafting.base import Proposal
-from localspec.drafting.combine import DrafterSet
 from localspec.drafting.ngram import NgramDrafter
 from localspec.drafting.personal import (
     CONTEXT_TOKENS,
@@ -387,8 +386,7 @@ def test_personal_ngram_drafter_drafts_a_remembered_reply(data_dir: Path, smollm
     second.reset()  # a new generation keeps the store
     assert second.propose(prompt, 8).tokens[:4] == (40, 41, 42, 43)
 
-    both = DrafterSet([second, NgramDrafter(name="other")])
-    assert remember(both, [7, 7, 7], context=[3])
+    assert remember(second, [7, 7, 7], context=[3])
     assert PersonalStore.open(second.sources[0].fingerprint).report.documents == 2
 
 
@@ -436,7 +434,7 @@ def test_a_new_run_drafts_the_previous_reply_from_the_first_step(data_dir: Path,
 
     drafter = personal_ngram_drafter(smollm2_path)  # this run loads it from disk
     engine._factories["ngram"] = lambda sampler, opts: drafter  # the engine's ngram drafter, with history
-    events = list(engine.generate(prompt, GenerateOptions(max_tokens=32, draft_max=12)))
+    events = list(engine.generate(prompt, GenerateOptions(max_tokens=32, draft_len=12)))
     steps = [e for e in events if isinstance(e, StepEvent)]
     done = events[-1]
     assert isinstance(done, DoneEvent)

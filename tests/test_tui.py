@@ -36,7 +36,7 @@ def engine(smollm2_path: Path, smollm2_q4_0_path: Path) -> Iterator[Engine]:
 def make_app(engine: Engine, history_dir: Path, *, max_tokens: int = 16, measure: bool = False,
              **kwargs: object) -> LocalspecApp:
     # A fixed draft length: these tests check that drafting shows, not whether it pays here.
-    return LocalspecApp(engine, GenerateOptions(max_tokens=max_tokens, draft_max=4), history_dir=history_dir,
+    return LocalspecApp(engine, GenerateOptions(max_tokens=max_tokens, draft_len=4), history_dir=history_dir,
                         measure_on_start=measure, plain_tokens=8, **kwargs)  # type: ignore[arg-type]
 
 
@@ -194,7 +194,7 @@ def test_the_switch_offers_every_model_free_drafter_and_starts_on_the_choice(smo
 
     # `run --draft <model>`: ngram and lookahead are loaded too, the first reply drafts with the model only.
     specs, opts = switchable_drafters(DraftRefs(resolve_name(str(smollm2_q4_0_path)), []),
-                                      GenerateOptions(max_tokens=8, draft_max=4))
+                                      GenerateOptions(max_tokens=8, draft_len=4))
     assert [s.kind for s in specs] == ["ngram", "lookahead"] and opts.drafter == "draft"
     eng = Engine.load(smollm2_path, smollm2_q4_0_path, specs=specs, n_ctx=1024, n_threads=1,
                       personal_history=False)

@@ -63,7 +63,7 @@ def test_dashboard_shows_the_engine_numbers_and_a_screenshot_has_them() -> None:
         app = DashboardApp()
         async with app.run_test(size=(60, 50)) as pilot:
             d = app.query_one(Dashboard)
-            d.drafter, d.draft_max, d.plain_tok_s = "draft", 5, 10.0
+            d.drafter, d.draft_len, d.plain_tok_s = "draft", 5, 10.0
             d.begin_reply()
             d.show_stats(STATS)
             await pilot.pause()

@@ -116,7 +116,7 @@ class LocalspecApp(App[int]):
         self._clean_session()
         # A message a lost reply left unanswered goes back into the input box (history.take_unanswered).
         self.unanswered = self.session.take_unanswered()
-        wanted = (self.base_opts.drafter if self.base_opts.speculative and self.base_opts.draft_max != 0
+        wanted = (self.base_opts.drafter if self.base_opts.speculative and self.base_opts.draft_len != 0
                   else OFF)
         # ctrl+o cycles: what the command line chose (it may be a combination of some of the
         # drafters), each combination the engine offers, each drafter alone, then off.
@@ -161,7 +161,7 @@ class LocalspecApp(App[int]):
         self.sub_title = self.model_line()
         self.query_one("#chat", VerticalScroll).anchor()
         dashboard = self.query_one(Dashboard)
-        dashboard.draft_max = self.base_opts.draft_max or 0  # 0: the adaptive controller decides
+        dashboard.draft_max = self.base_opts.draft_len or 0  # 0: the adaptive controller decides
         dashboard.drafter = self.drafter
         self.query_one(StatusLine).drafter = self.drafter
         self._show_system_note()

@@ -46,7 +46,7 @@ class Dashboard(VerticalScroll):
     """Live statistics of the current (or last) reply.
 
     Set ``stats`` (via ``show_stats``), ``plain_tok_s``, ``drafter`` and
-    ``draft_max``; the text re-renders from the properties ``alpha``,
+    ``draft_len``; the text re-renders from the properties ``alpha``,
     ``reached_alpha``, ``tau``, ``ceiling``, ``expected_tau``, ``tokens_per_second``,
     ``speedup`` and ``time_split``.
     """
@@ -54,7 +54,7 @@ class Dashboard(VerticalScroll):
     stats: reactive[GenerationStats] = reactive(GenerationStats, init=False)
     plain_tok_s: reactive[float] = reactive(0.0, init=False)
     drafter: reactive[str] = reactive("off", init=False)
-    draft_max: reactive[int] = reactive(5, init=False)
+    draft_len: reactive[int] = reactive(5, init=False)
 
     def __init__(self, *, legend: Content | None = None, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -126,8 +126,8 @@ class Dashboard(VerticalScroll):
     @property
     def gamma(self) -> int:
         """The draft length: fixed by --draft-max, else the controller's average so far."""
-        if self.draft_max > 0:
-            return self.draft_max
+        if self.draft_len > 0:
+            return self.draft_len
         drafting_steps = sum(d.steps for d in self.stats.drafters)
         return max(1, round(self.stats.drafted / drafting_steps)) if drafting_steps else 1
 
@@ -170,7 +170,7 @@ class Dashboard(VerticalScroll):
             return
         s = self.stats
         gamma = ("" if self.drafter == "off" else
-                 f"  γ {self.draft_max}" if self.draft_max > 0 else f"  γ auto (≈{self.gamma})")
+                 f"  γ {self.draft_len}" if self.draft_len > 0 else f"  γ auto (≈{self.gamma})")
         self.query_one("#dash-drafter", Static).update(
             Content.assemble("drafter ", (self.drafter, "bold"), gamma, "\n", self.legend))
         self.query_one("#dash-acceptance", Static).update("\n".join([

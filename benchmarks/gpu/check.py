@@ -121,7 +121,7 @@ def load_with_offload_check(path: Path) -> tuple[Any, dict[str, Any]]:
 def cost_curve(model: Any, prompt: list[int], depth: int, budget_s: float) -> dict[str, Any]:
     """ms per decode of k tokens after ``depth`` tokens of context."""
     from localspec.backend import Context
-    from localspec.costs import measure_verify_costs
+    from localspec.measure_costs import measure_verify_costs
 
     ctx = Context(model, n_ctx=depth + 64, n_batch=512)
     try:
@@ -189,7 +189,7 @@ def speculative_section(target: Any, target_path: Path, draft_path: Path, args: 
     results["greedy_output"] = repetition(continuation)
     log(f"greedy continuation of the free prompt: {results['greedy_output']}")
 
-    # (label, engine factory, fixed draft length); each also runs with the controller (draft_max None).
+    # (label, engine factory, fixed draft length); each also runs with the controller (draft_len None).
     drafters: list[tuple[str, Callable[[], Any], int]] = [
         ("ngram", lambda: Engine(target, specs=[DrafterSpec("ngram")], n_ctx=ctx), args.ngram_k),
         ("draft-small", lambda: Engine(target, draft=Model(draft_path, n_gpu_layers=-1), n_ctx=ctx), args.draft_k),
@@ -208,8 +208,8 @@ def speculative_section(target: Any, target_path: Path, draft_path: Path, args: 
             log(f"{label}: cannot build the engine: {err}")
             continue
         try:
-            for k_label, draft_max in ((f"k={fixed_k}", fixed_k), ("auto", None)):
-                opts = GenerateOptions(max_tokens=args.max_tokens, draft_max=draft_max)
+            for k_label, draft_len in ((f"k={fixed_k}", fixed_k), ("auto", None)):
+                opts = GenerateOptions(max_tokens=args.max_tokens, draft_len=draft_len)
                 run_once(engine, free, opts)  # warm-up (and the controller's cost measurement)
                 for pname, prompt in prompts.items():
                     key = f"{label} {k_label} {pname}"

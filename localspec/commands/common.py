@@ -110,7 +110,7 @@ def generate_options(args: argparse.Namespace):
     from localspec.engine import GenerateOptions
 
     opts = GenerateOptions(max_tokens=args.max_tokens, sampling=sampling_params(args), stop=tuple(args.stop),
-                           draft_max=args.draft_max, p_min=args.p_min)
+                           draft_len=args.draft_max, p_min=args.p_min)
     opts.validate()
     return opts
 

@@ -1,11 +1,14 @@
 """The one drafter protocol that every drafter stands behind.
 
-A drafter proposes up to ``max_tokens`` tokens that continue ``history`` (the
+A drafter proposes up to ``draft_len`` tokens that continue ``history`` (the
 prompt plus everything generated so far, the last token included). After the
-target has verified them, the engine tells the drafter how many it kept and
-which token the target produced next, so the drafter can update its state
-(KV cache, n-gram index, acceptance statistics). ``reset`` forgets everything
-tied to the current sequence.
+target has verified them, the drafter is told how many it kept and which
+token the target produced next, so it can update its state (KV cache, n-gram
+index). ``reset`` forgets everything tied to the current sequence.
+
+Which drafter drafts, and how much, is decided elsewhere: the controller
+(``localspec.control``) plans each step from what every drafter declares
+here (``cheap``, ``batch_extra_tokens``, ``behind``) and the measured costs.
 
 Proposals are a chain (``Proposal``) or a trie of candidates (``TreeProposal``).
 Chains come in two kinds:
@@ -13,14 +16,16 @@ Chains come in two kinds:
 * ``probs`` set: the drafter *sampled* each token from a distribution q (a
   draft model). Verification uses exact rejection sampling with p and q.
 * ``probs`` None: the tokens are deterministic guesses (n-gram lookup, a
-  datastore, lookahead). Verification samples the target at each position and
-  follows the draft while it matches, which is exact as well.
+  datastore, lookahead). Verification picks the target's own token at each
+  position (its argmax, or a sample of its distribution) and keeps the draft
+  while it matches: every emitted token is then the target's own choice, so
+  the output is exactly plain decoding's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -103,30 +108,59 @@ class TreeProposal:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """What the speculative step needs from any drafter.
+    """Everything the controller and the speculative step use of a drafter.
 
-    Optional, by attribute: ``cheap = True`` says ``propose`` is a lookup
-    costing microseconds, so the engine proposes before the controller plans
-    (the controller then sees the offer, and scores it even on plain steps);
-    ``verified(depth)`` is then told how deep that proposal was verified (0:
-    not at all) before ``accepted``; ``batch_extra_tokens`` counts tokens every
-    verification batch carries besides the candidates (lookahead's window).
+    ``DrafterBase`` gives every member but ``name``, ``propose`` and
+    ``accepted`` a default; a drafter says what it offers by overriding them.
     """
 
     name: str
+    cheap: bool
+    """``propose`` is a deterministic lookup costing microseconds with no state
+    the step depends on, so the controller may ask it before planning every
+    step, plan with what it offers, and score its unused proposals for free."""
+    batch_extra_tokens: int
+    """Tokens every verification batch of this drafter carries besides the
+    candidates (lookahead's Jacobi window)."""
 
-    def propose(self, history: Sequence[int], max_tokens: int) -> "Proposal | TreeProposal":
-        """Propose up to ``max_tokens`` tokens (a tree: up to that depth) that continue ``history``."""
+    def propose(self, history: Sequence[int], draft_len: int) -> "Proposal | TreeProposal":
+        """Propose up to ``draft_len`` tokens (a tree: up to that depth) that continue ``history``."""
+        ...
+
+    def behind(self, history: Sequence[int]) -> int:
+        """Tokens this drafter must decode before it can propose for ``history`` (a draft
+        model's prefill and catch-up; 0 for a lookup)."""
+        ...
+
+    def verified(self, depth: int) -> None:
+        """The last proposal was verified ``depth`` deep (0: not at all); called before ``accepted``."""
         ...
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
-        """Learn the outcome of the last proposal.
+        """Learn the outcome of the step.
 
         ``history`` now ends with the tokens that were kept: the first
         ``n_accepted`` proposed tokens and the target's own token after them.
+        Drafters whose proposal was not used are called too, with 0.
         """
         ...
 
     def reset(self) -> None:
         """Forget all state tied to the current sequence."""
         ...
+
+
+class DrafterBase:
+    """The defaults of the ``Drafter`` protocol: not cheap, no extra batch tokens, never behind."""
+
+    cheap: ClassVar[bool] = False
+    batch_extra_tokens: ClassVar[int] = 0
+
+    def behind(self, history: Sequence[int]) -> int:
+        return 0
+
+    def verified(self, depth: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass

@@ -56,7 +56,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.drafting.base import BatchExtra, TreeProposal
+from localspec.drafting.base import BatchExtra, DrafterBase, TreeProposal
 from localspec.drafting.tree import tree_from_branches
 
 
@@ -177,7 +177,7 @@ class LookaheadStats:
 
 
 @dataclass
-class LookaheadDrafter:
+class LookaheadDrafter(DrafterBase):
     """Lookahead decoding behind the Drafter protocol (deterministic tree drafts plus a window).
 
     ``width`` (W) columns of Jacobi guesses over ``ngram`` - 1 (N - 1) levels;
@@ -228,8 +228,8 @@ class LookaheadDrafter:
         self._fresh = None
         self._indexed = 0  # the next history is a new one: index it from the start
 
-    def propose(self, history: Sequence[int], max_tokens: int) -> TreeProposal:
-        """Pool n-grams continuing the last token (a trie up to ``max_tokens`` deep), plus the window."""
+    def propose(self, history: Sequence[int], draft_len: int) -> TreeProposal:
+        """Pool n-grams continuing the last token (a trie up to ``draft_len`` deep), plus the window."""
         self._index_history(history)
         anchor = len(history) - 1
         if self._levels is None or self._anchor != anchor or self._anchor_token != int(history[-1]):
@@ -238,7 +238,7 @@ class LookaheadDrafter:
         last = int(history[-1])
         self._step += 1
         self._fresh = None
-        branches = [c[:max_tokens] for c in self.pool.get(last)[: self.max_candidates]] if max_tokens > 0 else []
+        branches = [c[:draft_len] for c in self.pool.get(last)[: self.max_candidates]] if draft_len > 0 else []
         tree = tree_from_branches(branches)
         tokens, offsets, seqs, outputs = window_batch(self._levels)
         step, levels = self._step, self._levels
@@ -264,8 +264,8 @@ class LookaheadDrafter:
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         """Move the window on by the tokens emitted this step; learn the history's new n-grams.
 
-        The window moves whether or not the target refined it this step (in a
-        DrafterSet another drafter's proposal may have been decoded instead):
+        The window moves whether or not the target refined it this step (the
+        controller may have verified another drafter's proposal instead):
         a stale window still holds guesses for the positions ahead. When the
         history does not continue the one the window was made for, or the
         step emitted more tokens than the window reaches, it is seeded afresh.

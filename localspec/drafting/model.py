@@ -4,7 +4,9 @@ The draft keeps its own KV cache. Before drafting it brings that cache in
 line with the history: it keeps the longest prefix it already holds, drops
 the rest and decodes what is missing in one batch (the "catch-up": after a
 fully accepted step this is the last draft token plus the target's bonus
-token). Then it drafts one token per decode, sampling from the same sampling
+token; the first time, the whole prompt). Nothing is decoded before the
+controller first asks for a draft, and ``behind`` tells it beforehand how
+many tokens that would cost, so a draft model it keeps off costs nothing. Then it drafts one token per decode, sampling from the same sampling
 settings as the target, so rejection sampling can use q exactly.
 """
 
@@ -15,11 +17,11 @@ from typing import Sequence
 import numpy as np
 
 from localspec.backend import Context
-from localspec.drafting.base import Proposal
+from localspec.drafting.base import DrafterBase, Proposal
 from localspec.sampling import Sampler, sample
 
 
-class ModelDrafter:
+class ModelDrafter(DrafterBase):
     """Drafts with a GGUF model that shares the target's vocabulary.
 
     ``p_min``: stop drafting when the draft's own top probability falls below
@@ -36,20 +38,29 @@ class ModelDrafter:
         # grows within a generation, so those never need comparing again.
         self._valid = 0
 
-    def _sync(self, history: Sequence[int]) -> None:
+    def _kept(self, history: Sequence[int]) -> int:
+        """How much of ``history`` the cache can keep (the last token is always decoded again:
+        its logits start the draft)."""
         n = self.ctx.common_prefix(history, start=self._valid)
-        # The last history token must be (re)decoded: its logits start the draft.
-        n = min(n, len(history) - 1)
+        # The history only grows within a generation: this prefix stays valid.
+        self._valid = n
+        return min(n, len(history) - 1)
+
+    def behind(self, history: Sequence[int]) -> int:
+        return len(history) - self._kept(history)
+
+    def _sync(self, history: Sequence[int]) -> None:
+        n = self._kept(history)
         self.ctx.rollback_to(n)
         self.ctx.append(history[n:])
         self._valid = len(history)
 
-    def propose(self, history: Sequence[int], max_tokens: int) -> Proposal:
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
         self._sync(history)
         greedy = self.sampler.params.greedy
         tokens: list[int] = []
         probs: list[np.ndarray] = []
-        for i in range(max_tokens):
+        for i in range(draft_len):
             logits = self.ctx.logits(-1)
             if greedy:
                 tok = int(np.argmax(logits))
@@ -62,7 +73,7 @@ class ModelDrafter:
                 tok = sample(q, self.sampler.rng)
                 probs.append(q)
             tokens.append(tok)
-            if i + 1 < max_tokens:
+            if i + 1 < draft_len:
                 self.ctx.append([tok])
         return Proposal(tuple(tokens), tuple(probs) if not greedy else None, self.name)
 

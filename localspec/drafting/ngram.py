@@ -17,7 +17,7 @@ from typing import ClassVar, Protocol, Sequence
 
 import numpy as np
 
-from localspec.drafting.base import Proposal, TreeProposal
+from localspec.drafting.base import DrafterBase, Proposal, TreeProposal
 from localspec.drafting.tree import CandidateTree, build_tree, tree_from_branches
 
 
@@ -362,7 +362,7 @@ class DrafterStats:
 
 
 @dataclass
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     """Prompt-lookup drafting behind the Drafter protocol (deterministic drafts).
 
     The engine passes the whole history every call. The index follows it by
@@ -388,7 +388,7 @@ class NgramDrafter:
     max_branches: int = 1  # > 1: propose a trie of continuations when the evidence splits
     name: str = "ngram"
     stats: DrafterStats = field(default_factory=DrafterStats)
-    cheap: ClassVar[bool] = True  # a lookup: the engine may propose before planning (see Drafter)
+    cheap: ClassVar[bool] = True  # a lookup: the controller may ask it before planning (see Drafter)
 
     def __post_init__(self) -> None:
         self.reset()
@@ -422,9 +422,9 @@ class NgramDrafter:
             lookups += [s.lookup(tail, max_tokens, self.max_candidates) for s in self.sources]
         return max(lookups, key=lambda lk: sum(acceptance_estimates(lk, self.policy)))
 
-    def propose(self, history: Sequence[int], max_tokens: int) -> Proposal | TreeProposal:
-        lookup = self._best_lookup(history, max_tokens)
-        proposal = proposal_from_lookup(lookup, max_tokens, self.policy, self.max_branches, self.name)
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal | TreeProposal:
+        lookup = self._best_lookup(history, draft_len)
+        proposal = proposal_from_lookup(lookup, draft_len, self.policy, self.max_branches, self.name)
         self.stats.proposals += 1
         self.stats.drafted += len(proposal)
         return proposal

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from localspec.drafting.base import Proposal, TreeProposal
+from localspec.drafting.base import DrafterBase, Proposal, TreeProposal
 from localspec.drafting.ngram import DraftPolicy, proposal_from_lookup
 from localspec.drafting.suffix_array import Store, open_store
 
@@ -21,10 +21,10 @@ from localspec.drafting.suffix_array import Store, open_store
 CONTEXT_TAIL = 64
 
 
-class RestDrafter:
+class RestDrafter(DrafterBase):
     """Drafts from a memory-mapped datastore; deterministic, stateless between steps."""
 
-    cheap = True  # a lookup: the engine may propose before planning (see Drafter)
+    cheap = True  # a lookup: the controller may ask it before planning (see Drafter)
 
     def __init__(self, store: Store, *, name: str = "rest", policy: DraftPolicy | None = None,
                  max_branches: int = 4, max_candidates: int = 8) -> None:
@@ -45,10 +45,10 @@ class RestDrafter:
         fingerprint = tokenizer_fingerprint(model_path)
         return cls(open_store(store_path, fingerprint, n_vocab=read_info(model_path).n_vocab), name=name)
 
-    def propose(self, history: Sequence[int], max_tokens: int) -> Proposal | TreeProposal:
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal | TreeProposal:
         tail = list(history[-CONTEXT_TAIL:])
-        lookup = self.store.lookup(tail, max_tokens, self.max_candidates)
-        return proposal_from_lookup(lookup, max_tokens, self.policy, self.max_branches, self.name)
+        lookup = self.store.lookup(tail, draft_len, self.max_candidates)
+        return proposal_from_lookup(lookup, draft_len, self.policy, self.max_branches, self.name)
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         pass
