@@ -161,7 +161,7 @@ class LocalspecApp(App[int]):
         self.sub_title = self.model_line()
         self.query_one("#chat", VerticalScroll).anchor()
         dashboard = self.query_one(Dashboard)
-        dashboard.draft_max = self.base_opts.draft_len or 0  # 0: the adaptive controller decides
+        dashboard.draft_len = self.base_opts.draft_len or 0  # 0: the adaptive controller decides
         dashboard.drafter = self.drafter
         self.query_one(StatusLine).drafter = self.drafter
         self._show_system_note()
