@@ -166,7 +166,7 @@ def test_candidates_continue_the_last_token_as_a_trie() -> None:
     d = LookaheadDrafter(width=2, ngram=4, max_candidates=3, max_seqs=5)
     for gram in ([5, 1, 2, 3], [5, 1, 2, 4], [5, 7, 8, 9], [5, 6, 6, 6], [6, 1, 1, 1]):
         d.pool.add(gram)
-    proposal = d.propose([0, 5], max_tokens=2)
+    proposal = d.propose([0, 5], draft_len=2)
     assert isinstance(proposal, TreeProposal) and proposal.drafter == "lookahead"
     # the 3 most recent continuations of 5, cut to depth 2; (1, 2) is shared
     assert sorted(proposal.tree.branches) == [(1, 2), (6, 6), (7, 8)]
