@@ -39,6 +39,11 @@ N_UBATCH = 512        # llama.cpp's default physical batch, which sizes the comp
 # chunks), so a small batch costs it little, while its compute buffer, reserved for a batch that
 # wants every row's logits, shrinks 4x: ~230 MiB less for a Qwen3 draft (152k vocabulary).
 DRAFT_N_UBATCH = 128
+# Recurrent-state snapshots per sequence (llama.cpp's n_rs_seq) a context asks for on a model whose
+# architecture llama.cpp can roll back by snapshots (Qwen3.5, LFM2, Nemotron-H...): the most tokens one
+# rollback takes back, so the longest draft such a target verifies. The engine's automatic draft length
+# stops at 16 as well.
+ROLLBACK_SNAPSHOTS = 16
 _CTX_PAD = 256
 _KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 _Q8_0_BITS = 8.5      # Q8_0 stores 34 bytes per 32 weights

@@ -6,6 +6,12 @@ the rest and decodes what is missing in one batch (the "catch-up": after a
 fully accepted step this is the last draft token plus the target's bonus
 token). Then it drafts one token per decode, sampling from the same sampling
 settings as the target, so rejection sampling can use q exactly.
+
+A draft with a recurrent state (a hybrid model: ``Context.max_rollback`` is not
+None) could not take back tokens it drafted one decode at a time (llama.cpp
+snapshots a state only within one batch), so it drafts on a copy of its
+sequence: sequence 1 shares the state of sequence 0, which stays at the
+history, and is dropped after proposing. The context needs two sequences.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import numpy as np
 from localspec.backend import Context
 from localspec.drafting.base import Proposal
 from localspec.sampling import Sampler, sample
+
+
+_BRANCH = 1  # the sequence a draft with a recurrent state drafts on
 
 
 class ModelDrafter:
@@ -32,6 +41,10 @@ class ModelDrafter:
         self.sampler = sampler
         self.p_min = p_min
         self.name = name
+        self._branch = ctx.max_rollback is not None
+        if self._branch and ctx.n_seq < 2:
+            raise ValueError("a draft model with a recurrent state drafts on a second sequence: give its "
+                             "context n_seq=2")
         # Positions of ctx.tokens known to equal the history: the history only
         # grows within a generation, so those never need comparing again.
         self._valid = 0
@@ -39,14 +52,24 @@ class ModelDrafter:
     def _sync(self, history: Sequence[int]) -> None:
         n = self.ctx.common_prefix(history, start=self._valid)
         # The last history token must be (re)decoded: its logits start the draft.
-        n = min(n, len(history) - 1)
+        n = self.ctx.keepable(min(n, len(history) - 1))
         self.ctx.rollback_to(n)
         self.ctx.append(history[n:])
         self._valid = len(history)
 
     def propose(self, history: Sequence[int], max_tokens: int) -> Proposal:
         self._sync(history)
+        if self._branch:
+            self.ctx.copy_seq(0, _BRANCH)
+        try:
+            return self._draft(max_tokens)
+        finally:
+            if self._branch:
+                self.ctx.remove_seq(_BRANCH)
+
+    def _draft(self, max_tokens: int) -> Proposal:
         greedy = self.sampler.params.greedy
+        pos = len(self.ctx.tokens)
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(max_tokens):
@@ -63,7 +86,10 @@ class ModelDrafter:
                 probs.append(q)
             tokens.append(tok)
             if i + 1 < max_tokens:
-                self.ctx.append([tok])
+                if self._branch:
+                    self.ctx.decode([tok], [pos + i], [[_BRANCH]])
+                else:
+                    self.ctx.append([tok])
         return Proposal(tuple(tokens), tuple(probs) if not greedy else None, self.name)
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
