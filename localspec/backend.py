@@ -29,7 +29,7 @@ import llama_cpp
 import numpy as np
 
 from localspec.errors import ModelFileError, UnsupportedModelError
-from localspec.planner import ROLLBACK_SNAPSHOTS
+from localspec.planner import ROLLBACK_SNAPSHOTS, SNAPSHOT_ARCHITECTURES
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -140,17 +140,6 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
-
-
-# Architectures whose recurrent state llama.cpp snapshots token by token (``n_rs_seq``), as GGUF names
-# them: the list ``llm_arch_supports_rs_rollback`` keeps in the vendored src/llama-arch.cpp (internal C++,
-# not exported). For any other architecture llama.cpp silently sets ``n_rs_seq`` to 0; ``Context`` reads
-# the value back, so an out-of-date entry here shows up as a context that cannot roll back, never as a
-# wrong one.
-SNAPSHOT_ARCHITECTURES = frozenset({
-    "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
-    "lfm2", "lfm2moe", "bailingmoe3", "kimi-k3",
-})
 
 
 class Model:
