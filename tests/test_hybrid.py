@@ -148,7 +148,7 @@ def test_rollback_beyond_the_last_batch_is_refused_not_silently_wrong(target):
 
 @pytest.mark.parametrize("draft_max", [None, 3, 16, 40])
 def test_greedy_ngram_speculation_on_the_hybrid_is_plain_greedy(target, reference, draft_max):
-    engine = Engine(target, specs=[DrafterSpec("ngram")], n_ctx=512, personal_history=False)
+    engine = Engine(target, specs=[DrafterSpec("ngram")], n_ctx=512, personal_history=False, n_threads=1)
     try:
         assert engine.ctx.n_seq == 1  # chains only
         tokens, steps = steps_of(engine, REPETITIVE, max_tokens=80, draft_max=draft_max)
@@ -161,7 +161,7 @@ def test_greedy_ngram_speculation_on_the_hybrid_is_plain_greedy(target, referenc
 
 
 def test_greedy_self_draft_on_the_hybrid_is_plain_greedy_and_always_accepted(target, lfm2_path, reference):
-    engine = Engine(target, draft=Model(lfm2_path), n_ctx=512)
+    engine = Engine(target, draft=Model(lfm2_path), n_ctx=512, n_threads=1)
     try:
         assert engine.draft_ctx is not None and engine.draft_ctx.n_seq == 2
         tokens, steps = steps_of(engine, REPETITIVE, max_tokens=80, draft_max=6)
@@ -178,7 +178,7 @@ def test_greedy_self_draft_on_the_hybrid_is_plain_greedy_and_always_accepted(tar
 
 
 def test_greedy_perturbed_draft_on_the_hybrid_is_plain_greedy(target, lfm2_draft_path, reference):
-    engine = Engine(target, draft=Model(lfm2_draft_path), n_ctx=512)
+    engine = Engine(target, draft=Model(lfm2_draft_path), n_ctx=512, n_threads=1)
     try:
         tokens, steps = steps_of(engine, REPETITIVE, max_tokens=80, draft_max=5)
     finally:
@@ -203,7 +203,7 @@ def test_draft_length_is_capped_by_the_snapshots(target, lfm2_path, reference, m
 
     monkeypatch.setattr(Context, "rollback_to", recording)
     engine = Engine(target, draft=Model(lfm2_path), specs=[DrafterSpec("ngram")], n_ctx=512,
-                    personal_history=False)
+                    personal_history=False, n_threads=1)
     try:
         assert engine.ctx.max_rollback == 3
         for drafter in ("draft", "ngram"):
@@ -251,11 +251,13 @@ def test_first_token_distribution_on_the_hybrid_is_the_targets(target, lfm2_draf
     params = SamplingParams(temperature=0.7, seed=4321)
     sampler = Sampler(params)
     prompt = target.tokenize("My favourite fruit is the")
-    tctx = Context(target, n_ctx=256)
+    # One thread each: a model this small gains nothing from more, and on a busy machine OpenMP's
+    # waiting threads made the 1500 trials take minutes.
+    tctx = Context(target, n_ctx=256, n_threads=1)
     tctx.append(prompt)
     p = sampler.distribution(tctx.logits(-1)).copy()
     draft = Model(lfm2_draft_path)
-    dctx = Context(draft, n_ctx=256, n_seq=2, n_rs_seq=0)
+    dctx = Context(draft, n_ctx=256, n_seq=2, n_rs_seq=0, n_threads=1)
     drafter = ModelDrafter(dctx, sampler)
 
     trials = 1500
