@@ -4,7 +4,7 @@ It speaks llama.cpp's low-level C API through ``llama-cpp-python``'s ctypes
 bindings and offers what the engine needs and nothing more:
 
 * ``Model``: load a GGUF (``n_gpu_layers`` for CUDA offload), tokenize and
-  detokenize, vocabulary facts, and whether the cache can be rolled back.
+  detokenize, vocabulary facts, and how (if at all) the cache can be rolled back.
 * ``Context``: a KV cache with ``decode`` that asks logits only for chosen
   rows (read back with ``llama_get_logits_ith``; there is never an
   n_ctx x n_vocab buffer), ``rollback_to`` (``llama_memory_seq_rm``) and the
@@ -29,6 +29,7 @@ import llama_cpp
 import numpy as np
 
 from localspec.errors import ModelFileError, UnsupportedModelError
+from localspec.planner import ROLLBACK_SNAPSHOTS, SNAPSHOT_ARCHITECTURES
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -178,20 +179,35 @@ class Model:
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(handle))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(handle))
+        self.architecture: str = self.metadata("general.architecture") or "unknown"
         self.name: str = self.metadata("general.name") or self.path.stem
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
 
     # --- facts -------------------------------------------------------------
     @property
-    def can_rollback(self) -> bool:
-        """Whether the KV cache can drop a suffix of a sequence.
+    def rollback(self) -> str:
+        """How the cache takes back rejected tokens: ``"cache"``, ``"snapshots"`` or ``"none"``.
 
-        Recurrent and hybrid models (Mamba, RWKV, Jamba...) keep a state rather
-        than per-position entries, so rejected draft tokens cannot be undone:
-        speculative decoding is refused for them; plain decoding still works.
+        ``cache``: an attention-only model keeps an entry per position, so any
+        suffix can be dropped. ``snapshots``: a hybrid (or compressed-state)
+        architecture that llama.cpp snapshots per token (``SNAPSHOT_ARCHITECTURES``:
+        Qwen3.5, LFM2, Nemotron-H...); a context then takes back at most
+        ``n_rs_seq`` tokens, and only of its last batch (``Context.max_rollback``).
+        ``none``: other recurrent and hybrid models (Mamba, RWKV, Jamba...) keep
+        one running state, which this llama.cpp cannot rewind at all.
         """
-        return not (self.is_recurrent or self.is_hybrid)
+        if self.architecture in SNAPSHOT_ARCHITECTURES:
+            return "snapshots"
+        return "none" if self.is_recurrent or self.is_hybrid else "cache"
+
+    @property
+    def can_rollback(self) -> bool:
+        """Whether rejected draft tokens can be taken back at all (see ``rollback``).
+
+        False: speculative decoding is refused for the model; plain decoding still works.
+        """
+        return self.rollback != "none"
 
     def metadata(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)
@@ -274,10 +290,14 @@ class Context:
 
     ``tokens`` mirrors what sequence 0 holds, position by position, so callers
     can find the prefix they share with a new request and keep it.
+
+    ``n_rs_seq``: recurrent-state snapshots per sequence, on a model whose
+    ``rollback`` is ``"snapshots"`` (default ``ROLLBACK_SNAPSHOTS``; 0 on any other).
     """
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int = 512, n_seq: int = 1,
-                 n_threads: int | None = None, flash_attn: bool | None = None) -> None:
+                 n_threads: int | None = None, flash_attn: bool | None = None,
+                 n_rs_seq: int | None = None) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
         # llama.cpp rounds n_ctx up to a multiple of 256 but clamps n_batch to the n_ctx it was given:
@@ -286,6 +306,9 @@ class Context:
         params.n_batch = n_batch
         params.n_ubatch = min(n_batch, 512)
         params.n_seq_max = n_seq
+        if n_rs_seq is None:
+            n_rs_seq = ROLLBACK_SNAPSHOTS if model.rollback == "snapshots" else 0
+        params.n_rs_seq = n_rs_seq
         # Candidate branches are extra sequences over ONE cell pool: each sees the
         # shared history through seq_cp without copying, and keeps the full window.
         params.kv_unified = True
@@ -317,6 +340,14 @@ class Context:
         self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
         self.n_batch: int = min(n_batch, llama_cpp.llama_n_batch(ctx))
         self.n_seq = n_seq
+        # What llama.cpp granted: it sets n_rs_seq to 0 for an architecture it cannot snapshot.
+        self.n_rs_seq: int = int(llama_cpp.llama_n_rs_seq(ctx))
+        self.max_rollback: int | None = None if model.rollback == "cache" else self.n_rs_seq
+        """The most tokens one rollback may take back: None (any suffix) for an attention-only
+        model, ``n_rs_seq`` for a snapshot model, 0 for one that cannot roll back."""
+        # Tokens of sequence 0 the next rollback may take back (contexts with a recurrent state):
+        # see _note_batch.
+        self._rollback_room = 0
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq)
         self._n_vocab = model.n_vocab
         self.tokens: list[int] = []
@@ -366,6 +397,22 @@ class Context:
                     f"the context of {self.n_ctx} tokens is full; start a new chat or raise --ctx"
                 )
             raise RuntimeError(f"llama_decode failed with code {rc}")
+        if self.max_rollback is not None:
+            self._note_batch(seq_ids)
+
+    def _note_batch(self, seq_ids: Sequence[Sequence[int]] | None) -> None:
+        """Record how far sequence 0 may be rolled back after this batch.
+
+        llama.cpp writes snapshot s (the state s tokens back) only while
+        decoding a batch that holds those tokens: after a batch of m tokens,
+        snapshots 1..min(m - 1, n_rs_seq) are valid, the others hold older
+        states. ``llama_memory_seq_rm`` checks only ``n_rs_seq``, so a rollback
+        past the batch's first token, or over several one-token decodes, would
+        succeed and leave a wrong state; ``rollback_to`` refuses it instead.
+        """
+        n0 = self._batch.n_tokens if seq_ids is None else sum(1 for ids in seq_ids if 0 in ids)
+        if n0:
+            self._rollback_room = min(self.n_rs_seq, n0 - 1)
 
     def logits(self, row: int) -> np.ndarray:
         """Logits of batch row ``row`` from the last decode: a read-only float32 view."""
@@ -401,17 +448,46 @@ class Context:
 
     # --- cache surgery -----------------------------------------------------
     def rollback_to(self, n: int, seq_id: int = 0) -> None:
-        """Keep the first ``n`` positions of ``seq_id`` and drop the rest."""
+        """Keep the first ``n`` positions of ``seq_id`` and drop the rest.
+
+        With a recurrent state (``max_rollback`` not None) sequence 0 can be cut
+        back only as far as ``keepable`` says, or to 0; anything else raises.
+        """
         if n >= len(self.tokens) and seq_id == 0:
             return
+        if seq_id == 0 and 0 < n < len(self.tokens) and self.keepable(n) != n:
+            self._refuse_rollback(len(self.tokens) - n)
         ok = llama_cpp.llama_memory_seq_rm(self._mem, seq_id, n, -1)
         if not ok:
-            raise UnsupportedModelError(
-                f"{self.model.path.name} cannot roll back its cache (recurrent or hybrid model); "
-                "use plain decoding (no --draft)"
-            )
+            self._refuse_rollback(len(self.tokens) - n)
         if seq_id == 0:
             del self.tokens[n:]
+            # A snapshot is used once: the next rollback waits for the next batch.
+            self._rollback_room = 0
+
+    def keepable(self, n: int) -> int:
+        """How much of the first ``n`` positions of sequence 0 survives cutting the cache back now.
+
+        ``n`` itself when ``rollback_to(n)`` can keep them (always, for an
+        attention-only model); 0 when a recurrent state cannot be rewound that
+        far (clearing it always works, and the caller decodes from the start).
+        """
+        cut = len(self.tokens) - n
+        if n <= 0 or cut <= 0 or self.max_rollback is None or cut <= self._rollback_room:
+            return max(n, 0)
+        return 0
+
+    def _refuse_rollback(self, cut: int) -> None:
+        if not self.n_rs_seq:
+            raise UnsupportedModelError(
+                f"{self.model.path.name} cannot roll back its cache ({self.model.architecture} keeps one "
+                "running state); use plain decoding (no --draft)"
+            )
+        raise UnsupportedModelError(
+            f"{self.model.path.name} cannot take back {cut} tokens: its recurrent state keeps snapshots "
+            f"of at most the last {self._rollback_room} tokens of its last batch (n_rs_seq={self.n_rs_seq}); "
+            "draft fewer tokens (--draft-max)"
+        )
 
     def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         """Drop positions [p0, p1) of ``seq_id`` (p1 = -1: to the end)."""
@@ -428,6 +504,7 @@ class Context:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
         self.tokens.clear()
+        self._rollback_room = 0
 
     def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int:
         """How many leading ``tokens`` the cache already holds.

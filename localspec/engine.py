@@ -80,16 +80,21 @@ class Engine:
         model_free = [s for s in specs if s.kind != "model"]
         if draft is not None or model_free:
             _check_can_roll_back(target, draft)
+            _check_can_branch(target, model_free)
         self.target = target
         self.n_threads = n_threads
         self._controller: Controller | None = None
         self._costs: CostModel | None = None
-        n_seq = 1 + TREE_SEQUENCES if model_free else 1
+        # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
+        n_seq = 1 + TREE_SEQUENCES if model_free and target.rollback == "cache" else 1
         self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         self.draft = draft
         # The draft decodes a token at a time: a small batch (localspec.planner.DRAFT_N_UBATCH) shrinks
-        # the compute buffer llama.cpp reserves for a batch that wants every row's logits.
-        self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads)
+        # the compute buffer llama.cpp reserves for a batch that wants every row's logits. A draft with a
+        # recurrent state drafts on a second sequence and never rolls back (drafting/model.py): no snapshots.
+        recurrent_draft = draft is not None and draft.rollback != "cache"
+        self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
+                                  n_seq=2 if recurrent_draft else 1, n_rs_seq=0 if recurrent_draft else None)
                           if draft is not None else None)
         self.personal_history = personal_history
         self._model_free_specs = model_free
@@ -107,11 +112,14 @@ class Engine:
             from localspec.drafting.personal import personal_ngram_drafter
 
             # The context's n-grams plus the user's past outputs (LOCALSPEC_NO_HISTORY=1: context only).
-            drafter = personal_ngram_drafter(self.target.path, max_branches=4, personal=self.personal_history)
+            drafter = personal_ngram_drafter(self.target.path, max_branches=4 if self.ctx.n_seq > 1 else 1,
+                                             personal=self.personal_history)
         elif spec.kind == "rest":
             from localspec.drafting.rest import RestDrafter
 
             drafter = RestDrafter.open(spec.arg or "", self.target.path, name=spec.name)
+            if self.ctx.n_seq == 1:
+                drafter.max_branches = 1  # chains only: the target cannot branch
         elif spec.kind == "lookahead":
             from localspec.drafting.lookahead import LookaheadDrafter
 
@@ -196,11 +204,12 @@ class Engine:
     def draft_len_limit(self) -> int | None:
         """The most tokens any step may draft whatever is asked (None: no limit beyond the options').
 
-        The one place where the backend bounds the draft length (e.g. a model
-        that can roll back only so many tokens); today every model that can
-        draft at all rolls back any number.
+        The one place where the backend bounds the draft length: a hybrid target
+        that rolls back by recurrent-state snapshots takes back at most
+        ``Context.max_rollback`` tokens (a draft model's context never rolls back
+        past its last batch: a recurrent draft drafts on a sequence copy).
         """
-        return None
+        return self.ctx.max_rollback
 
     def controller(self) -> Controller:
         """The controller; it keeps learning across generations.
@@ -255,21 +264,38 @@ def _check_can_roll_back(target: Model, draft: Model | None) -> None:
     """Refuse speculation, before any context exists, when a cache it must cut back cannot be cut.
 
     A rejected draft token is removed from the target's cache, and a draft
-    model's cache drops whatever the target did not accept. Recurrent and
-    hybrid models (Mamba, RWKV, Jamba...) keep one running state instead of
-    per-position entries, so neither can serve: mid-generation it would fail.
+    model's cache drops whatever the target did not accept. Hybrid models that
+    llama.cpp snapshots per token (Qwen3.5, LFM2, Nemotron-H...) take back up
+    to ``Context.max_rollback`` tokens, and the draft length is capped to it.
+    Other recurrent and hybrid models (Mamba, RWKV, Jamba...) keep one running
+    state without snapshots in this llama.cpp, so neither role can be theirs.
     """
     for model, role, fix in ((target, "target", "run it without --draft"),
                              (draft, "draft", "draft with a transformer model of the target's family or "
                                               "with ngram/lookahead")):
         if model is not None and not model.can_rollback:
             kind = "recurrent" if model.is_recurrent else "hybrid"
-            arch = model.metadata("general.architecture") or "unknown architecture"
             raise UnsupportedModelError(
-                f"{role} {model.name} is a {kind} model ({arch}): its cache keeps one running state, not "
-                f"an entry per token, so it cannot roll back rejected draft tokens and speculative "
-                f"decoding is impossible; {fix}"
+                f"{role} {model.name} is a {kind} model ({model.architecture}): its cache keeps one running "
+                f"state, not an entry per token, and this llama.cpp keeps no snapshots of it for that "
+                f"architecture, so it cannot roll back rejected draft tokens and speculative decoding is "
+                f"impossible; {fix}"
             )
+
+
+def _check_can_branch(target: Model, specs: Sequence[DrafterSpec]) -> None:
+    """Refuse lookahead on a target with a recurrent state: its window needs sequences that branch.
+
+    llama.cpp decodes a recurrent state one sequence after another and refuses a
+    batch in which a token belongs to several sequences, so such a target
+    verifies chains only (n-gram and REST drafters then propose chains).
+    """
+    if target.rollback != "cache" and any(s.kind == "lookahead" for s in specs):
+        raise UnsupportedModelError(
+            f"target {target.name} is a hybrid model ({target.architecture}): lookahead runs its window in "
+            "extra sequences that branch from the history, which a recurrent state cannot do; draft with "
+            "ngram or a draft model instead"
+        )
 
 
 class _Tally:
@@ -395,9 +421,8 @@ class Generation(Iterator[Event]):
         ctx = self.engine.ctx
         history = list(self.prompt)
         # Keep whatever prefix the cache already holds (the previous chat turn).
-        keep = ctx.common_prefix(history[:-1])
-        if keep < len(ctx.tokens) and not ctx.model.can_rollback:
-            keep = 0  # a recurrent state cannot drop a suffix: decode the prompt afresh
+        # A recurrent state drops a suffix only within its last batch; else the prompt is decoded afresh.
+        keep = ctx.keepable(ctx.common_prefix(history[:-1]))
         ctx.rollback_to(keep)
         ctx.append(history[keep:-1])
         for drafter in self.drafters:

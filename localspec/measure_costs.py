@@ -64,9 +64,13 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     the typical cost of a step, which is what the controller plans with.
 
     Postcondition: ``ctx.tokens`` and the cache hold exactly what they held
-    before (also when a decode raises). Raises ValueError when no k fits in the
-    context's free room or batch.
+    before (also when a decode raises), except with a recurrent state
+    (``ctx.max_rollback`` not None), which cannot drop a whole batch: then the
+    samples are taken on an empty cache, and it is left empty. Raises ValueError
+    when no k fits in the context's free room or batch.
     """
+    if ctx.max_rollback is not None:
+        ctx.clear()
     n0 = len(ctx.tokens)
     fits = sorted({int(k) for k in ks if 1 <= k <= ctx.n_batch and n0 + k <= ctx.n_ctx})
     if not fits:

@@ -39,6 +39,22 @@ N_UBATCH = 512        # llama.cpp's default physical batch, which sizes the comp
 # chunks), so a small batch costs it little, while its compute buffer, reserved for a batch that
 # wants every row's logits, shrinks 4x: ~230 MiB less for a Qwen3 draft (152k vocabulary).
 DRAFT_N_UBATCH = 128
+# Recurrent-state snapshots per sequence (llama.cpp's n_rs_seq) a context asks for on a model whose
+# architecture llama.cpp can roll back by snapshots (Qwen3.5, LFM2, Nemotron-H...): the most tokens one
+# rollback takes back, so the longest draft such a target verifies. The engine's automatic draft length
+# stops at 16 as well.
+ROLLBACK_SNAPSHOTS = 16
+# Architectures whose recurrent state llama.cpp snapshots token by token (``n_rs_seq``), as GGUF names
+# them: the list ``llm_arch_supports_rs_rollback`` keeps in the vendored src/llama-arch.cpp (internal C++,
+# not exported). For any other architecture llama.cpp silently sets ``n_rs_seq`` to 0; the backend reads
+# the value back, so an out-of-date entry here shows up as a context that cannot roll back, never as a
+# wrong one.
+SNAPSHOT_ARCHITECTURES = frozenset({
+    "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
+    "lfm2", "lfm2moe", "bailingmoe3", "kimi-k3",
+})
+# Architectures whose every layer is recurrent (llama.cpp's llama_model_is_recurrent).
+_ALL_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 _CTX_PAD = 256
 _KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 _Q8_0_BITS = 8.5      # Q8_0 stores 34 bytes per 32 weights
@@ -54,14 +70,79 @@ def _row_bytes(kv_type: str, n_elements: int) -> int:
     return n_elements // block * type_size
 
 
+def recurrent_layers(info: GGUFInfo) -> tuple[bool, ...]:
+    """Which layers keep a recurrent state instead of a KV cache, as llama.cpp's loaders decide.
+
+    Every layer of Mamba and RWKV; in hybrids, the layers between full-attention
+    ones (``full_attention_interval``: Qwen3.5, Qwen3-Next), or those without KV
+    heads (LFM2, Jamba, Granite-hybrid; Nemotron-H's have no FFN either, which
+    tells them from its FFN-only layers).
+    """
+    hp, n = info.hparams, info.n_layers
+    if info.architecture in _ALL_RECURRENT:
+        return (True,) * n
+    if not any(k.startswith(("ssm.", "shortconv.", "wkv.")) for k in hp):
+        return (False,) * n
+    interval = hp.get("full_attention_interval")
+    if isinstance(interval, int) and interval > 0:
+        return tuple((il + 1) % interval != 0 for il in range(n))
+    if info.architecture.startswith("nemotron_h"):
+        ff = _layer_values(hp.get("feed_forward_length", 0), n)
+        return tuple(info.kv_heads_by_layer[il] == 0 and ff[il] == 0 for il in range(n))
+    return tuple(kv == 0 for kv in info.kv_heads_by_layer)
+
+
+def _layer_values(value: Any, n: int) -> tuple[int, ...]:
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value[:n]) + (0,) * (n - len(value))
+    return (int(value),) * n
+
+
+def recurrent_state_bytes(info: GGUFInfo) -> int:
+    """F32 bytes of one sequence's recurrent state over all recurrent layers (0 for a transformer).
+
+    Per layer llama.cpp keeps a conv row and a state row (src/llama-hparams.cpp,
+    ``n_embd_r``/``n_embd_s``): LFM2's short convolution keeps ``n_embd x
+    (l_cache - 1)``; Mamba-style layers (Mamba 1/2, Jamba, Nemotron-H, Qwen3.5's
+    gated delta net) keep ``(d_conv - 1) x (d_inner + 2 n_group d_state)`` and
+    ``d_state x d_inner``; RWKV keeps its token shifts and ``n_embd x head_size``.
+    """
+    hp = info.hparams
+    layers = sum(recurrent_layers(info))
+    if not layers:
+        return 0
+    if "wkv.head_size" in hp:
+        conv = int(hp.get("token_shift_count", 2)) * info.n_embd
+        state = info.n_embd * int(hp["wkv.head_size"])
+    elif "shortconv.l_cache" in hp:
+        conv, state = info.n_embd * (int(hp["shortconv.l_cache"]) - 1), 0
+    else:
+        d_conv, d_inner = int(hp.get("ssm.conv_kernel", 0)), int(hp.get("ssm.inner_size", 0))
+        d_state, n_group = int(hp.get("ssm.state_size", 0)), int(hp.get("ssm.group_count", 0))
+        conv = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
+        state = d_state * d_inner
+    return 4 * layers * (conv + state)
+
+
+def state_snapshots(info: GGUFInfo) -> int:
+    """Snapshots per sequence a target context keeps of ``info``'s recurrent state (llama.cpp's n_rs_seq)."""
+    return ROLLBACK_SNAPSHOTS if info.architecture in SNAPSHOT_ARCHITECTURES else 0
+
+
 def kv_cache_bytes(info: GGUFInfo, n_ctx: int, kv_type: str = "f16", *, layers: range | None = None,
                    swa_full: bool = True, n_ubatch: int = N_UBATCH) -> int:
-    """Bytes of K and V cache llama.cpp allocates for ``layers`` (default: all) at ``n_ctx``."""
+    """Bytes of K and V cache llama.cpp allocates for ``layers`` (default: all) at ``n_ctx``.
+
+    Recurrent layers of a hybrid have no KV cache (see ``recurrent_state_bytes``).
+    """
     cells = _pad(n_ctx)
     swa_cells = cells if swa_full or not info.sliding_window else \
         _pad(min(cells, info.sliding_window + n_ubatch))
+    recurrent = recurrent_layers(info)
     total = 0
     for il in layers if layers is not None else range(info.n_layers):
+        if recurrent[il]:
+            continue
         n_kv = info.kv_heads_by_layer[il]
         per_cell = _row_bytes(kv_type, info.head_dim_k * n_kv) + _row_bytes(kv_type, info.head_dim_v * n_kv)
         total += (swa_cells if info.swa_layers[il] else cells) * per_cell
@@ -104,6 +185,10 @@ class Placement:
     kv_gpu_bytes: int
     kv_cpu_bytes: int
     compute_bytes: int
+    # Recurrent state (hybrid and recurrent models): every sequence's, times 1 + its snapshots.
+    state_gpu_bytes: int = 0
+    state_cpu_bytes: int = 0
+    state_copies: int = 0
 
     @property
     def full_offload(self) -> bool:
@@ -116,13 +201,17 @@ class Placement:
 
     @property
     def gpu_bytes(self) -> int:
-        return self.weights_gpu_bytes + self.kv_gpu_bytes + self.compute_bytes
+        return self.weights_gpu_bytes + self.kv_gpu_bytes + self.compute_bytes + self.state_gpu_bytes
 
 
 def place(info: GGUFInfo, n_ctx: int, gpu_layers: int | None = None, output_on_gpu: bool = True, *,
           kv_type: str = "f16", flash_attn: bool = True, swa_full: bool = True,
-          n_ubatch: int = N_UBATCH) -> Placement:
-    """The Placement of ``info`` with its last ``gpu_layers`` layers (default all) on the GPU."""
+          n_ubatch: int = N_UBATCH, state_copies: int = 1) -> Placement:
+    """The Placement of ``info`` with its last ``gpu_layers`` layers (default all) on the GPU.
+
+    ``state_copies``: recurrent states llama.cpp keeps, n_seq x (1 + n_rs_seq); each
+    layer's state lives on that layer's device, like its KV cache.
+    """
     n = info.n_layers
     k = n if gpu_layers is None else max(0, min(gpu_layers, n))
     on_gpu = range(n - k, n)
@@ -136,7 +225,12 @@ def place(info: GGUFInfo, n_ctx: int, gpu_layers: int | None = None, output_on_g
     kv_gpu = kv_cache_bytes(info, n_ctx, kv_type, layers=on_gpu, swa_full=swa_full, n_ubatch=n_ubatch)
     compute = compute_buffer_bytes(info, n_ctx, flash_attn=flash_attn, n_ubatch=n_ubatch) \
         if k or output_on_gpu else 0
-    return Placement(info.label, n, k, output_on_gpu, weights_gpu, weights_cpu, kv_gpu, kv_total - kv_gpu, compute)
+    recurrent = recurrent_layers(info)
+    per_layer = recurrent_state_bytes(info) // max(sum(recurrent), 1) * state_copies
+    state_gpu = per_layer * sum(recurrent[n - k:n])
+    state_cpu = per_layer * sum(recurrent[:n - k])
+    return Placement(info.label, n, k, output_on_gpu, weights_gpu, weights_cpu, kv_gpu, kv_total - kv_gpu, compute,
+                     state_gpu, state_cpu, state_copies if any(recurrent) else 0)
 
 
 @dataclass(frozen=True)
@@ -265,6 +359,21 @@ def _swa_note(info: GGUFInfo, n_ctx: int, swa_full: bool, n_ubatch: int, kv_type
             f"rolling back rejected drafts safe (swa_full off would save {gib(saved)})")
 
 
+def _state_note(role: str, info: GGUFInfo, m: Placement) -> str:
+    one = recurrent_state_bytes(info)
+    head = (f"{role} {info.label} keeps a recurrent state in {sum(recurrent_layers(info))} of {info.n_layers} "
+            f"layers ({one / (1 << 20):.2f} MiB per copy)")
+    if role == "target" and info.architecture in SNAPSHOT_ARCHITECTURES:
+        return (f"{head}; llama.cpp keeps {m.state_copies - 1} snapshots of it so speculation can take back up "
+                f"to {m.state_copies - 1} rejected tokens: {gib(m.state_gpu_bytes + m.state_cpu_bytes)} in all, "
+                "which also caps the draft length")
+    if role == "target":
+        return (f"{head}: {gib(m.state_gpu_bytes + m.state_cpu_bytes)}; this llama.cpp keeps no snapshots of "
+                f"{info.architecture}, so it cannot roll back and speculative decoding is refused for it")
+    return (f"{head}; as a draft it drafts on a copy of its sequence: {m.state_copies} copies, "
+            f"{gib(m.state_gpu_bytes + m.state_cpu_bytes)}")
+
+
 def plan(target: GGUFInfo, draft: GGUFInfo | None = None, vram_bytes: int = DEFAULT_VRAM,
          n_ctx: int | None = None, kv_type: str = "f16", reserve_bytes: int = DEFAULT_RESERVE, *,
          ctx_floor: int = CONTEXT_FLOOR, flash_attn: bool = True, swa_full: bool = True,
@@ -288,7 +397,11 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None = None, vram_bytes: int = DEFA
                                  "reserve; give the card's full memory size, e.g. --vram 24GiB")
     opts: dict[str, Any] = {"kv_type": kv_type.lower(), "flash_attn": flash_attn, "swa_full": swa_full,
                             "n_ubatch": n_ubatch}
-    draft_opts = {**opts, "n_ubatch": min(n_ubatch, DRAFT_N_UBATCH)}
+    # A target with a recurrent state verifies chains (one sequence) and keeps its snapshots; a draft with
+    # one drafts on a second sequence and keeps none (localspec.engine, drafting/model.py).
+    draft_opts = {**opts, "n_ubatch": min(n_ubatch, DRAFT_N_UBATCH),
+                  "state_copies": 2 if draft is not None and recurrent_state_bytes(draft) else 1}
+    opts["state_copies"] = 1 + state_snapshots(target)
     budget = vram_bytes - reserve_bytes
     requested = n_ctx or target.context_length or ctx_floor
     notes: list[str] = []
@@ -322,6 +435,9 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None = None, vram_bytes: int = DEFA
             ((target, opts), (draft, draft_opts)):
         if any(info.swa_layers):
             notes.append(_swa_note(info, ctx, swa_full, o["n_ubatch"], o["kv_type"]))
+    for role, info, m in (("target", target, t), ("draft", draft, d)):
+        if info is not None and m is not None and m.state_copies:
+            notes.append(_state_note(role, info, m))
     spare = budget - t.gpu_bytes - d.gpu_bytes if d and d.full_offload else None
     advice = _advice(target, draft, ctx, spare) if draft else []
     return Plan(t, d, ctx, requested, vram_bytes, reserve_bytes, opts["kv_type"], flash_attn, swa_full,
@@ -364,7 +480,7 @@ def format_plan(p: Plan) -> str:
                  f"({gib(p.vram_bytes)} card, {gib(p.reserve_bytes)} reserve)")
     ctx = f"context {p.n_ctx} tokens" + (f" (requested {p.requested_ctx})" if p.n_ctx != p.requested_ctx else "")
     lines.append(f"{ctx}, KV cache {p.kv_type}, flash attention {'on' if p.flash_attn else 'off'}")
-    ram = sum(m.weights_cpu_bytes + m.kv_cpu_bytes for m in (p.target, p.draft) if m)
+    ram = sum(m.weights_cpu_bytes + m.kv_cpu_bytes + m.state_cpu_bytes for m in (p.target, p.draft) if m)
     lines.append(f"system RAM: {gib(ram)} (weights left on the CPU, including token embeddings, and their KV cache)")
     if p.gpu_offload_supported is not None:
         lines.append("GPU offload: supported by the installed llama.cpp" if p.gpu_offload_supported else

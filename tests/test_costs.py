@@ -124,6 +124,7 @@ class FakeContext:
     n_batch: int = 512
     tokens: list[int] = field(default_factory=lambda: [1, 50, 51, 52])
     model: FakeModel = field(default_factory=FakeModel)
+    max_rollback: int | None = None  # an attention-only model: any suffix can be dropped
     cache: list[int] = field(default_factory=list)
     batches: list[int] = field(default_factory=list)
     fail_at: int | None = None

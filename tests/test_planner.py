@@ -324,3 +324,72 @@ def test_the_draft_context_is_planned_and_built_with_the_small_batch(smollm2_pat
         model.close()
         assert 0.75 * planned <= logged[n_batch] <= planned
     assert logged[DRAFT_N_UBATCH] < logged[512] / 3
+
+
+# --- recurrent state and its snapshots -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_recurrent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny random LFM2 (hybrid) and Mamba (recurrent) the engine tests use."""
+    from hybrid_model import write_lfm2
+    from mamba_model import write_mamba
+
+    folder = tmp_path_factory.mktemp("recurrent")
+    return write_lfm2(folder / "lfm2-tiny.gguf"), write_mamba(folder / "mamba-tiny.gguf")
+
+
+def test_recurrent_state_from_gguf_metadata(tiny_recurrent: tuple[Path, Path]) -> None:
+    from localspec.planner import recurrent_layers, recurrent_state_bytes
+
+    lfm2, mamba = (read_info(p) for p in tiny_recurrent)
+    # LFM2: conv, conv, attention, conv, attention, conv; a conv layer keeps n_embd x (l_cache - 1) floats.
+    assert recurrent_layers(lfm2) == (True, True, False, True, False, True)
+    assert recurrent_state_bytes(lfm2) == 4 * 4 * 64 * (3 - 1)
+    # Only the two attention layers have a KV cache: 256 cells x K and V of 2 heads x 16 dims in f16.
+    assert kv_cache_bytes(lfm2, 256) == 2 * 256 * 2 * (2 * 16 * 2)
+    # Mamba: every layer; (d_conv - 1) x d_inner conv floats and d_state x d_inner state floats.
+    assert recurrent_layers(mamba) == (True, True)
+    assert recurrent_state_bytes(mamba) == 4 * 2 * (3 * 128 + 16 * 128)
+    assert kv_cache_bytes(mamba, 256) == 0
+    assert recurrent_state_bytes(dataclasses.replace(lfm2, hparams={})) == 0  # no recurrent keys: a transformer
+
+
+def test_plan_command_shows_the_snapshots(tiny_recurrent: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_plan([str(tiny_recurrent[0]), "--vram", "8G", "--ctx", "1k"]) == 0
+    out = capsys.readouterr().out
+    assert "recurrent state in 4 of 6 layers" in out and "16 snapshots" in out
+
+
+def test_snapshots_are_in_the_plan(tiny_recurrent: tuple[Path, Path]) -> None:
+    lfm2 = read_info(tiny_recurrent[0])
+    p = plan(lfm2, lfm2, n_ctx=1024)
+    one = 4 * 4 * 64 * 2
+    # The target keeps its state and 16 snapshots of it; the draft two copies (it drafts on a second sequence).
+    assert p.target.state_copies == 17 and p.target.state_gpu_bytes == 17 * one and p.target.state_cpu_bytes == 0
+    assert p.draft is not None and p.draft.state_copies == 2 and p.draft.state_gpu_bytes == 2 * one
+    assert p.target.gpu_bytes == (p.target.weights_gpu_bytes + p.target.kv_gpu_bytes + p.target.compute_bytes
+                                  + 17 * one)
+    assert any("16 snapshots" in note and "caps the draft length" in note for note in p.notes)
+    # Offloading no layer leaves the state on the CPU with its layers.
+    cpu = place(lfm2, 1024, 0, False, state_copies=17)
+    assert cpu.state_gpu_bytes == 0 and cpu.state_cpu_bytes == 17 * one
+
+
+def test_qwen35_like_hybrid_state_and_kv(tiny_recurrent: tuple[Path, Path]) -> None:
+    """A Qwen3.5-shaped hybrid (no file at hand): every fourth layer attends, the rest run a gated delta net."""
+    from localspec.planner import recurrent_layers, recurrent_state_bytes
+
+    base = synthetic("qwen35-like", n_layers=48, n_embd=5120, n_head=24, n_head_kv=4, head_dim=256, n_ff=17408,
+                     n_vocab=248320, context_length=262144, layer_bytes=300_000_000, token_embd_bytes=700_000_000,
+                     output_bytes=700_000_000, other_bytes=1_000_000, n_params=27_000_000_000, file_type="Q4_K_M")
+    info = dataclasses.replace(base, architecture="qwen35", hparams={
+        "full_attention_interval": 4, "ssm.conv_kernel": 4, "ssm.inner_size": 6144, "ssm.state_size": 128,
+        "ssm.group_count": 16, "ssm.time_step_rank": 48})
+    layers = recurrent_layers(info)
+    assert sum(layers) == 36 and not layers[3] and layers[4]
+    per_layer = 4 * (3 * (6144 + 2 * 16 * 128) + 128 * 6144)
+    assert recurrent_state_bytes(info) == 36 * per_layer
+    assert kv_cache_bytes(info, 4096) == 12 * 4096 * 2 * (4 * 256 * 2)
+    p = plan(info, n_ctx=4096, vram_bytes=48 * GIB)
+    assert p.target.state_gpu_bytes == 17 * 36 * per_layer  # about 2 GiB for the snapshots

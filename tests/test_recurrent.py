@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localspec import engine as engine_module
-from localspec.backend import Model
+from localspec.backend import Context, Model
 from localspec.drafting.specs import DrafterSpec
 from localspec.engine import Engine, GenerateOptions
 from localspec.errors import UnsupportedModelError
@@ -29,7 +29,17 @@ def test_mamba_reports_that_it_cannot_roll_back(mamba_path, smollm2_path):
     mamba = Model(mamba_path)
     try:
         assert mamba.is_recurrent and not mamba.is_hybrid
-        assert not mamba.can_rollback
+        assert mamba.rollback == "none" and not mamba.can_rollback
+        # Asked for snapshots anyway, llama.cpp grants none for Mamba: the context says it cannot roll back.
+        ctx = Context(mamba, n_ctx=64, n_rs_seq=4)
+        try:
+            assert ctx.n_rs_seq == 0 and ctx.max_rollback == 0
+            ctx.append(mamba.tokenize("Once upon a time"))
+            assert ctx.keepable(2) == 0
+            with pytest.raises(UnsupportedModelError, match="one running state"):
+                ctx.rollback_to(2)
+        finally:
+            ctx.close()
     finally:
         mamba.close()
     smollm2 = Model(smollm2_path, vocab_only=True)
@@ -47,7 +57,8 @@ def test_recurrent_target_refuses_any_drafter_before_making_a_cache(mamba_path, 
         Engine.load(mamba_path, **kwargs)
     message = str(err.value)
     assert "\n" not in message
-    for needle in ("target random-mamba-tiny", "recurrent model (mamba)", "cannot roll back", "without --draft"):
+    for needle in ("target random-mamba-tiny", "recurrent model (mamba)", "no snapshots", "cannot roll back",
+                   "without --draft"):
         assert needle in message
 
 

@@ -72,6 +72,9 @@ class GGUFInfo:
     output_bytes: int
     other_bytes: int
     source: BinaryIO | None = field(default=None, compare=False, repr=False)
+    # The architecture's own keys with the ``<arch>.`` prefix dropped (e.g. ``ssm.state_size``), for
+    # shapes only some architectures have (recurrent states: localspec.planner.recurrent_state_bytes).
+    hparams: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -192,6 +195,7 @@ def read_info(source: HeaderSource) -> GGUFInfo:
         sliding_window=window, swa_layers=swa, layer_bytes=tuple(layer_bytes),
         token_embd_bytes=token_embd, output_bytes=output, other_bytes=other,
         source=None if isinstance(source, (str, os.PathLike)) else source,
+        hparams={k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(arch + ".")},
     )
 
 
