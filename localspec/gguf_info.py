@@ -117,6 +117,14 @@ class GGUFInfo:
     output_bytes: int
     other_bytes: int
     source: BinaryIO | None = field(default=None, compare=False, repr=False)
+    # Multi-token-prediction (NextN) blocks among the last ``n_layers`` (<arch>.nextn_predict_layers).
+    n_nextn_layers: int = 0
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the file declares NextN layers AND carries their weights (some conversions strip them)."""
+        n = self.n_nextn_layers
+        return 0 < n <= len(self.layer_bytes) and all(b > 0 for b in self.layer_bytes[-n:])
 
     @property
     def label(self) -> str:
@@ -481,6 +489,7 @@ def read_info(source: HeaderSource) -> GGUFInfo:
         sliding_window=window, swa_layers=swa, layer_bytes=tuple(layer_bytes),
         token_embd_bytes=token_embd, output_bytes=output, other_bytes=other,
         source=None if isinstance(source, (str, os.PathLike)) else source,
+        n_nextn_layers=int(hp("nextn_predict_layers", 0) or 0),
     )
 
 
