@@ -25,7 +25,8 @@ MODEL_HELP = "a name or alias from `localspec models` (downloaded on first use) 
 
 
 DRAFT_HELP = ("drafters, comma-separated: a draft model (name or GGUF path sharing the target's "
-              "vocabulary), ngram (lookup in the context), lookahead (Jacobi decoding), "
+              "vocabulary), mtp (the target's own multi-token-prediction layers; the default for a "
+              "model that has them), ngram (lookup in the context), lookahead (Jacobi decoding), "
               "rest:STORE (a datastore from `localspec index`); several are combined per step")
 
 
@@ -247,6 +248,23 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
             raise StoreError(f"REST store not found: {spec.arg}; build one with `localspec index`")
     ref = resolve_name(model.arg or "", registry) if model is not None else None
     return DraftRefs(ref, [s for s in specs if s.kind != "model"])
+
+
+def drafts_for_itself(target: Path | BinaryIO) -> bool:
+    """Whether the target carries MTP (NextN) layers with their weights and this llama.cpp can run them."""
+    from localspec import backend
+    from localspec.gguf_info import read_info
+
+    return read_info(target).has_mtp and backend.mtp_unavailable_reason() is None
+
+
+def with_mtp(drafts: DraftRefs) -> DraftRefs:
+    """``drafts`` with the target's own MTP layers first (when no --draft was given)."""
+    from localspec.drafting.specs import MTP, DrafterSpec
+
+    if any(s.kind == MTP for s in drafts.specs):
+        return drafts
+    return DraftRefs(drafts.model, [DrafterSpec(MTP), *drafts.specs])
 
 
 def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) -> LoadSettings:

@@ -10,12 +10,14 @@ from localspec.commands.common import (
     add_model_options,
     add_sampling_options,
     check_engine_options,
+    drafts_for_itself,
     fetch_models,
     generate_options,
     load_settings,
     read_prompt,
     resolve_draft_refs,
     resolve_ref,
+    with_mtp,
 )
 from localspec.events import DoneEvent, GenerationStats, TokenEvent
 
@@ -81,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     drafts = resolve_draft_refs(args.draft)
     prompt = read_prompt(args)
     target, draft = fetch_models(target_ref, drafts.model, offline=args.offline)
+    if args.draft is None and drafts_for_itself(target):
+        drafts = with_mtp(drafts)  # a model with MTP layers drafts for itself unless told otherwise
     settings = load_settings(args, target, draft)
     if settings.message:
         print(f"localspec: {settings.message}", file=sys.stderr)
