@@ -39,11 +39,13 @@ HEAD_DIM = N_EMBD // N_HEAD
 
 
 def write_mtp_model(path: Path, *, seed: int = 0, n_embd: int = N_EMBD, n_trunk: int = N_TRUNK,
-                    logit_scale: float = 1.0, mix: float = 1.0) -> Path:
+                    logit_scale: float = 1.0, mix: float = 1.0, with_head: bool = True) -> Path:
     """Write the model to ``path`` (via ``path.partial``, then renamed) and return ``path``.
 
     ``logit_scale`` scales the output matrix: larger gives sharper distributions. ``mix``
     scales every block's output (1: plain random weights; see the module notes).
+    ``with_head=False`` declares the NextN layer but leaves its weights out, as a
+    conversion that strips them does.
     """
     import gguf
 
@@ -86,7 +88,7 @@ def write_mtp_model(path: Path, *, seed: int = 0, n_embd: int = N_EMBD, n_trunk:
     writer.add_tensor("output_norm.weight", ones(n_embd))
     # Its own output matrix: tied to the embedding, each token would predict itself forever.
     writer.add_tensor("output.weight", normal(n_vocab, n_embd, std=logit_scale))
-    for i in range(n_trunk + N_NEXTN):
+    for i in range(n_trunk + (N_NEXTN if with_head else 0)):
         p = f"blk.{i}."
         writer.add_tensor(p + "attn_norm.weight", ones(n_embd))
         writer.add_tensor(p + "attn_q.weight", normal(n_head * HEAD_DIM, n_embd, std=n_embd ** -0.5))
