@@ -275,7 +275,8 @@ class Engine:
     def close(self) -> None:
         if self._mtp_drafter is not None:
             self._mtp_drafter.close()
-        for obj in (self.ctx, self.draft_ctx, self.mtp_ctx, self.target, self.draft):
+        # The MTP context before the target's: it was created over it (ctx_other).
+        for obj in (self.mtp_ctx, self.ctx, self.draft_ctx, self.target, self.draft):
             if obj is not None:
                 obj.close()
 
