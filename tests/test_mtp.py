@@ -27,8 +27,6 @@ from localspec.errors import UnsupportedModelError
 from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
 
-pytestmark = pytest.mark.slow
-
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 LONG_PROMPT = " ".join(["Once upon a time there was a small village by the sea."] * 25)  # > the head's batch
 
@@ -53,6 +51,7 @@ def _run(engine: Engine, prompt: str, **kw) -> tuple[tuple[int, ...], dict[str, 
     return done.tokens, {d.name: (d.drafted, d.accepted) for d in done.stats.drafters}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["agreeing", "random"])
 @pytest.mark.parametrize("drafters", ["mtp", "mtp,ngram"])
 def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_path):
@@ -78,6 +77,7 @@ def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_
         spec.close()
 
 
+@pytest.mark.slow
 def test_sampled_tokens_follow_the_target_distribution(agreeing_path):
     """At T=1 the first two tokens a step emits are distributed as the target's, jointly (chi-square).
 
@@ -150,12 +150,14 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_cli_refuses_mtp_for_a_model_without_mtp_layers(smollm2_path):
     line = _one_error_line(_localspec("generate", str(smollm2_path), "--draft", "mtp", "--prompt", "Hi",
                                       "--threads", "1"))
     assert "no MTP (NextN) layers" in line and "nextn_predict_layers" in line and "--draft ngram" in line
 
 
+@pytest.mark.slow
 def test_cli_drafts_with_mtp_by_default(agreeing_path):
     """No --draft: a model with MTP layers drafts for itself, and the stats name the drafter ``mtp``."""
     proc = _localspec("generate", str(agreeing_path), "--prompt", PROMPT, "--max-tokens", "24",
@@ -166,6 +168,7 @@ def test_cli_drafts_with_mtp_by_default(agreeing_path):
     assert stats["drafters"]["mtp"]["drafted"] > 0
 
 
+@pytest.mark.slow
 def test_a_stripped_head_is_refused_before_loading(tmp_path):
     from mtp_model import write_mtp_model
 
@@ -177,6 +180,7 @@ def test_a_stripped_head_is_refused_before_loading(tmp_path):
     Engine.load(path, n_ctx=256, n_threads=1).close()
 
 
+@pytest.mark.slow
 def test_missing_nextn_functions_refuse_mtp(agreeing_path, monkeypatch):
     """A libllama without the C++-linkage NextN functions: --draft mtp is refused in one line."""
     monkeypatch.setitem(backend._NEXTN_SYMBOLS, "get_embeddings_nextn_ith", "_Z99llama_no_such_function")
@@ -193,6 +197,7 @@ def test_missing_nextn_functions_refuse_mtp(agreeing_path, monkeypatch):
     assert backend.mtp_unavailable_reason() is None
 
 
+@pytest.mark.slow
 def test_the_app_switch_offers_mtp(agreeing_path):
     """``run`` loads mtp beside the model-free drafters; the app's ctrl+o cycles engine.drafter_names()."""
     from localspec.commands.common import DraftRefs, drafts_for_itself, with_mtp
@@ -206,3 +211,53 @@ def test_the_app_switch_offers_mtp(agreeing_path):
         assert "mtp" in engine.drafter_names()
     finally:
         engine.close()
+
+
+class _Rows:
+    """A stand-in for the target context's hidden rows: row i of a decode is [first position + i] * 4."""
+
+    def __init__(self) -> None:
+        self.block = np.zeros((0, 4), dtype=np.float32)
+
+    def hidden_rows(self, n: int) -> np.ndarray:
+        return self.block[:n]
+
+    def add_decode_listener(self, listener) -> None:  # noqa: ANN001
+        pass
+
+    def remove_decode_listener(self, listener) -> None:  # noqa: ANN001
+        pass
+
+
+class _Head:
+    n_embd, n_batch = 4, 8
+
+
+def test_hidden_rows_are_found_by_position_and_token():
+    """A tree batch: the accepted path's rows are found; a (position, token) two nodes share is not trusted."""
+    rows = _Rows()
+    drafter = MtpDrafter(_Head(), rows, Sampler(SamplingParams(temperature=0.0)))  # type: ignore[arg-type]
+    # history [10, 11, 12] fed as a chain: positions 0..2
+    rows.block = np.arange(3, dtype=np.float32)[:, None].repeat(4, 1)
+    drafter.observe([10, 11, 12], [0, 1, 2], None)
+    # a tree after it: root 12 again at 2, then branches 20 | 21 at 3, and 30 under both at 4
+    rows.block = np.array([[2], [30], [31], [40], [41]], dtype=np.float32).repeat(4, 1)
+    drafter.observe([12, 20, 21, 30, 30], [2, 3, 3, 4, 4], [[0, 1, 2], [1], [2], [1], [2]])
+    history = [10, 11, 12, 21, 30]
+    assert drafter._row(history, 1)[0] == 1  # from the first batch, untouched by the second
+    assert drafter._row(history, 3)[0] == 31  # the accepted branch's own row
+    assert not drafter._row(history, 4).any()  # token 30 sits at position 4 in both branches: zeros
+    assert not drafter._row(history, -1).any()  # before the start
+    # a later batch at position 3 overwrites everything from there on
+    rows.block = np.array([[99]], dtype=np.float32).repeat(4, 1)
+    drafter.observe([21], [3], None)
+    assert drafter._row(history, 3)[0] == 99 and 4 not in drafter._rows
+
+
+def test_draft_mtp_parses_and_names_itself():
+    specs = parse_draft("MTP,ngram")
+    assert [(s.kind, s.name) for s in specs] == [("mtp", "mtp"), ("ngram", "ngram")]
+    from localspec.commands.common import DraftRefs, with_mtp
+
+    assert [s.name for s in with_mtp(DraftRefs(None, parse_draft("ngram"))).specs] == ["mtp", "ngram"]
+    assert [s.name for s in with_mtp(DraftRefs(None, specs)).specs] == ["mtp", "ngram"]  # not twice
