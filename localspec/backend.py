@@ -9,6 +9,8 @@ bindings and offers what the engine needs and nothing more:
   rows (read back with ``llama_get_logits_ith``; there is never an
   n_ctx x n_vocab buffer), ``rollback_to`` (``llama_memory_seq_rm``) and the
   sequence copy/keep operations that multi-branch verification uses.
+* ``MtpContext``: the target's own multi-token-prediction (NextN) layers as a
+  second context over the same weights, fed the target's hidden rows.
 
 Logits returned by ``Context.logits`` are views on llama.cpp's output buffer:
 valid until the next ``decode`` on that context, and read-only by contract.
@@ -23,7 +25,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import llama_cpp
 import numpy as np
@@ -151,7 +153,7 @@ class Model:
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = -1,
-                 vocab_only: bool = False, use_mmap: bool = True) -> None:
+                 vocab_only: bool = False, use_mmap: bool = True, load_mtp: bool = False) -> None:
         _ensure_init()
         self.path = Path(path)
         if not self.path.is_file():
@@ -161,6 +163,9 @@ class Model:
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
         params.use_mmap = use_mmap
+        # The MTP (NextN) layers' weights are skipped unless asked for: only --draft mtp uses them.
+        params.load_mtp = load_mtp
+        self.load_mtp = load_mtp
         _log_tail.clear()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
@@ -174,6 +179,9 @@ class Model:
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
         self.n_layers: int = llama_cpp.llama_model_n_layer(handle)
+        # Multi-token-prediction (NextN) layers after the trunk (<arch>.nextn_predict_layers; 0: none).
+        self.n_nextn_layers: int = int(llama_cpp.llama_model_n_layer_nextn(handle))
+        self.n_embd_out: int = int(llama_cpp.llama_model_n_embd_out(handle))
         self.bos: int = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos: int = llama_cpp.llama_vocab_eos(self._vocab)
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
@@ -355,6 +363,10 @@ class Context:
         # a step into time in llama.cpp and time in Python.
         self.decode_seconds = 0.0
         self.decode_calls = 0
+        # Called after every successful decode with (tokens, positions, seq_ids): an MTP drafter
+        # copies the target's hidden rows here, before the next decode overwrites them.
+        self._decode_listeners: list[DecodeListener] = []
+        self._hidden_rows = False
 
     # --- decoding ----------------------------------------------------------
     def decode(self, tokens: Sequence[int], positions: Sequence[int],
@@ -400,6 +412,9 @@ class Context:
         if self.max_rollback is not None:
             self._note_batch(seq_ids)
 
+        for listener in self._decode_listeners:
+            listener(tokens, positions, seq_ids)
+
     def _note_batch(self, seq_ids: Sequence[Sequence[int]] | None) -> None:
         """Record how far sequence 0 may be rolled back after this batch.
 
@@ -422,6 +437,39 @@ class Context:
         view = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
         view.flags.writeable = False
         return view
+
+    # --- hidden rows for an MTP head -----------------------------------------
+    def enable_hidden_rows(self) -> None:
+        """Keep the hidden state (the NextN input) of EVERY row of each decode, not only the output rows.
+
+        Costs the last layer's work on rows whose logits nobody asked for; only
+        a context serving an MTP drafter turns it on. Read them with ``hidden_rows``.
+        """
+        api = _nextn_api()
+        if api is None:
+            raise UnsupportedModelError(mtp_unavailable_reason() or "no NextN API")
+        api.set_embeddings_nextn(self._ctx, True, False)
+        self._hidden_rows = True
+
+    def hidden_rows(self, n: int) -> np.ndarray:
+        """The hidden rows of the last decode's ``n`` batch rows, ``(n, n_embd_out)`` float32, read-only view."""
+        api = _nextn_api()
+        if not self._hidden_rows or api is None:
+            raise RuntimeError("hidden rows were not enabled on this context")
+        ptr = api.get_embeddings_nextn(self._ctx)
+        if not ptr:
+            raise RuntimeError("llama.cpp returned no hidden rows for the last decode")
+        view = np.ctypeslib.as_array(ptr, shape=(n, self.model.n_embd_out))
+        view.flags.writeable = False
+        return view
+
+    def add_decode_listener(self, listener: "DecodeListener") -> None:
+        """Call ``listener(tokens, positions, seq_ids)`` after every successful decode (seq_ids None: all 0)."""
+        self._decode_listeners.append(listener)
+
+    def remove_decode_listener(self, listener: "DecodeListener") -> None:
+        if listener in self._decode_listeners:
+            self._decode_listeners.remove(listener)
 
     def append(self, tokens: Sequence[int], *, outputs: str = "last") -> None:
         """Decode ``tokens`` at the end of sequence 0, in chunks of ``n_batch``.
@@ -522,6 +570,203 @@ class Context:
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+DecodeListener = Callable[[Sequence[int], Sequence[int], "Sequence[Sequence[int]] | None"], None]
+
+
+# --- MTP (NextN) ---------------------------------------------------------------
+# llama.cpp declares the functions that hand a target's hidden rows to its MTP
+# head in src/llama-ext.h, a staging header: libllama exports them with C++
+# linkage and llama-cpp-python binds none of them. We bind them here by their
+# Itanium-mangled names (what `nm -D --defined-only libllama.so` lists), and
+# refuse --draft mtp when a build lacks them.
+_NEXTN_SYMBOLS = {
+    # void llama_set_embeddings_nextn(llama_context *, bool value, bool masked)
+    "set_embeddings_nextn": "_Z26llama_set_embeddings_nextnP13llama_contextbb",
+    # float * llama_get_embeddings_nextn(llama_context *)
+    "get_embeddings_nextn": "_Z26llama_get_embeddings_nextnP13llama_context",
+    # float * llama_get_embeddings_nextn_ith(llama_context *, int32_t i)
+    "get_embeddings_nextn_ith": "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
+    # void llama_set_nextn_layer_offset(llama_context *, int32_t offset)
+    "set_nextn_layer_offset": "_Z28llama_set_nextn_layer_offsetP13llama_contexti",
+    # llama_context * llama_get_ctx_other(llama_context *)
+    "get_ctx_other": "_Z19llama_get_ctx_otherP13llama_context",
+}
+# The public C API the MTP context needs (bound by llama-cpp-python 0.3.36).
+_MTP_PUBLIC = ("llama_model_n_layer_nextn", "llama_batch_ext_init", "llama_batch_ext_add_token",
+               "llama_batch_ext_set_embd_token", "llama_batch_ext_set_pos", "llama_batch_ext_set_output_logits",
+               "llama_process")
+
+
+class _NextnApi:
+    def __init__(self, lib: Any) -> None:
+        f = self.set_embeddings_nextn = getattr(lib, _NEXTN_SYMBOLS["set_embeddings_nextn"])
+        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None
+        f = self.get_embeddings_nextn = getattr(lib, _NEXTN_SYMBOLS["get_embeddings_nextn"])
+        f.argtypes, f.restype = [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)
+        f = self.get_embeddings_nextn_ith = getattr(lib, _NEXTN_SYMBOLS["get_embeddings_nextn_ith"])
+        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)
+        f = self.set_nextn_layer_offset = getattr(lib, _NEXTN_SYMBOLS["set_nextn_layer_offset"])
+        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int32], None
+        f = self.get_ctx_other = getattr(lib, _NEXTN_SYMBOLS["get_ctx_other"])
+        f.argtypes, f.restype = [ctypes.c_void_p], ctypes.c_void_p
+
+
+@functools.cache
+def _nextn_api() -> _NextnApi | None:
+    """The C++-linkage NextN functions from the loaded libllama; None when any is missing."""
+    try:
+        return _NextnApi(llama_cpp.llama_cpp._lib)
+    except AttributeError:
+        return None
+
+
+def mtp_unavailable_reason() -> str | None:
+    """Why this llama.cpp build cannot run a model's MTP layers (None: it can)."""
+    missing = [name for name in _MTP_PUBLIC if not hasattr(llama_cpp, name)]
+    if _nextn_api() is None:
+        lib = llama_cpp.llama_cpp._lib
+        missing += ["llama_" + name for name, sym in _NEXTN_SYMBOLS.items() if not hasattr(lib, sym)]
+    if not missing:
+        return None
+    return (f"this llama.cpp build lacks the functions that run a model's MTP layers ({', '.join(missing)}); "
+            "install llama-cpp-python 0.3.36 or newer (scripts/setup.sh builds it)")
+
+
+class MtpContext:
+    """A model's MTP (NextN) layers as a second context over the target's weights.
+
+    Row ``p`` of its cache is built from token ``x_p`` at position ``p`` and
+    the target's hidden state ``h_{p-1}`` (the row before): its logits predict
+    ``x_{p+1}``, and its own hidden output can stand in for the target's to
+    draft one more token. The target's ``Model`` must be loaded with
+    ``load_mtp=True``; ``head`` selects which NextN layer runs (0: the first).
+    Logits and hidden rows are read by batch row and are views valid until the
+    next ``decode``.
+    """
+
+    def __init__(self, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
+        model = target.model
+        reason = mtp_unavailable_reason()
+        if reason is not None:
+            raise UnsupportedModelError(reason)
+        if model.n_nextn_layers < 1 or not model.load_mtp:
+            raise UnsupportedModelError(f"{model.name} was not loaded with its MTP layers")
+        api = _nextn_api()
+        assert api is not None
+        self._api = api
+        self.model = model
+        self.n_embd = model.n_embd_out
+        self.n_heads = model.n_nextn_layers
+        params = llama_cpp.llama_context_default_params()
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ctx  # a drafter sharing the target's cache (Gemma 4's assistant) reads it
+        params.n_ctx = target.n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.kv_unified = True
+        if not llama_cpp.llama_supports_gpu_offload():
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        threads = n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model._model, params)
+        if not ctx:
+            reason = _last_error_line() or "llama.cpp refused the MTP context"
+            raise UnsupportedModelError(f"cannot create the MTP context of {model.name}: {reason}")
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        # Output rows only: the head's hidden state is read for the rows it drafts from.
+        api.set_embeddings_nextn(ctx, True, True)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
+        self.n_batch: int = min(n_batch, llama_cpp.llama_n_batch(ctx))
+        self._batch = llama_cpp.llama_batch_ext_init(ctx)
+        self._pos = (llama_cpp.llama_pos * 4)()
+        self.head = 0
+        self.decode_seconds = 0.0
+
+    def set_head(self, head: int) -> None:
+        """Run NextN layer ``head`` (0 .. n_heads-1) from the next decode on."""
+        if not 0 <= head < self.n_heads:
+            raise ValueError(f"head {head} out of range 0..{self.n_heads - 1}")
+        if head != self.head:
+            self._api.set_nextn_layer_offset(self._ctx, head)
+            self.head = head
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
+               outputs: Sequence[bool]) -> None:
+        """One forward pass of the head: row i is (``tokens[i]`` at ``positions[i]``, ``hidden[i]``)."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        rows = np.ascontiguousarray(hidden, dtype=np.float32).reshape(n, self.n_embd)
+        base = rows.ctypes.data
+        stride = self.n_embd * 4
+        b = self._batch
+        llama_cpp.llama_batch_ext_clear(b)
+        for i in range(n):
+            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(tokens[i]))
+            if idx < 0:
+                raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
+            self._pos[0] = positions[i]
+            llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+            # The hidden state rides in the token-embedding slot: llama_batch_ext_set_embd_state is a stub
+            # that returns false in this llama.cpp; its MTP graphs read the row given with set_embd_token.
+            embd = llama_cpp.llama_embd(ctypes.cast(base + i * stride, ctypes.POINTER(ctypes.c_float)),
+                                        1, self.n_embd)
+            if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
+                raise RuntimeError("llama_batch_ext_set_embd_token refused a hidden row")
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, bool(outputs[i]))
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            self.clear()
+            if rc == 1:
+                raise UnsupportedModelError(
+                    f"the MTP context of {self.n_ctx} tokens is full; start a new chat or raise --ctx")
+            raise RuntimeError(f"llama_process (MTP) failed with code {rc}")
+
+    def logits(self, row: int) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, row)
+        if not ptr:
+            raise RuntimeError(f"no MTP logits were requested for row {row}")
+        view = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+        view.flags.writeable = False
+        return view
+
+    def hidden(self, row: int) -> np.ndarray:
+        """The head's own hidden output at batch row ``row`` (an output row): the next draft's input."""
+        ptr = self._api.get_embeddings_nextn_ith(self._ctx, row)
+        if not ptr:
+            raise RuntimeError(f"no MTP hidden row for batch row {row}")
+        view = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
+        view.flags.writeable = False
+        return view
+
+    def rollback_to(self, n: int) -> None:
+        """Keep positions [0, n) and drop the rest."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_ext_free(self._batch)
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
 

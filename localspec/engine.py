@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from localspec.backend import Context, Model
+from localspec.backend import Context, Model, MtpContext, mtp_unavailable_reason
 from localspec.chat import Message, render_chat
 from localspec.control import DRAFT_LEN_MAX, Controller, Decision
 from localspec.costs import CostModel
 from localspec.drafting.base import Drafter
 from localspec.drafting.model import ModelDrafter
-from localspec.drafting.specs import DrafterSpec
+from localspec.drafting.mtp import MtpDrafter
+from localspec.drafting.specs import MTP, DrafterSpec
 from localspec.errors import ContextOverflowError, InvalidOptionError, UnsupportedModelError
 from localspec.events import ControlSummary, DoneEvent, DrafterStats, Event, GenerationStats, StepEvent, TokenEvent
 from localspec.planner import DRAFT_N_UBATCH
@@ -56,7 +57,7 @@ class GenerateOptions:
             raise InvalidOptionError(
                 f"--draft-max {self.draft_len} is out of range: it must be in 0..{DRAFT_LEN_MAX}")
         if not 0.0 <= self.p_min < 1.0:
-            raise InvalidOptionError(f"--p-min {self.p_min} is out of range: it must be in [0, 1)")
+            raise InvalidOptionError(f"--draft-p-min {self.p_min} is out of range: it must be in [0, 1)")
 
 
 # Sequences for multi-branch verification: candidate branches and lookahead's window.
@@ -68,8 +69,9 @@ DrafterFactory = Callable[[Sampler, GenerateOptions], Drafter]
 class Engine:
     """A loaded target with its drafters, ready to generate. Not thread-safe: one generation at a time.
 
-    Drafters: ``draft`` (a model sharing the target's vocabulary) and the
-    model-free ``specs`` (``ngram``, ``lookahead``, ``rest:STORE``).
+    Drafters: ``draft`` (a model sharing the target's vocabulary), ``mtp`` (the
+    target's own NextN layers; the target must be loaded with ``load_mtp``) and
+    the model-free ``specs`` (``ngram``, ``lookahead``, ``rest:STORE``).
     """
 
     def __init__(self, target: Model, *, draft: Model | None = None, specs: Sequence[DrafterSpec] = (),
@@ -77,8 +79,11 @@ class Engine:
                  personal_history: bool = True) -> None:
         if n_ctx < 16:
             raise InvalidOptionError(f"--ctx {n_ctx} is too small: use at least 16 tokens")
-        model_free = [s for s in specs if s.kind != "model"]
-        if draft is not None or model_free:
+        model_free = [s for s in specs if s.kind not in ("model", MTP)]
+        use_mtp = any(s.kind == MTP for s in specs)
+        if use_mtp:
+            _check_mtp(target)
+        if draft is not None or model_free or use_mtp:
             _check_can_roll_back(target, draft)
             _check_can_branch(target, model_free)
         self.target = target
@@ -102,8 +107,23 @@ class Engine:
         if self.draft_ctx is not None:
             draft_ctx = self.draft_ctx
             self._factories["draft"] = lambda sampler, opts: ModelDrafter(draft_ctx, sampler, p_min=opts.p_min)
+        # The MTP head: a second context over the target's own weights, fed the target's hidden rows.
+        self.mtp_ctx: MtpContext | None = None
+        self._mtp_drafter: MtpDrafter | None = None
+        if use_mtp:
+            self.ctx.enable_hidden_rows()
+            self.mtp_ctx = MtpContext(self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads)
+            self._factories[MTP] = self._mtp_factory
         for spec in model_free:
             self._factories[spec.name] = self._model_free_factory(spec)
+
+    def _mtp_factory(self, sampler: Sampler, opts: GenerateOptions) -> Drafter:
+        """One MTP drafter at a time listens to the target's decodes: a new generation replaces it."""
+        assert self.mtp_ctx is not None
+        if self._mtp_drafter is not None:
+            self._mtp_drafter.close()
+        self._mtp_drafter = MtpDrafter(self.mtp_ctx, self.ctx, sampler, p_min=opts.p_min)
+        return self._mtp_drafter
 
     def _model_free_factory(self, spec: DrafterSpec) -> DrafterFactory:
         """Model-free drafters live as long as the engine (their indexes outlast one reply)."""
@@ -147,6 +167,12 @@ class Engine:
             self._costs = load_or_measure(self.ctx, n_threads=self.n_threads)
             if self.draft_ctx is not None:
                 self._costs.set_model_drafter("draft", load_or_measure(self.draft_ctx, n_threads=self.n_threads))
+            if self.mtp_ctx is not None:
+                # A first guess, refined by every proposal the controller observes: one NextN block and
+                # the output matrix per drafted token, against the trunk's layers and the same matrix.
+                share = (1 + self.mtp_ctx.n_heads) / (self.target.n_layers + 1)
+                one = self._costs.verify_ms(1) * share
+                self._costs.set_draft_cost(MTP, one, one)
         return self._costs
 
     @classmethod
@@ -163,7 +189,10 @@ class Engine:
         draft_info = read_info(draft) if draft is not None else None
         if draft_info is not None:
             check_draft_compatible(target_info, draft_info)
-        target_model = Model(target, n_gpu_layers=n_gpu_layers)
+        use_mtp = any(s.kind == MTP for s in specs)
+        if use_mtp:
+            _check_mtp_file(target_info)
+        target_model = Model(target, n_gpu_layers=n_gpu_layers, load_mtp=use_mtp)
         draft_model = None
         try:
             draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers) if draft is not None else None
@@ -253,11 +282,49 @@ class Engine:
         self.ctx.clear()
         if self.draft_ctx is not None:
             self.draft_ctx.clear()
+        if self._mtp_drafter is not None:
+            self._mtp_drafter.reset()
 
     def close(self) -> None:
-        for obj in (self.ctx, self.draft_ctx, self.target, self.draft):
+        if self._mtp_drafter is not None:
+            self._mtp_drafter.close()
+        # The MTP context before the target's: it was created over it (ctx_other).
+        for obj in (self.mtp_ctx, self.ctx, self.draft_ctx, self.target, self.draft):
             if obj is not None:
                 obj.close()
+
+
+_MTP_FIX = "draft with ngram, lookahead or a draft model instead (--draft ngram)"
+
+
+def _check_mtp_file(info) -> None:  # noqa: ANN001  (a gguf_info.GGUFInfo)
+    """Refuse ``mtp`` from the GGUF header, before any weights are read."""
+    reason = mtp_unavailable_reason()
+    if reason is not None:
+        raise UnsupportedModelError(f"--draft mtp is unavailable: {reason}")
+    if info.n_nextn_layers < 1:
+        raise UnsupportedModelError(
+            f"{info.name} has no MTP (NextN) layers ({info.architecture}.nextn_predict_layers is absent), "
+            f"so it cannot draft for itself; {_MTP_FIX}")
+    if not info.has_mtp:
+        raise UnsupportedModelError(
+            f"{info.name} declares {info.n_nextn_layers} MTP layer(s) but this GGUF carries no weights for "
+            f"them (the conversion stripped them); use a GGUF that keeps them, or {_MTP_FIX}")
+
+
+def _check_mtp(target: Model) -> None:
+    """Refuse ``mtp`` for a loaded target that cannot run its NextN layers."""
+    reason = mtp_unavailable_reason()
+    if reason is not None:
+        raise UnsupportedModelError(f"--draft mtp is unavailable: {reason}")
+    if target.n_nextn_layers < 1:
+        arch = target.metadata("general.architecture") or "unknown"
+        raise UnsupportedModelError(
+            f"{target.name} has no MTP (NextN) layers ({arch}.nextn_predict_layers is absent), "
+            f"so it cannot draft for itself; {_MTP_FIX}")
+    if not target.load_mtp:
+        raise UnsupportedModelError(f"{target.name} was loaded without its MTP layers; load it with "
+                                    "Model(..., load_mtp=True) to draft with them")
 
 
 def _check_can_roll_back(target: Model, draft: Model | None) -> None:

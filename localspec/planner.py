@@ -14,6 +14,11 @@ The plan mirrors how llama.cpp places things (vendored sources, llama-cpp-python
   full ``n_ctx`` when ``swa_full`` is set (src/llama-kv-cache-iswa.cpp) -- and ``swa_full`` is
   on by default in ``llama_context_default_params`` (src/llama-context.cpp), so the planner
   defaults to it too.
+- Multi-token-prediction (NextN) layers are the last ``nextn_predict_layers`` blocks of
+  ``block_count``. Their weights load only with ``load_mtp`` (``--draft mtp``), and their KV
+  cache lives in the MTP context, not the target's (``llama_model::create_memory``'s layer
+  filter), which also reserves its own compute buffer. ``n_gpu_layers`` counts them as layers
+  all the same: offloading from the end, they are the first to go to the GPU.
 """
 
 from __future__ import annotations
@@ -206,25 +211,37 @@ class Placement:
 
 def place(info: GGUFInfo, n_ctx: int, gpu_layers: int | None = None, output_on_gpu: bool = True, *,
           kv_type: str = "f16", flash_attn: bool = True, swa_full: bool = True,
-          n_ubatch: int = N_UBATCH, state_copies: int = 1) -> Placement:
+          n_ubatch: int = N_UBATCH, state_copies: int = 1, mtp: bool = False) -> Placement:
     """The Placement of ``info`` with its last ``gpu_layers`` layers (default all) on the GPU.
 
     ``state_copies``: recurrent states llama.cpp keeps, n_seq x (1 + n_rs_seq); each
     layer's state lives on that layer's device, like its KV cache.
+    ``mtp``: the model's MTP (NextN) layers are loaded and run (their weights, their KV cache
+    and the MTP context's compute buffer count); otherwise they take no memory.
     """
     n = info.n_layers
     k = n if gpu_layers is None else max(0, min(gpu_layers, n))
+    n_trunk = n - (info.n_nextn_layers if 0 < info.n_nextn_layers <= n else 0)
+    used = [b if il < n_trunk or mtp else 0 for il, b in enumerate(info.layer_bytes)]
+    kv_layers = range(n) if mtp else range(n_trunk)
+
+    def kv(layers: range) -> int:
+        return kv_cache_bytes(info, n_ctx, kv_type, layers=layers, swa_full=swa_full, n_ubatch=n_ubatch)
+
     on_gpu = range(n - k, n)
     output_part = (info.output_bytes or info.token_embd_bytes) + info.other_bytes
-    layers_gpu = sum(info.layer_bytes[n - k:n])
+    layers_gpu = sum(used[n - k:n])
     weights_gpu = layers_gpu + (output_part if output_on_gpu else 0)
     # The token embedding stays on the CPU; a CPU-side tied output shares its bytes.
-    weights_cpu = info.token_embd_bytes + sum(info.layer_bytes) - layers_gpu + \
+    weights_cpu = info.token_embd_bytes + sum(used) - layers_gpu + \
         (0 if output_on_gpu else info.output_bytes + info.other_bytes)
-    kv_total = kv_cache_bytes(info, n_ctx, kv_type, swa_full=swa_full, n_ubatch=n_ubatch)
-    kv_gpu = kv_cache_bytes(info, n_ctx, kv_type, layers=on_gpu, swa_full=swa_full, n_ubatch=n_ubatch)
+    kv_total = kv(kv_layers)
+    kv_gpu = kv(range(max(n - k, 0), kv_layers.stop))
     compute = compute_buffer_bytes(info, n_ctx, flash_attn=flash_attn, n_ubatch=n_ubatch) \
         if k or output_on_gpu else 0
+    if mtp and info.n_nextn_layers and (k or output_on_gpu):
+        # The MTP context decodes with a small batch (the draft's), all rows wanting logits.
+        compute += compute_buffer_bytes(info, n_ctx, flash_attn=flash_attn, n_ubatch=min(n_ubatch, DRAFT_N_UBATCH))
     recurrent = recurrent_layers(info)
     per_layer = recurrent_state_bytes(info) // max(sum(recurrent), 1) * state_copies
     state_gpu = per_layer * sum(recurrent[n - k:n])
@@ -377,13 +394,15 @@ def _state_note(role: str, info: GGUFInfo, m: Placement) -> str:
 def plan(target: GGUFInfo, draft: GGUFInfo | None = None, vram_bytes: int = DEFAULT_VRAM,
          n_ctx: int | None = None, kv_type: str = "f16", reserve_bytes: int = DEFAULT_RESERVE, *,
          ctx_floor: int = CONTEXT_FLOOR, flash_attn: bool = True, swa_full: bool = True,
-         n_ubatch: int = N_UBATCH, gpu_offload_supported: bool | None = None) -> Plan:
+         n_ubatch: int = N_UBATCH, gpu_offload_supported: bool | None = None, mtp: bool | None = None) -> Plan:
     """Choose a context and GPU placement for ``target`` and ``draft`` on a ``vram_bytes`` card.
 
     Strategy: both fully offloaded at the requested context (default: the target's training
     context) if that fits in ``vram_bytes - reserve_bytes``; else the largest context down to
     ``ctx_floor`` at which both still fit; else the floor context with the draft fully on the
     GPU and as many target layers as fit. Raises InvalidOptionError for impossible options.
+    ``mtp``: whether the target runs its MTP layers (None: when it has them, as ``generate`` and
+    ``run`` do by default).
     """
     if kv_type.lower() not in _KV_TYPES:
         raise InvalidOptionError(f"unknown KV cache type {kv_type!r}; use one of {', '.join(_KV_TYPES)}")
@@ -396,10 +415,10 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None = None, vram_bytes: int = DEFA
         raise InvalidOptionError(f"{gib(vram_bytes)} of VRAM leaves nothing after the {gib(reserve_bytes)} "
                                  "reserve; give the card's full memory size, e.g. --vram 24GiB")
     opts: dict[str, Any] = {"kv_type": kv_type.lower(), "flash_attn": flash_attn, "swa_full": swa_full,
-                            "n_ubatch": n_ubatch}
+                            "n_ubatch": n_ubatch, "mtp": target.has_mtp if mtp is None else mtp}
     # A target with a recurrent state verifies chains (one sequence) and keeps its snapshots; a draft with
     # one drafts on a second sequence and keeps none (localspec.engine, drafting/model.py).
-    draft_opts = {**opts, "n_ubatch": min(n_ubatch, DRAFT_N_UBATCH),
+    draft_opts = {**opts, "n_ubatch": min(n_ubatch, DRAFT_N_UBATCH), "mtp": False,
                   "state_copies": 2 if draft is not None and recurrent_state_bytes(draft) else 1}
     opts["state_copies"] = 1 + state_snapshots(target)
     budget = vram_bytes - reserve_bytes

@@ -40,6 +40,18 @@ def test_random_blocks_have_zero_mean_and_the_asked_std(qtype: str) -> None:
     assert float(weights.std()) == pytest.approx(0.25, rel=0.05)
 
 
+@pytest.mark.slow
+def test_mtp_model_loads_its_nextn_layer(tiny_models: Path) -> None:
+    from localspec.backend import Model
+    from localspec.models.gguf_info import read_info
+
+    info = read_info(tiny_models / "mtp-tiny.gguf")
+    assert info.architecture == "glm4moe" and info.n_nextn_layers == 1 and info.has_mtp
+    model = Model(tiny_models / "mtp-tiny.gguf", load_mtp=True)
+    assert (model.n_layers, model.n_nextn_layers) == (make_models.MTP_SHAPES["tiny"].trunk.n_layer, 1)
+    model.close()
+
+
 def test_successor_never_leads_to_control_tokens() -> None:
     types = tokenizer_file.load()["token_type"]
     succ = make_models.successor(types, 1234)
@@ -108,3 +120,9 @@ def test_check_runs_on_the_cpu(tiny_models: Path, tmp_path: Path) -> None:
     rows = results["speculative"]
     assert {"ngram k=8 echo", "draft-small auto free", "self k=4 free"} <= set(rows)
     assert rows["self k=4 free"]["alpha"] > 0.5  # the target agrees with itself
+    # The MTP head's step cost, next to the draft's and the target's one-token decodes.
+    mtp = results["mtp"]
+    assert mtp["n_nextn_layers"] == 1
+    assert set(mtp["depth_64"]["head_ms"]) == {"1", "2", "3", "4", "5"}
+    assert all(ms > 0 for ms in mtp["depth_1024"]["head_ms"].values())
+    assert mtp["head_vs_draft_small_k1"] > 0 and mtp["head_vs_target_k1"] > 0

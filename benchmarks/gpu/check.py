@@ -17,6 +17,11 @@ and writes one JSON with everything it measured:
   the target's own greedy continuation of it, and the free prompt again: the
   continuation repeats, as in editing or quoting tasks, which n-gram drafting
   is for).
+* ``mtp``: what the target's own MTP (NextN) head costs per draft token, on a
+  glm4moe model with GLM-4.5-Air's NextN block at the 8B width: ms of one
+  head decode of k = 1..5 rows (1: a draft token; more: the catch-up after a
+  step kept k - 1 drafts) after 64 and 1024 tokens, next to the 0.5B draft's
+  and the 8B target's one-token decode.
 
     python benchmarks/gpu/check.py MODEL_DIR --out results.json [--tiny]
 
@@ -87,13 +92,13 @@ def device_info() -> dict[str, Any]:
             "system_info": backend.system_info(), "cpu_count": os.cpu_count()}
 
 
-def load_with_offload_check(path: Path) -> tuple[Any, dict[str, Any]]:
+def load_with_offload_check(path: Path, *, load_mtp: bool = False) -> tuple[Any, dict[str, Any]]:
     """Load ``path`` with every layer offloaded; say where llama.cpp put them."""
     from localspec import backend
 
     before = gpu_memory_used_mib()
     t0 = time.perf_counter()
-    model = backend.Model(path, n_gpu_layers=-1)
+    model = backend.Model(path, n_gpu_layers=-1, load_mtp=load_mtp)
     load_s = time.perf_counter() - t0
     after = gpu_memory_used_mib()
     found = [re.search(r"offloaded (\d+)/(\d+) layers", line) for line in backend.recent_log()]
@@ -132,6 +137,53 @@ def cost_curve(model: Any, prompt: list[int], depth: int, budget_s: float) -> di
         ctx.close()
     ms = {k: round(v, 3) for k, v in sorted(m.items())}
     return {"depth": depth, "rounds": m.rounds, "ms": ms, "ratio": {k: round(v / ms[1], 3) for k, v in ms.items()}}
+
+
+# --- the MTP head's step cost ----------------------------------------------------------
+MTP_KS = (1, 2, 3, 4, 5)
+
+
+def mtp_costs(path: Path, prompt: list[int], budget_s: float) -> dict[str, Any]:
+    """ms of one MTP head decode of k rows after 64 and 1024 tokens (the trunk fed first, as in use)."""
+    import numpy as np
+    from localspec.backend import Context, MtpContext
+
+    model, info = load_with_offload_check(path, load_mtp=True)
+    out: dict[str, Any] = {"offload": info, "n_nextn_layers": model.n_nextn_layers}
+    ctx = Context(model, n_ctx=1024 + 64, n_batch=512)
+    ctx.enable_hidden_rows()
+    head = MtpContext(ctx, n_batch=128)
+    zeros = np.zeros((max(MTP_KS), head.n_embd), dtype=np.float32)
+    try:
+        for depth in (64, 1024):
+            history = (prompt * (depth // max(1, len(prompt)) + 1))[:depth]
+            ctx.clear()
+            head.clear()
+            ctx.append(history)
+            for start in range(0, depth, head.n_batch):  # the head's own cache of the history
+                chunk = history[start:start + head.n_batch]
+                head.decode(chunk, range(start, start + len(chunk)), zeros[:1].repeat(len(chunk), 0),
+                            [False] * (len(chunk) - 1) + [True])
+            ms: dict[int, float] = {}
+            stop = time.perf_counter() + budget_s / 2
+            for k in MTP_KS:
+                times = []
+                for _ in range(40):
+                    t0 = time.perf_counter()
+                    head.decode(history[:k], range(depth, depth + k), zeros[:k], [True] * k)
+                    np.asarray(head.logits(k - 1))[0]  # the result is read, as a drafter does
+                    times.append((time.perf_counter() - t0) * 1e3)
+                    head.rollback_to(depth)
+                    if len(times) >= 5 and time.perf_counter() > stop:
+                        break
+                ms[k] = round(statistics.median(times), 3)
+            out[f"depth_{depth}"] = {"head_ms": ms}
+            log(f"MTP head ms at depth {depth}: {ms}")
+    finally:
+        head.close()
+        ctx.close()
+        model.close()
+    return out
 
 
 # --- plain vs speculative ------------------------------------------------------------
@@ -268,6 +320,19 @@ def main(argv: list[str] | None = None) -> int:
         log(f"draft verify ms at depth 64: {results['verify_costs_draft']['ms']}")
         draft.close()
         save()
+        mtp_path = args.model_dir / (f"mtp-{suffix}.gguf" if suffix else "mtp-8b.gguf")
+        if mtp_path.is_file() and time.perf_counter() < deadline:
+            try:
+                mtp = results["mtp"] = mtp_costs(mtp_path, prompt, min(4.0, args.cost_budget_s))
+                one = mtp["depth_64"]["head_ms"][1]
+                mtp["head_vs_draft_small_k1"] = float(f"{one / results['verify_costs_draft']['ms'][1]:.4g}")
+                mtp["head_vs_target_k1"] = float(f"{one / curves['depth_64']['ms'][1]:.4g}")
+                log(f"MTP head / 0.5B draft one-token decode: {mtp['head_vs_draft_small_k1']}; "
+                    f"/ target: {mtp['head_vs_target_k1']}")
+            except Exception:  # noqa: BLE001 - the rest of the check still runs
+                results["errors"].append(traceback.format_exc())
+                log("MTP costs FAILED (see errors)")
+            save()
         speculative_section(target, target_path, draft_path, args, deadline, results)
     except Exception as err:  # noqa: BLE001 - the JSON must be written whatever failed
         results["errors"].append(traceback.format_exc())

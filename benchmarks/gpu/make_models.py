@@ -20,8 +20,15 @@ walks a long cycle of ``succ`` (no short repetition) with context-dependent
 detours, and a draft built with the same seed agrees with the target most of
 the time but not always: the regime where speculative decoding is interesting.
 
-    python benchmarks/gpu/make_models.py OUT_DIR            # target-8b.gguf, draft-0.5b.gguf
-    python benchmarks/gpu/make_models.py OUT_DIR --tiny     # target-tiny.gguf, draft-tiny.gguf (CPU tests)
+A third model carries a multi-token-prediction (NextN) layer: a GLM-4.5-style
+``glm4moe`` with a short dense trunk of the 8B width and one NextN block whose
+MoE FFN has GLM-4.5-Air's expert shape (``MTP_SHAPES``). What one MTP draft
+token costs depends on that block and the output matrix, not on the trunk's
+depth, so the check measures the head's step cost on it next to the 0.5B
+draft's. Its random head does not predict the trunk: acceptance means nothing.
+
+    python benchmarks/gpu/make_models.py OUT_DIR            # target-8b, draft-0.5b, mtp-8b .gguf
+    python benchmarks/gpu/make_models.py OUT_DIR --tiny     # target-tiny, draft-tiny, mtp-tiny (CPU tests)
 """
 
 from __future__ import annotations
@@ -89,6 +96,24 @@ SHAPES = {
     # For tests and a CPU dry run: seconds to write and to run.
     "tiny": Shape(2, 128, 4, 2, 256),
     "tiny-draft": Shape(1, 64, 2, 1, 128),
+}
+
+
+@dataclass(frozen=True)
+class MtpShape:
+    """A glm4moe model: a dense trunk, then one NextN block with an MoE FFN."""
+
+    trunk: Shape
+    n_expert: int
+    n_expert_used: int
+    d_ffn_expert: int
+
+
+MTP_SHAPES = {
+    # GLM-4.5-Air's NextN block (d 4096, experts of 1408, 8 routed + 1 shared; 16 of its 128
+    # experts: a decoded token reads only the 8 it routes to) after 2 dense layers of the 8B body.
+    "8b": MtpShape(Shape(2, 4096, 32, 8, 14336), 16, 8, 1408),
+    "tiny": MtpShape(Shape(2, 128, 4, 2, 256), 4, 2, 64),
 }
 
 
@@ -219,6 +244,91 @@ def write_model(path: Path, shape: Shape, tok: dict, *, qtype: str = "Q4_0", see
     return path
 
 
+def write_mtp_model(path: Path, mshape: MtpShape, tok: dict, *, qtype: str = "Q4_0", seed: int = 3,
+                    name: str | None = None) -> Path:
+    """Write a random-weight glm4moe GGUF with one NextN layer (llama.cpp's ``src/models/glm4-moe.cpp``)."""
+    import gguf
+
+    shape = mshape.trunk
+    n_vocab = len(tok["tokens"])
+    rng = np.random.default_rng(seed)
+    d, q, kv, ffn = shape.d_model, shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim, shape.d_ffn
+    n_exp, f_exp = mshape.n_expert, mshape.d_ffn_expert
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    nextn = shape.n_layer  # the NextN block follows the trunk
+    # (name, dims (outer first, the row length last), kind)
+    plan: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (n_vocab, d), "embd")]
+    for i in range(shape.n_layer + 1):
+        p = f"blk.{i}."
+        plan += [(p + "attn_norm.weight", (d,), "norm"), (p + "attn_q.weight", (q, d), "in"),
+                 (p + "attn_k.weight", (kv, d), "in"), (p + "attn_v.weight", (kv, d), "in"),
+                 (p + "attn_output.weight", (d, q), "in"), (p + "post_attention_norm.weight", (d,), "norm")]
+        if i < nextn:
+            plan += [(p + "ffn_gate.weight", (ffn, d), "in"), (p + "ffn_up.weight", (ffn, d), "in"),
+                     (p + "ffn_down.weight", (d, ffn), "in")]
+        else:
+            plan += [(p + "ffn_gate_inp.weight", (n_exp, d), "f32"), (p + "exp_probs_b.bias", (n_exp,), "zero"),
+                     (p + "ffn_gate_exps.weight", (n_exp, f_exp, d), "in"),
+                     (p + "ffn_up_exps.weight", (n_exp, f_exp, d), "in"),
+                     (p + "ffn_down_exps.weight", (n_exp, d, f_exp), "in"),
+                     (p + "ffn_gate_shexp.weight", (f_exp, d), "in"), (p + "ffn_up_shexp.weight", (f_exp, d), "in"),
+                     (p + "ffn_down_shexp.weight", (d, f_exp), "in"),
+                     (p + "nextn.eh_proj.weight", (d, 2 * d), "in"),
+                     (p + "nextn.enorm.weight", (d,), "norm"), (p + "nextn.hnorm.weight", (d,), "norm")]
+    plan += [("output_norm.weight", (d,), "norm"), ("output.weight", (n_vocab, d), "in")]
+
+    tmp = path.with_name(path.name + ".partial")
+    writer = gguf.GGUFWriter(str(tmp), "glm4moe")
+    writer.add_name(name or path.stem)
+    writer.add_context_length(8192)
+    writer.add_embedding_length(d)
+    writer.add_block_count(shape.n_layer + 1)
+    writer.add_uint32("glm4moe.nextn_predict_layers", 1)
+    writer.add_uint32("glm4moe.leading_dense_block_count", shape.n_layer)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_rope_freq_base(shape.rope_base)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_expert_count(n_exp)
+    writer.add_expert_used_count(mshape.n_expert_used)
+    writer.add_expert_shared_count(1)
+    writer.add_expert_feed_forward_length(f_exp)
+    writer.add_expert_weights_scale(1.0)
+    writer.add_expert_weights_norm(True)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(_FILE_TYPE[qtype])
+    writer.add_string("localspec.random_weights", f"seed={seed} qtype={qtype} (MTP step cost only)")
+    tokenizer_file.add_to_writer(writer, tok)
+    width = _BLOCK_BYTES[qtype]
+    for tname, dims, kind in plan:
+        if kind in ("norm", "zero", "f32"):
+            n = int(np.prod(dims))
+            writer.add_tensor_info(tname, dims, np.dtype(np.float32), n * 4)
+        else:
+            rows = int(np.prod(dims[:-1]))
+            writer.add_tensor_info(tname, (*dims[:-1], dims[-1] // _BLOCK * width), np.dtype(np.uint8),
+                                   rows * dims[-1] // _BLOCK * width, raw_dtype=qt)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for tname, dims, kind in plan:
+        if kind == "norm":
+            data = np.ones(dims, dtype=np.float32)
+        elif kind == "zero":
+            data = np.zeros(dims, dtype=np.float32)
+        elif kind == "f32":
+            data = rng.normal(0.0, dims[-1] ** -0.5, size=dims).astype(np.float32)
+        else:
+            rows = int(np.prod(dims[:-1]))
+            data = random_blocks(rng, rows, dims[-1], qtype, 1.0 if kind == "embd" else 1.0 / math.sqrt(dims[-1]))
+        writer.write_tensor_data(data)
+    writer.close()
+    os.replace(tmp, path)
+    return path
+
+
 def tok_normal(tok: dict) -> np.ndarray:
     return np.flatnonzero(np.asarray(tok["token_type"]) == 1)
 
@@ -234,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="how strongly the layers perturb the successor vote (0: pure cycle, ~1: mostly noise)")
     p.add_argument("--attn-share", type=float, default=DEFAULT_ATTN_SHARE,
                    help="attention's share of the perturbation (0: a pure function of the current token)")
-    p.add_argument("--only", choices=["target", "draft"], default=None)
+    p.add_argument("--only", choices=["target", "draft", "mtp"], default=None)
     args = p.parse_args(argv)
     tok = tokenizer_file.load()
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -252,6 +362,13 @@ def main(argv: list[str] | None = None) -> None:
                     attn_share=args.attn_share, name=f"random-{shape_name}-{qtype}")
         print(f"{path}: {shape.n_params(len(tok['tokens'])) / 1e9:.2f}B params {qtype}, "
               f"{path.stat().st_size / 2**30:.2f} GiB, residual scale {scale:.3f}, "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+    if args.only in (None, "mtp"):
+        label = "tiny" if args.tiny else "8b"
+        path = args.out_dir / f"mtp-{label}.gguf"
+        t0 = time.perf_counter()
+        write_mtp_model(path, MTP_SHAPES[label], tok, qtype=args.qtype, name=f"random-glm4moe-mtp-{label}")
+        print(f"{path}: glm4moe with one NextN layer, {path.stat().st_size / 2**30:.2f} GiB, "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
 
 

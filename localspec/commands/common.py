@@ -31,7 +31,8 @@ MODEL_HELP = "a name or alias from `localspec models` (downloaded on first use) 
 
 
 DRAFT_HELP = ("drafters, comma-separated: a draft model (name or GGUF path sharing the target's "
-              "vocabulary), ngram (lookup in the context), lookahead (Jacobi decoding), "
+              "vocabulary), mtp (the target's own multi-token-prediction layers; the default for a "
+              "model that has them), ngram (lookup in the context), lookahead (Jacobi decoding), "
               "rest:STORE (a datastore from `localspec index`); several are combined per step")
 
 
@@ -407,6 +408,23 @@ def drafter_hint(word: str) -> str | None:
     if close[0] == "rest":
         return repr(f"rest:{tail if sep and tail else 'STORE'}")
     return repr(close[0])
+
+
+def drafts_for_itself(target: Path | BinaryIO) -> bool:
+    """Whether the target carries MTP (NextN) layers with their weights and this llama.cpp can run them."""
+    from localspec import backend
+    from localspec.models.gguf_info import read_info
+
+    return read_info(target).has_mtp and backend.mtp_unavailable_reason() is None
+
+
+def with_mtp(drafts: DraftRefs) -> DraftRefs:
+    """``drafts`` with the target's own MTP layers first (when no --draft was given)."""
+    from localspec.drafting.specs import MTP, DrafterSpec
+
+    if any(s.kind == MTP for s in drafts.specs):
+        return drafts
+    return DraftRefs(drafts.model, [DrafterSpec(MTP), *drafts.specs])
 
 
 def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) -> LoadSettings:

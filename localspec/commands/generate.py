@@ -11,6 +11,7 @@ from localspec.commands.common import (
     add_model_options,
     add_sampling_options,
     check_engine_options,
+    drafts_for_itself,
     fetch_models,
     generate_options,
     load_settings,
@@ -20,6 +21,7 @@ from localspec.commands.common import (
     resolve_ref,
     stop_on_signals,
     write_out,
+    with_mtp,
 )
 from localspec.events import DoneEvent, GenerationStats, TokenEvent
 
@@ -99,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     drafts = resolve_draft_refs(args.draft)
     prompt = read_prompt(args)
     target, draft = fetch_models(target_ref, drafts.model, offline=args.offline)
+    if args.draft is None and drafts_for_itself(target):
+        drafts = with_mtp(drafts)  # a model with MTP layers drafts for itself unless told otherwise
     settings = load_settings(args, target, draft)
     if settings.message:
         print(f"localspec: {settings.message}", file=sys.stderr)

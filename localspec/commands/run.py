@@ -22,12 +22,14 @@ from localspec.commands.common import (
     add_model_options,
     add_sampling_options,
     check_engine_options,
+    drafts_for_itself,
     fetch_models,
     generate_options,
     load_settings,
     reference,
     resolve_draft_refs,
     resolve_ref,
+    with_mtp,
 )
 from localspec.drafting.specs import MODEL_FREE, DrafterSpec
 from localspec.errors import InvalidOptionError, LocalspecError
@@ -61,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 DEFAULT_DRAFTERS = "ngram"
-"""What `run` drafts with when --draft is not given: model-free, so it suits any model."""
+"""What `run` drafts with when --draft is not given: model-free, so it suits any model (a model with
+MTP layers drafts with them first: ``mtp,ngram``)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidOptionError("--resume: there is no saved chat yet; run without --resume to start one")
     choice = choose_models(args.model, args.draft, session)
     target, draft = fetch_models(choice.target, choice.drafts.model, offline=args.offline)
+    if args.draft is None and (session is None or not session.draft) and drafts_for_itself(target):
+        choice = dataclasses.replace(choice, drafts=with_mtp(choice.drafts))
     settings = load_settings(args, target, draft)
 
     from localspec.engine import Engine

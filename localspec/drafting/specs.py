@@ -1,4 +1,4 @@
-"""What ``--draft`` names: a draft model, ``ngram``, ``lookahead``, ``rest:STORE``, or a comma list.
+"""What ``--draft`` names: a draft model, ``mtp``, ``ngram``, ``lookahead``, ``rest:STORE``, or a comma list.
 
 Parsing is pure; the engine turns specs into drafters.
 """
@@ -11,11 +11,13 @@ from pathlib import Path
 from localspec.errors import InvalidOptionError
 
 MODEL_FREE = ("ngram", "lookahead")
+MTP = "mtp"
+"""The target's own multi-token-prediction (NextN) layers: no second model, but not free either."""
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """One drafter: ``kind`` is ``model``, ``ngram``, ``lookahead`` or ``rest``; ``arg`` its model or store."""
+    """One drafter: ``kind`` is ``model``, ``mtp``, ``ngram``, ``lookahead`` or ``rest``; ``arg`` its model or store."""
 
     kind: str
     arg: str | None = None
@@ -39,7 +41,7 @@ def parse_draft(text: str | None) -> list[DrafterSpec]:
         if not part:
             raise InvalidOptionError(f"--draft {text!r} has an empty entry; separate drafters with single commas")
         low = part.lower()
-        if low in MODEL_FREE:
+        if low in MODEL_FREE or low == MTP:
             specs.append(DrafterSpec(low))
         elif low.startswith("rest:"):
             store = part[5:]

@@ -75,6 +75,14 @@ class GGUFInfo:
     # The architecture's own keys with the ``<arch>.`` prefix dropped (e.g. ``ssm.state_size``), for
     # shapes only some architectures have (recurrent states: localspec.planner.recurrent_state_bytes).
     hparams: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Multi-token-prediction (NextN) blocks among the last ``n_layers`` (<arch>.nextn_predict_layers).
+    n_nextn_layers: int = 0
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the file declares NextN layers AND carries their weights (some conversions strip them)."""
+        n = self.n_nextn_layers
+        return 0 < n <= len(self.layer_bytes) and all(b > 0 for b in self.layer_bytes[-n:])
 
     @property
     def label(self) -> str:
@@ -196,6 +204,7 @@ def read_info(source: HeaderSource) -> GGUFInfo:
         token_embd_bytes=token_embd, output_bytes=output, other_bytes=other,
         source=None if isinstance(source, (str, os.PathLike)) else source,
         hparams={k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(arch + ".")},
+        n_nextn_layers=int(hp("nextn_predict_layers", 0) or 0),
     )
 
 

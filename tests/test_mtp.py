@@ -1,0 +1,268 @@
+"""``--draft mtp``: a model's own multi-token-prediction layers as the drafter, on real llama.cpp.
+
+The models are tiny GLM-4.5-style GGUFs with one NextN layer and random weights
+(``tests/mtp_model.py``): one whose head agrees with its trunk often (so drafts
+are accepted and rejected), one with plain random weights (drafts are almost
+never accepted). SmolLM2 stands for a model without MTP layers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec import backend
+from localspec.backend import Context, Model, MtpContext
+from localspec.drafting.mtp import MtpDrafter
+from localspec.drafting.specs import parse_draft
+from localspec.engine import Engine, GenerateOptions
+from localspec.errors import UnsupportedModelError
+from localspec.sampling import Sampler, SamplingParams
+from localspec.speculative import speculative_step
+
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+LONG_PROMPT = " ".join(["Once upon a time there was a small village by the sea."] * 25)  # > the head's batch
+
+
+@pytest.fixture(scope="module")
+def agreeing_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Head and trunk agree often: drafts are accepted and rejected."""
+    from mtp_model import write_mtp_model
+
+    return write_mtp_model(tmp_path_factory.mktemp("mtp") / "glm4moe-mtp-agree.gguf", mix=0.05)
+
+
+@pytest.fixture(scope="module")
+def random_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mtp_model import write_mtp_model
+
+    return write_mtp_model(tmp_path_factory.mktemp("mtp") / "glm4moe-mtp-random.gguf", seed=3)
+
+
+def _run(engine: Engine, prompt: str, **kw) -> tuple[tuple[int, ...], dict[str, tuple[int, int]]]:
+    done = engine.generate(prompt, GenerateOptions(**kw)).run()
+    return done.tokens, {d.name: (d.drafted, d.accepted) for d in done.stats.drafters}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["agreeing", "random"])
+@pytest.mark.parametrize("drafters", ["mtp", "mtp,ngram"])
+def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_path):
+    path = agreeing_path if model == "agreeing" else random_path
+    plain = Engine.load(path, n_ctx=1024, n_threads=1)
+    spec = Engine.load(path, specs=parse_draft(drafters), n_ctx=1024, n_threads=1)
+    try:
+        greedy = SamplingParams(temperature=0.0)
+        seen: dict[str, tuple[int, int]] = {}
+        # The second prompt extends the first (a chat's next turn): the head keeps the shared prefix.
+        # The long one is caught up in several of the head's batches.
+        for prompt in (PROMPT, PROMPT + " after that", LONG_PROMPT):
+            want, _ = _run(plain, prompt, max_tokens=40, sampling=greedy)
+            got, by_drafter = _run(spec, prompt, max_tokens=40, sampling=greedy, draft_len=4, drafter=drafters)
+            assert got == want
+            for name, (d, a) in by_drafter.items():
+                seen[name] = (seen.get(name, (0, 0))[0] + d, seen.get(name, (0, 0))[1] + a)
+        assert set(seen) <= set(drafters.split(","))
+        if drafters != "mtp":
+            # Combined, the controller picks each step's drafter by value and cost; either may win here.
+            assert sum(d for d, _ in seen.values()) > 0
+            return
+        assert seen["mtp"][0] > 0  # the stats name the drafter "mtp"
+        if model == "agreeing":
+            assert 0 < seen["mtp"][1] < seen["mtp"][0]  # both accepted and rejected drafts were verified
+    finally:
+        plain.close()
+        spec.close()
+
+
+@pytest.mark.slow
+def test_sampled_tokens_follow_the_target_distribution(agreeing_path):
+    """At T=1 the first two tokens a step emits are distributed as the target's, jointly (chi-square).
+
+    The head's drafts are accepted by rejection sampling with its own distribution q;
+    a wrong q (or a verifier that only matched) would skew the counts.
+    """
+    target = Model(agreeing_path, load_mtp=True)
+    # One thread: on a machine shared by many jobs, spinning worker threads cost more than they give.
+    tctx = Context(target, n_ctx=256, n_threads=1)
+    tctx.enable_hidden_rows()
+    head = MtpContext(tctx, n_threads=1)
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=7))
+    drafter = MtpDrafter(head, tctx, sampler)
+    prompt = target.tokenize(PROMPT)
+    tctx.append(prompt[:-1])
+    n0 = len(tctx.tokens)
+
+    # The target's own joint distribution of the next two tokens: p1(x1) p2(x2 | x1).
+    tctx.append(prompt[-1:])
+    p1 = sampler.distribution(tctx.logits(-1)).copy()
+    joint: dict[tuple[int, int], float] = {}
+    for x1 in np.flatnonzero(p1):
+        tctx.append([int(x1)])
+        p2 = sampler.distribution(tctx.logits(-1))
+        for x2 in np.flatnonzero(p2):
+            joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
+        tctx.rollback_to(n0 + 1)
+    tctx.rollback_to(n0)
+
+    trials = 3000
+    counts: Counter[tuple[int, int]] = Counter()
+    accepted = drafted = 0
+    for _ in range(trials):
+        history = list(prompt)
+        emitted: list[int] = []
+        while len(emitted) < 2:
+            step = speculative_step(tctx, history, drafter, sampler, draft_len=3)
+            emitted += step.tokens
+            accepted += step.accepted
+            drafted += step.drafted
+        counts[(emitted[0], emitted[1])] += 1
+        tctx.rollback_to(n0)
+    assert 0 < accepted < drafted  # both branches of the rule ran
+    assert set(counts) <= set(joint)  # never a pair the target cannot produce
+    big = [k for k, p in sorted(joint.items(), key=lambda kv: -kv[1]) if p * trials >= 5]
+    expected = [joint[k] * trials for k in big] + [trials * (1 - sum(joint[k] for k in big))]
+    observed = [counts[k] for k in big] + [trials - sum(counts[k] for k in big)]
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
+    df = len([e for e in expected if e > 0]) - 1
+    z = 3.090  # significance 0.001, Wilson-Hilferty
+    critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+    assert chi2 < critical, (chi2, critical, df)
+    drafter.close()
+    head.close()
+    tctx.close()
+    target.close()
+
+
+def _localspec(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _one_error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("localspec: error: ")
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_cli_refuses_mtp_for_a_model_without_mtp_layers(smollm2_path):
+    line = _one_error_line(_localspec("generate", str(smollm2_path), "--draft", "mtp", "--prompt", "Hi",
+                                      "--threads", "1"))
+    assert "no MTP (NextN) layers" in line and "nextn_predict_layers" in line and "--draft ngram" in line
+
+
+@pytest.mark.slow
+def test_cli_drafts_with_mtp_by_default(agreeing_path):
+    """No --draft: a model with MTP layers drafts for itself, and the stats name the drafter ``mtp``."""
+    proc = _localspec("generate", str(agreeing_path), "--prompt", PROMPT, "--max-tokens", "24",
+                      "--temp", "0", "--draft-max", "3", "--threads", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout)["stats"]
+    assert list(stats["drafters"]) == ["mtp"]
+    assert stats["drafters"]["mtp"]["drafted"] > 0
+
+
+@pytest.mark.slow
+def test_a_stripped_head_is_refused_before_loading(tmp_path):
+    from mtp_model import write_mtp_model
+
+    path = write_mtp_model(tmp_path / "stripped.gguf", with_head=False)
+    with pytest.raises(UnsupportedModelError, match="carries no weights") as err:
+        Engine.load(path, specs=parse_draft("mtp"))
+    assert "\n" not in str(err.value)
+    # Without mtp it is an ordinary model.
+    Engine.load(path, n_ctx=256, n_threads=1).close()
+
+
+@pytest.mark.slow
+def test_missing_nextn_functions_refuse_mtp(agreeing_path, monkeypatch):
+    """A libllama without the C++-linkage NextN functions: --draft mtp is refused in one line."""
+    monkeypatch.setitem(backend._NEXTN_SYMBOLS, "get_embeddings_nextn_ith", "_Z99llama_no_such_function")
+    backend._nextn_api.cache_clear()
+    try:
+        reason = backend.mtp_unavailable_reason()
+        assert reason is not None and "llama_get_embeddings_nextn_ith" in reason
+        with pytest.raises(UnsupportedModelError, match="llama_get_embeddings_nextn_ith") as err:
+            Engine.load(agreeing_path, specs=parse_draft("mtp"))
+        assert "\n" not in str(err.value)
+    finally:
+        monkeypatch.undo()
+        backend._nextn_api.cache_clear()
+    assert backend.mtp_unavailable_reason() is None
+
+
+@pytest.mark.slow
+def test_the_app_switch_offers_mtp(agreeing_path):
+    """``run`` loads mtp beside the model-free drafters; the app's ctrl+o cycles engine.drafter_names()."""
+    from localspec.commands.common import DraftRefs, drafts_for_itself, with_mtp
+    from localspec.commands.run import switchable_drafters
+
+    assert drafts_for_itself(agreeing_path)
+    specs, opts = switchable_drafters(with_mtp(DraftRefs(None, parse_draft("ngram"))), GenerateOptions())
+    assert opts.drafter == "mtp,ngram"
+    engine = Engine.load(agreeing_path, specs=specs, n_ctx=256, n_threads=1)
+    try:
+        assert "mtp" in engine.drafter_names()
+    finally:
+        engine.close()
+
+
+class _Rows:
+    """A stand-in for the target context's hidden rows: row i of a decode is [first position + i] * 4."""
+
+    def __init__(self) -> None:
+        self.block = np.zeros((0, 4), dtype=np.float32)
+
+    def hidden_rows(self, n: int) -> np.ndarray:
+        return self.block[:n]
+
+    def add_decode_listener(self, listener) -> None:  # noqa: ANN001
+        pass
+
+    def remove_decode_listener(self, listener) -> None:  # noqa: ANN001
+        pass
+
+
+class _Head:
+    n_embd, n_batch = 4, 8
+
+
+def test_hidden_rows_are_found_by_position_and_token():
+    """A tree batch: the accepted path's rows are found; a (position, token) two nodes share is not trusted."""
+    rows = _Rows()
+    drafter = MtpDrafter(_Head(), rows, Sampler(SamplingParams(temperature=0.0)))  # type: ignore[arg-type]
+    # history [10, 11, 12] fed as a chain: positions 0..2
+    rows.block = np.arange(3, dtype=np.float32)[:, None].repeat(4, 1)
+    drafter.observe([10, 11, 12], [0, 1, 2], None)
+    # a tree after it: root 12 again at 2, then branches 20 | 21 at 3, and 30 under both at 4
+    rows.block = np.array([[2], [30], [31], [40], [41]], dtype=np.float32).repeat(4, 1)
+    drafter.observe([12, 20, 21, 30, 30], [2, 3, 3, 4, 4], [[0, 1, 2], [1], [2], [1], [2]])
+    history = [10, 11, 12, 21, 30]
+    assert drafter._row(history, 1)[0] == 1  # from the first batch, untouched by the second
+    assert drafter._row(history, 3)[0] == 31  # the accepted branch's own row
+    assert not drafter._row(history, 4).any()  # token 30 sits at position 4 in both branches: zeros
+    assert not drafter._row(history, -1).any()  # before the start
+    # a later batch at position 3 overwrites everything from there on
+    rows.block = np.array([[99]], dtype=np.float32).repeat(4, 1)
+    drafter.observe([21], [3], None)
+    assert drafter._row(history, 3)[0] == 99 and 4 not in drafter._rows
+
+
+def test_draft_mtp_parses_and_names_itself():
+    specs = parse_draft("MTP,ngram")
+    assert [(s.kind, s.name) for s in specs] == [("mtp", "mtp"), ("ngram", "ngram")]
+    from localspec.commands.common import DraftRefs, with_mtp
+
+    assert [s.name for s in with_mtp(DraftRefs(None, parse_draft("ngram"))).specs] == ["mtp", "ngram"]
+    assert [s.name for s in with_mtp(DraftRefs(None, specs)).specs] == ["mtp", "ngram"]  # not twice
