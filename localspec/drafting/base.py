@@ -30,6 +30,7 @@ from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from localspec.drafting.tree import CandidateTree, tree_from_branches
+from localspec.sampling import Sampler, sample
 
 
 @dataclass(frozen=True)
@@ -164,3 +165,26 @@ class DrafterBase:
 
     def reset(self) -> None:
         pass
+
+
+def draft_token(logits: np.ndarray, sampler: Sampler, p_min: float) -> tuple[int, np.ndarray | None] | None:
+    """The token a model-based drafter (a draft model, an MTP head) proposes from ``logits``.
+
+    Greedy: the argmax, with no distribution (verification matches it). Otherwise a
+    sample from q, the target's own sampling settings applied to the drafter's
+    logits, returned with q so rejection sampling can use it. None when the
+    drafter's top probability is below ``p_min`` (it doubts itself: stop drafting).
+    """
+    if sampler.params.greedy:
+        if p_min > 0.0 and _top_probability(logits) < p_min:
+            return None
+        return int(np.argmax(logits)), None
+    q = sampler.distribution(logits)
+    if p_min > 0.0 and float(q.max()) < p_min:
+        return None
+    return sample(q, sampler.rng), q
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    m = float(logits.max())
+    return 1.0 / float(np.exp(logits - m, dtype=np.float64).sum()) if np.isfinite(m) else 0.0

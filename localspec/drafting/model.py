@@ -23,8 +23,8 @@ from typing import Sequence
 import numpy as np
 
 from localspec.backend import Context
-from localspec.drafting.base import DrafterBase, Proposal
-from localspec.sampling import Sampler, sample
+from localspec.drafting.base import DrafterBase, Proposal, draft_token
+from localspec.sampling import Sampler
 
 
 _BRANCH = 1  # the sequence a draft with a recurrent state drafts on
@@ -85,16 +85,11 @@ class ModelDrafter(DrafterBase):
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(draft_len):
-            logits = self.ctx.logits(-1)
-            if greedy:
-                tok = int(np.argmax(logits))
-                if self.p_min > 0.0 and _top_probability(logits) < self.p_min:
-                    break
-            else:
-                q = self.sampler.distribution(logits)
-                if self.p_min > 0.0 and float(q.max()) < self.p_min:
-                    break
-                tok = sample(q, self.sampler.rng)
+            picked = draft_token(self.ctx.logits(-1), self.sampler, self.p_min)
+            if picked is None:
+                break
+            tok, q = picked
+            if q is not None:
                 probs.append(q)
             tokens.append(tok)
             if i + 1 < draft_len:
@@ -112,8 +107,3 @@ class ModelDrafter(DrafterBase):
         # Keep the cache (a new request often shares its prefix) but trust none of it.
         self._valid = 0
 
-
-def _top_probability(logits: np.ndarray) -> float:
-    """max softmax(logits) without materialising the distribution's normalised form."""
-    m = float(logits.max())
-    return 1.0 / float(np.exp(logits - m, dtype=np.float64).sum()) if np.isfinite(m) else 0.0

@@ -37,8 +37,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from localspec.drafting.base import DrafterBase, Proposal
-from localspec.sampling import Sampler, sample
+from localspec.drafting.base import DrafterBase, Proposal, draft_token
+from localspec.sampling import Sampler
 
 
 class HiddenSource(Protocol):
@@ -159,16 +159,11 @@ class MtpDrafter(DrafterBase):
         probs: list[np.ndarray] = []
         pos = len(history) - 1
         for i in range(draft_len):
-            logits = self.head.logits(row)
-            if greedy:
-                tok = int(np.argmax(logits))
-                if self.p_min > 0.0 and _top_probability(logits) < self.p_min:
-                    break
-            else:
-                q = self.sampler.distribution(logits)
-                if self.p_min > 0.0 and float(q.max()) < self.p_min:
-                    break
-                tok = sample(q, self.sampler.rng)
+            picked = draft_token(self.head.logits(row), self.sampler, self.p_min)
+            if picked is None:
+                break
+            tok, q = picked
+            if q is not None:
                 probs.append(q)
             tokens.append(tok)
             if i + 1 < draft_len:
@@ -191,7 +186,3 @@ class MtpDrafter(DrafterBase):
     def close(self) -> None:
         self.target.remove_decode_listener(self.observe)
 
-
-def _top_probability(logits: np.ndarray) -> float:
-    m = float(logits.max())
-    return 1.0 / float(np.exp(logits - m, dtype=np.float64).sum()) if np.isfinite(m) else 0.0
