@@ -374,4 +374,8 @@ def test_drafting_runs_to_the_end_of_the_context(target, specs: str) -> None:
     done = list(engine.generate(prompt, GenerateOptions(max_tokens=1000, draft_len=5)))[-1]
     assert done.finish_reason == "context"
     assert n_prompt + len(done.tokens) == engine.n_ctx + 1
-    assert done.stats.verified > done.stats.drafted  # the window was decoded beside the candidates
+    if specs == "lookahead":
+        assert done.stats.verified > done.stats.drafted  # the window was decoded beside the candidates
+    else:
+        # Combined, the controller picks each step's drafter (lookahead's window only when it pays).
+        assert done.stats.drafted > 0
