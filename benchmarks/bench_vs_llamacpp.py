@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(tools, str):
         print(f"bench_vs_llamacpp: skipped: {tools}")
         return 0
-    from localspec import pypi_models
+    from localspec.models import pypi_models
     from localspec.backend import default_threads
 
     args.threads = args.threads or default_threads()

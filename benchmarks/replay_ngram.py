@@ -76,7 +76,7 @@ def replay(drafter, prompt: list[int], reply: list[int], max_tokens: int = 16) -
 
 
 def main() -> int:
-    from localspec import pypi_models
+    from localspec.models import pypi_models
     from localspec.backend import Model
     from localspec.drafting.ngram import DraftPolicy, NgramDrafter
 
