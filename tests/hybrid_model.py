@@ -19,14 +19,11 @@ test needs).
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
-import tokenizer as tokenizer_file  # noqa: E402  (benchmarks/gpu/tokenizer.py)
+from tiny_gguf import RandomWeights, gguf_writer
 
 N_EMBD, N_FF, N_HEAD, N_HEAD_KV, L_CACHE = 64, 128, 4, 2, 3
 # conv, conv, attention, conv, attention, conv: LFM2's own pattern in miniature.
@@ -45,61 +42,44 @@ def write_lfm2(path: Path, *, seed: int = 0, logit_scale: float = 0.4, perturb: 
     """
     import gguf
 
-    tok = tokenizer_file.load()
-    n_vocab = len(tok["tokens"])
-    rng = np.random.default_rng(seed)
+    weights = RandomWeights(seed)
+    normal, ones = weights.normal, weights.ones
+    with gguf_writer(path, "lfm2", f"random-lfm2-tiny-{seed}") as (writer, n_vocab):
+        writer.add_embedding_length(N_EMBD)
+        writer.add_block_count(len(LAYERS))
+        writer.add_feed_forward_length(N_FF)
+        writer.add_head_count(N_HEAD)
+        writer.add_head_count_kv([N_HEAD_KV if kind == "attn" else 0 for kind in LAYERS])
+        writer.add_rope_freq_base(10000.0)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_shortconv_l_cache(L_CACHE)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
 
-    def normal(*shape: int, std: float) -> np.ndarray:
-        return rng.normal(0.0, std, size=shape).astype(np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
-    tmp = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(str(tmp), "lfm2")
-    writer.add_name(f"random-lfm2-tiny-{seed}")
-    writer.add_context_length(4096)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(len(LAYERS))
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv([N_HEAD_KV if kind == "attn" else 0 for kind in LAYERS])
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_shortconv_l_cache(L_CACHE)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokenizer_file.add_to_writer(writer, tok)
-
-    writer.add_tensor("token_embd.weight", normal(n_vocab, N_EMBD, std=1.0))
-    writer.add_tensor("token_embd_norm.weight", ones(N_EMBD))  # LFM2's final norm keeps this name
-    # Its own output matrix: tied to the embedding, each token would predict itself.
-    output = normal(n_vocab, N_EMBD, std=logit_scale)
-    if perturb:
-        noise = np.random.default_rng(seed + 1_000_003).normal(0.0, perturb * logit_scale, size=output.shape)
-        output += noise.astype(np.float32)
-    writer.add_tensor("output.weight", output)
-    for i, kind in enumerate(LAYERS):
-        p = f"blk.{i}."
-        writer.add_tensor(p + "attn_norm.weight", ones(N_EMBD))
-        writer.add_tensor(p + "ffn_norm.weight", ones(N_EMBD))
-        writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, N_EMBD, std=N_EMBD ** -0.5))
-        writer.add_tensor(p + "ffn_up.weight", normal(N_FF, N_EMBD, std=N_EMBD ** -0.5))
-        writer.add_tensor(p + "ffn_down.weight", normal(N_EMBD, N_FF, std=N_FF ** -0.5))
-        if kind == "attn":
-            writer.add_tensor(p + "attn_q.weight", normal(N_EMBD, N_EMBD, std=N_EMBD ** -0.5))
-            writer.add_tensor(p + "attn_k.weight", normal(N_HEAD_KV * HEAD_DIM, N_EMBD, std=N_EMBD ** -0.5))
-            writer.add_tensor(p + "attn_v.weight", normal(N_HEAD_KV * HEAD_DIM, N_EMBD, std=N_EMBD ** -0.5))
-            writer.add_tensor(p + "attn_q_norm.weight", ones(HEAD_DIM))
-            writer.add_tensor(p + "attn_k_norm.weight", ones(HEAD_DIM))
-            writer.add_tensor(p + "attn_output.weight", normal(N_EMBD, N_EMBD, std=N_EMBD ** -0.5))
-        else:
-            # in_proj gives B, C and x; the gated input B*x is convolved over the last L_CACHE tokens.
-            writer.add_tensor(p + "shortconv.in_proj.weight", normal(3 * N_EMBD, N_EMBD, std=N_EMBD ** -0.5))
-            writer.add_tensor(p + "shortconv.conv.weight", normal(N_EMBD, L_CACHE, std=L_CACHE ** -0.5))
-            writer.add_tensor(p + "shortconv.out_proj.weight", normal(N_EMBD, N_EMBD, std=N_EMBD ** -0.5))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, path)
+        writer.add_tensor("token_embd.weight", normal(n_vocab, N_EMBD, std=1.0))
+        writer.add_tensor("token_embd_norm.weight", ones(N_EMBD))  # LFM2's final norm keeps this name
+        # Its own output matrix: tied to the embedding, each token would predict itself.
+        output = normal(n_vocab, N_EMBD, std=logit_scale)
+        if perturb:
+            noise = np.random.default_rng(seed + 1_000_003).normal(0.0, perturb * logit_scale, size=output.shape)
+            output += noise.astype(np.float32)
+        writer.add_tensor("output.weight", output)
+        for i, kind in enumerate(LAYERS):
+            p = f"blk.{i}."
+            writer.add_tensor(p + "attn_norm.weight", ones(N_EMBD))
+            writer.add_tensor(p + "ffn_norm.weight", ones(N_EMBD))
+            writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, N_EMBD, std=N_EMBD ** -0.5))
+            writer.add_tensor(p + "ffn_up.weight", normal(N_FF, N_EMBD, std=N_EMBD ** -0.5))
+            writer.add_tensor(p + "ffn_down.weight", normal(N_EMBD, N_FF, std=N_FF ** -0.5))
+            if kind == "attn":
+                writer.add_tensor(p + "attn_q.weight", normal(N_EMBD, N_EMBD, std=N_EMBD ** -0.5))
+                writer.add_tensor(p + "attn_k.weight", normal(N_HEAD_KV * HEAD_DIM, N_EMBD, std=N_EMBD ** -0.5))
+                writer.add_tensor(p + "attn_v.weight", normal(N_HEAD_KV * HEAD_DIM, N_EMBD, std=N_EMBD ** -0.5))
+                writer.add_tensor(p + "attn_q_norm.weight", ones(HEAD_DIM))
+                writer.add_tensor(p + "attn_k_norm.weight", ones(HEAD_DIM))
+                writer.add_tensor(p + "attn_output.weight", normal(N_EMBD, N_EMBD, std=N_EMBD ** -0.5))
+            else:
+                # in_proj gives B, C and x; the gated input B*x is convolved over the last L_CACHE tokens.
+                writer.add_tensor(p + "shortconv.in_proj.weight", normal(3 * N_EMBD, N_EMBD, std=N_EMBD ** -0.5))
+                writer.add_tensor(p + "shortconv.conv.weight", normal(N_EMBD, L_CACHE, std=L_CACHE ** -0.5))
+                writer.add_tensor(p + "shortconv.out_proj.weight", normal(N_EMBD, N_EMBD, std=N_EMBD ** -0.5))
     return path

@@ -24,14 +24,12 @@ model, drafted well by its own head, with enough context to reject some drafts.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
-import tokenizer as tokenizer_file  # noqa: E402  (benchmarks/gpu/tokenizer.py)
+from tiny_gguf import RandomWeights, gguf_writer
 
 N_EMBD, N_HEAD, N_HEAD_KV, N_TRUNK, N_NEXTN = 64, 4, 2, 2, 1
 N_FF, N_EXPERT, N_EXPERT_USED, N_FF_EXP = 128, 4, 2, 32
@@ -49,80 +47,63 @@ def write_mtp_model(path: Path, *, seed: int = 0, n_embd: int = N_EMBD, n_trunk:
     """
     import gguf
 
-    tok = tokenizer_file.load()
-    n_vocab = len(tok["tokens"])
-    rng = np.random.default_rng(seed)
+    weights = RandomWeights(seed)
     n_head = max(1, n_embd // HEAD_DIM)
     n_head_kv = max(1, n_head // 2)
+    normal, ones = weights.normal, weights.ones
+    with gguf_writer(path, "glm4moe", "random-glm4moe-mtp-tiny") as (writer, n_vocab):
+        writer.add_embedding_length(n_embd)
+        writer.add_block_count(n_trunk + N_NEXTN)
+        writer.add_uint32("glm4moe.nextn_predict_layers", N_NEXTN)
+        writer.add_feed_forward_length(N_FF)
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head_kv)
+        writer.add_rope_dimension_count(HEAD_DIM)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_uint32("glm4moe.leading_dense_block_count", n_trunk)
+        writer.add_expert_count(N_EXPERT)
+        writer.add_expert_used_count(N_EXPERT_USED)
+        writer.add_expert_shared_count(1)
+        writer.add_expert_feed_forward_length(N_FF_EXP)
+        writer.add_expert_weights_scale(1.0)
+        writer.add_expert_weights_norm(True)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
 
-    def normal(*shape: int, std: float) -> np.ndarray:
-        return rng.normal(0.0, std, size=shape).astype(np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
-    tmp = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(str(tmp), "glm4moe")
-    writer.add_name("random-glm4moe-mtp-tiny")
-    writer.add_context_length(4096)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_trunk + N_NEXTN)
-    writer.add_uint32("glm4moe.nextn_predict_layers", N_NEXTN)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(HEAD_DIM)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_uint32("glm4moe.leading_dense_block_count", n_trunk)
-    writer.add_expert_count(N_EXPERT)
-    writer.add_expert_used_count(N_EXPERT_USED)
-    writer.add_expert_shared_count(1)
-    writer.add_expert_feed_forward_length(N_FF_EXP)
-    writer.add_expert_weights_scale(1.0)
-    writer.add_expert_weights_norm(True)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokenizer_file.add_to_writer(writer, tok)
-
-    writer.add_tensor("token_embd.weight", normal(n_vocab, n_embd, std=1.0))
-    writer.add_tensor("output_norm.weight", ones(n_embd))
-    # Its own output matrix: tied to the embedding, each token would predict itself forever.
-    writer.add_tensor("output.weight", normal(n_vocab, n_embd, std=logit_scale))
-    for i in range(n_trunk + (N_NEXTN if with_head else 0)):
-        p = f"blk.{i}."
-        writer.add_tensor(p + "attn_norm.weight", ones(n_embd))
-        writer.add_tensor(p + "attn_q.weight", normal(n_head * HEAD_DIM, n_embd, std=n_embd ** -0.5))
-        writer.add_tensor(p + "attn_k.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
-        writer.add_tensor(p + "attn_v.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
-        writer.add_tensor(p + "attn_output.weight",
-                          normal(n_embd, n_head * HEAD_DIM, std=mix * (n_head * HEAD_DIM) ** -0.5))
-        writer.add_tensor(p + "post_attention_norm.weight", ones(n_embd))
-        if i < n_trunk:
-            writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
-            writer.add_tensor(p + "ffn_up.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
-            writer.add_tensor(p + "ffn_down.weight", normal(n_embd, N_FF, std=mix * N_FF ** -0.5))
-            continue
-        # The NextN block: an MoE FFN with one shared expert, and the projection that joins the
-        # token's embedding with the target's hidden state.
-        writer.add_tensor(p + "ffn_gate_inp.weight", normal(N_EXPERT, n_embd, std=n_embd ** -0.5))
-        writer.add_tensor(p + "exp_probs_b.bias", np.zeros(N_EXPERT, dtype=np.float32))
-        writer.add_tensor(p + "ffn_gate_exps.weight", normal(N_EXPERT, N_FF_EXP, n_embd, std=n_embd ** -0.5))
-        writer.add_tensor(p + "ffn_up_exps.weight", normal(N_EXPERT, N_FF_EXP, n_embd, std=n_embd ** -0.5))
-        writer.add_tensor(p + "ffn_down_exps.weight", normal(N_EXPERT, n_embd, N_FF_EXP, std=mix * N_FF_EXP ** -0.5))
-        writer.add_tensor(p + "ffn_gate_shexp.weight", normal(N_FF_EXP, n_embd, std=n_embd ** -0.5))
-        writer.add_tensor(p + "ffn_up_shexp.weight", normal(N_FF_EXP, n_embd, std=n_embd ** -0.5))
-        writer.add_tensor(p + "ffn_down_shexp.weight", normal(n_embd, N_FF_EXP, std=mix * N_FF_EXP ** -0.5))
-        eh_proj = normal(n_embd, 2 * n_embd, std=mix * (2 * n_embd) ** -0.5)
-        if mix < 1.0:
-            eh_proj[:, :n_embd] += np.eye(n_embd, dtype=np.float32)  # [norm(embedding), norm(hidden)] -> embedding
-        writer.add_tensor(p + "nextn.eh_proj.weight", eh_proj)
-        writer.add_tensor(p + "nextn.enorm.weight", ones(n_embd))
-        writer.add_tensor(p + "nextn.hnorm.weight", ones(n_embd))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, path)
+        writer.add_tensor("token_embd.weight", normal(n_vocab, n_embd, std=1.0))
+        writer.add_tensor("output_norm.weight", ones(n_embd))
+        # Its own output matrix: tied to the embedding, each token would predict itself forever.
+        writer.add_tensor("output.weight", normal(n_vocab, n_embd, std=logit_scale))
+        for i in range(n_trunk + (N_NEXTN if with_head else 0)):
+            p = f"blk.{i}."
+            writer.add_tensor(p + "attn_norm.weight", ones(n_embd))
+            writer.add_tensor(p + "attn_q.weight", normal(n_head * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "attn_k.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "attn_v.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "attn_output.weight",
+                              normal(n_embd, n_head * HEAD_DIM, std=mix * (n_head * HEAD_DIM) ** -0.5))
+            writer.add_tensor(p + "post_attention_norm.weight", ones(n_embd))
+            if i < n_trunk:
+                writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
+                writer.add_tensor(p + "ffn_up.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
+                writer.add_tensor(p + "ffn_down.weight", normal(n_embd, N_FF, std=mix * N_FF ** -0.5))
+                continue
+            # The NextN block: an MoE FFN with one shared expert, and the projection that joins the
+            # token's embedding with the target's hidden state.
+            writer.add_tensor(p + "ffn_gate_inp.weight", normal(N_EXPERT, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "exp_probs_b.bias", np.zeros(N_EXPERT, dtype=np.float32))
+            writer.add_tensor(p + "ffn_gate_exps.weight", normal(N_EXPERT, N_FF_EXP, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "ffn_up_exps.weight", normal(N_EXPERT, N_FF_EXP, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "ffn_down_exps.weight", normal(N_EXPERT, n_embd, N_FF_EXP, std=mix * N_FF_EXP ** -0.5))
+            writer.add_tensor(p + "ffn_gate_shexp.weight", normal(N_FF_EXP, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "ffn_up_shexp.weight", normal(N_FF_EXP, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "ffn_down_shexp.weight", normal(n_embd, N_FF_EXP, std=mix * N_FF_EXP ** -0.5))
+            eh_proj = normal(n_embd, 2 * n_embd, std=mix * (2 * n_embd) ** -0.5)
+            if mix < 1.0:
+                eh_proj[:, :n_embd] += np.eye(n_embd, dtype=np.float32)  # [norm(embedding), norm(hidden)] -> embedding
+            writer.add_tensor(p + "nextn.eh_proj.weight", eh_proj)
+            writer.add_tensor(p + "nextn.enorm.weight", ones(n_embd))
+            writer.add_tensor(p + "nextn.hnorm.weight", ones(n_embd))
     return path
 
 
