@@ -32,7 +32,7 @@ REGISTRY_FILENAME = "models.toml"
 
 _TOP_KEYS = ("version", "default", "families", "models")
 _FAMILY_KEYS = ("label",)
-_STR_KEYS = ("family", "params", "repo", "file", "revision", "sha256", "pypi_sha256", "path", "drafter")
+_STR_KEYS = ("family", "params", "repo", "file", "revision", "sha256", "pypi_sha256", "path", "drafter", "arch")
 _INT_KEYS = ("context", "size", "mtp_layers")
 _BOOL_KEYS = ("hybrid", "assistant")
 _LIST_KEYS = ("drafts", "aliases")
@@ -271,6 +271,8 @@ def _check_value(source: _Source, name: str, key: str, value: Any) -> Any:
                 raise bad("64 hexadecimal digits")
         elif key == "family" and not _FAMILY_RE.fullmatch(value):
             raise bad("a lowercase word such as qwen3")
+        elif key == "arch" and not _FAMILY_RE.fullmatch(value):
+            raise bad("a GGUF architecture name such as qwen35 (its general.architecture)")
         elif key == "repo" and not _REPO_RE.fullmatch(value):
             raise bad('a Hugging Face repository "owner/name"')
         elif key == "file" and not value.lower().endswith(".gguf"):
@@ -393,6 +395,7 @@ def _spec(entry: _Entry) -> ModelSpec:
         drafts=tuple(values.get("drafts", ())),
         aliases=tuple(values.get("aliases", ())),
         mtp_layers=values.get("mtp_layers", 0),
+        arch=values.get("arch"),
         hybrid=values.get("hybrid", False),
         assistant=values.get("assistant", False),
         drafter=values.get("drafter"),
