@@ -301,6 +301,28 @@ def test_user_file_overrides_and_adds(config_dir: Path, tmp_path: Path) -> None:
     assert registry.get("qwen3-32b").origin == shipped_registry_path()
 
 
+def test_a_user_file_moving_an_entry_to_another_file_drops_its_mtp_layers(config_dir: Path) -> None:
+    # Most Qwen3.6 GGUFs drop the MTP layer: pointing the entry at one must not keep "mtp (self)".
+    (config_dir / "models.toml").write_text(
+        """
+        [models."qwen3.6-27b"]
+        repo = "unsloth/Qwen3.6-27B-GGUF"
+        file = "Qwen3.6-27B-Q4_K_M.gguf"
+
+        [models."qwen3.5-9b"]
+        file = "Qwen3.5-9B-Q6_K.gguf"
+        mtp_layers = 1
+        """
+    )
+    registry = load_registry()
+    moved = registry.get("qwen3.6-27b")
+    assert moved.mtp_layers == 0 and moved.sha256 is None and moved.size is None
+    assert moved.recommended_drafter == "qwen3.5-0.8b" and not moved.self_drafting
+    assert moved.hybrid and moved.arch == "qwen35"  # the model's own facts stay
+    kept = registry.get("qwen3.5-9b")
+    assert kept.mtp_layers == 1 and kept.self_drafting
+
+
 def test_user_config_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("LOCALSPEC_CONFIG_DIR", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))

@@ -338,9 +338,13 @@ def _merge(sources: list[_Source]) -> tuple[dict[str, _Entry], dict[str, str], t
 
 
 def _drop_stale_identity(entry: _Entry, override: dict[str, Any]) -> None:
-    """An override that points an entry at another file drops the old file's checksum and size."""
+    """An override that points an entry at another file drops what described the old file.
+
+    Its checksum and size, and its MTP layers: conversions of one model differ in whether
+    they keep them, so the new file has none until the override says so.
+    """
     if any(key in override and override[key] != entry.values.get(key) for key in _HUB_IDENTITY):
-        for key in ("sha256", "size"):
+        for key in ("sha256", "size", "mtp_layers"):
             if key not in override:
                 entry.values.pop(key, None)
     if any(key in override and override[key] != entry.values.get(key) for key in _PYPI_IDENTITY):
