@@ -185,7 +185,8 @@ def test_every_recommended_drafter_exists_and_shares_the_vocabulary(registry: Re
 def test_shipped_checksums_are_pinned_to_what_they_describe(registry: Registry) -> None:
     # The entries whose file's sha256 a record states (models.toml names each record).
     assert {spec.name for spec in registry if spec.sha256} >= {
-        "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen2.5-0.5b", "smollm2-1.7b",
+        "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen2.5-0.5b",
+        "qwen2.5-1.5b", "llama3.2-1b", "llama3.2-3b", "gemma3-1b", "smollm2-1.7b",
         "qwen3.5-0.8b", "qwen3.6-27b", "qwen3.6-35b-a3b", "gemma4-12b", "gemma4-12b-assistant",
         "gemma4-31b-assistant", "lfm2-24b-a2b",
     }
