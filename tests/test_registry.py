@@ -63,7 +63,8 @@ def test_shipped_registry_covers_the_families(registry: Registry) -> None:
 def test_shipped_current_families_record_how_they_draft(registry: Registry) -> None:
     # Qwen3.5/3.6: hybrid, and these files keep the MTP layer, so the model drafts for itself;
     # the 0.8B (hybrid too, no MTP layer recorded) is the draft model when one is named.
-    for name in ("qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "qwen3.6-27b", "qwen3.6-35b-a3b"):
+    for name in ("qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "qwen3.5-35b-a3b", "qwen3.6-27b",
+                 "qwen3.6-35b-a3b"):
         spec = registry.get(name)
         assert spec.hybrid and spec.mtp_layers == 1 and not spec.assistant, name
         assert spec.recommended_drafter == "mtp" and spec.self_drafting, name
