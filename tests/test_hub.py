@@ -9,6 +9,7 @@ command takes, with the cache and config confined to ``tmp_path``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -277,6 +278,30 @@ def test_too_little_free_space_is_refused_before_downloading(tmp_path: Path, fak
 
 
 # --------------------------------------------------------------------------- real models, CLI
+
+
+def test_shipped_assistants_from_a_repository_folder_and_a_pinned_commit(tmp_path: Path) -> None:
+    # unsloth keeps Gemma 4 assistants under MTP/; the 12B one is pinned to a commit and a sha256.
+    folder_repo, folder_file = "unsloth/gemma-4-26B-A4B-it-GGUF", "MTP/gemma-4-26B-A4B-it-Q8_0-MTP.gguf"
+    pinned_repo, pinned_file = "unsloth/gemma-4-12B-it-qat-GGUF", "mtp-gemma-4-12B-it.gguf"
+    commit = "980b060c40a8539ac159e0501a3e0f66a6365af3"
+    with FakeHub() as server:
+        server.add(folder_repo, folder_file, DATA[:MiB])
+        server.add(pinned_repo, pinned_file, DATA[:MiB], revision=commit, commit=commit)
+        pulled = pull(tmp_path, server, "gemma4-26b-a4b-assistant")
+        refused = pull(tmp_path, server, "gemma4-12b-assistant")
+        listed = run_localspec(["models", "--json"], cli_env(tmp_path, server.endpoint))
+        seen = [s.path for s in server.seen if s.port == "hub"]
+    assert pulled.returncode == 0, pulled.stderr
+    path = Path(pulled.stdout.strip())
+    assert path.read_bytes() == DATA[:MiB] and path.as_posix().endswith(f"/{folder_file}")
+    # The registry's sha256 for the pinned file is not what this hub serves: refused before any byte.
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert f"the Hub now serves a different {pinned_file} for gemma4-12b-assistant" in refused.stderr
+    assert f"/{pinned_repo}/resolve/{commit}/{pinned_file}" in seen
+    records = {record["name"]: record for record in json.loads(listed.stdout)}
+    assert records["gemma4-26b-a4b-assistant"]["path"] == str(path)
+    assert records["gemma4-12b-assistant"]["on_disk"] is False
 
 
 SMOLLM2_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -13,6 +14,7 @@ from hubserver import REPO_ROOT, cli_env, run_localspec
 from localspec.errors import RegistryError
 from localspec.models.registry import Registry, parse_param_count
 from localspec.models.registry_file import load_registry, shipped_registry_path, user_config_dir, user_registry_path
+from localspec.planner import SNAPSHOT_ARCHITECTURES
 
 BAD = Path(__file__).parent / "data" / "bad_models"
 
@@ -50,27 +52,39 @@ def test_shipped_registry_covers_the_families(registry: Registry) -> None:
     assert {"llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.3-70b"} <= {s.name for s in registry}
     assert sizes["gemma3"] >= {"270M", "1B", "4B", "12B", "27B"}
     assert sizes["smollm2"] >= {"135M", "360M", "1.7B"}
-    assert sizes["qwen3.5"] >= {"4B"} and sizes["qwen3.6"] >= {"27B", "35B"}
-    assert sizes["gemma4"] >= {"2B", "4B", "12B", "26B"} and sizes["lfm2"] >= {"350M"}
+    # Qwen3.6 keeps Qwen3.5's vocabulary: one family, so the 0.8B drafts for both.
+    assert sizes["qwen3.5"] >= {"0.8B", "2B", "4B", "9B", "27B", "35B"}
+    assert {"qwen3.6-27b", "qwen3.6-35b-a3b"} <= {s.name for s in registry if s.family == "qwen3.5"}
+    assert sizes["gemma4"] >= {"2B", "4B", "12B", "26B", "31B"}
+    assert sizes["lfm2"] >= {"350M", "700M", "1.2B", "2.6B", "8.3B", "24B"}
     assert registry.default is not None and registry.default.name == "smollm2-135m"
 
 
 def test_shipped_current_families_record_how_they_draft(registry: Registry) -> None:
-    # Qwen3.5/3.6: hybrid, and these files keep the MTP layer, so the model drafts for itself.
-    for name in ("qwen3.5-4b", "qwen3.6-27b", "qwen3.6-35b-a3b"):
+    # Qwen3.5/3.6: hybrid, and these files keep the MTP layer, so the model drafts for itself;
+    # the 0.8B (hybrid too, no MTP layer recorded) is the draft model when one is named.
+    for name in ("qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b", "qwen3.5-35b-a3b", "qwen3.6-27b",
+                 "qwen3.6-35b-a3b"):
         spec = registry.get(name)
         assert spec.hybrid and spec.mtp_layers == 1 and not spec.assistant, name
         assert spec.recommended_drafter == "mtp" and spec.self_drafting, name
+        assert spec.drafts[0] == "qwen3.5-0.8b", name
+    small = registry.get("qwen3.5-0.8b")
+    assert small.hybrid and small.mtp_layers == 0 and small.recommended_drafter == "ngram"
     # Gemma 4: plain attention; each target's first draft is its own size's assistant.
-    for target, assistant in (("gemma4-12b", "gemma4-12b-assistant"), ("gemma4-26b-a4b", "gemma4-26b-a4b-assistant")):
+    for target in ("gemma4-e2b", "gemma4-e4b", "gemma4-12b", "gemma4-26b-a4b", "gemma4-31b"):
         spec = registry.get(target)
+        assistant = f"{target}-assistant"
         assert not spec.hybrid and spec.mtp_layers == 0 and not spec.self_drafting
         assert spec.recommended_drafter == assistant == spec.drafts[0]
         head = registry.get(assistant)
         assert head.assistant and head.recommended_drafter is None and head.drafts == ()
-    # LFM2: hybrid without MTP layers or a sibling: the n-gram drafter.
+    # LFM2: hybrid without MTP layers; the 350M drafts for the larger sizes, n-gram for itself.
     lfm = registry.get("lfm2-350m")
     assert lfm.hybrid and lfm.mtp_layers == 0 and lfm.recommended_drafter == "ngram"
+    for name in ("lfm2-700m", "lfm2-1.2b", "lfm2-2.6b", "lfm2-8b-a1b", "lfm2-24b-a2b"):
+        spec = registry.get(name)
+        assert spec.hybrid and spec.mtp_layers == 0 and spec.recommended_drafter == "lfm2-350m", name
     # Older families keep recommending their smallest sibling, and nothing there is hybrid.
     qwen3 = registry.get("qwen3-14b")
     assert qwen3.recommended_drafter == "qwen3-0.6b" and not (qwen3.hybrid or qwen3.mtp_layers or qwen3.assistant)
@@ -87,6 +101,102 @@ def test_every_shipped_entry_is_complete(registry: Registry) -> None:
         for draft in registry.drafts_for(spec):
             assert draft.family == spec.family, (spec.name, draft.name)
             assert (draft.n_params or 0) < (spec.n_params or 0), (spec.name, draft.name)
+
+
+# Architectures whose llama.cpp graph runs their own NextN (MTP) layers in an MTP context:
+# the models in the vendored llama.cpp (src/models/*.cpp) that build one when
+# llama_context_params.ctx_type is LLAMA_CONTEXT_TYPE_MTP and n_layer_nextn > 0.
+NEXTN_ARCHITECTURES = frozenset({
+    "qwen35", "qwen35moe", "qwen3next", "glm4moe", "glm-dsa", "glm5-next", "deepseek2", "deepseek32", "deepseek4",
+    "nemotron_h", "nemotron_h_moe", "step35", "mimo2", "bailingmoe3", "cohere2moe", "dots3note",
+})
+ASSISTANT_ARCHITECTURES = frozenset({"gemma4-assistant"})
+
+
+def libllama_bytes() -> bytes:
+    """The libllama that llama-cpp-python loads, read as bytes (without importing llama_cpp)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    assert spec is not None and spec.submodule_search_locations
+    libs = sorted(Path(spec.submodule_search_locations[0]).glob("lib/libllama.*"))
+    assert libs, "llama-cpp-python has no libllama"
+    return libs[0].read_bytes()
+
+
+def test_every_shipped_architecture_is_one_this_llama_cpp_knows(registry: Registry) -> None:
+    lib = libllama_bytes()
+    # The architecture names sit in libllama as C strings; the linker may share a name's
+    # bytes with the tail of a longer one ("qwen2" inside "rwkv6qwen2"), so match the end.
+    for spec in registry:
+        assert spec.arch, f"{spec.name} does not record its architecture"
+        assert spec.arch.encode() + b"\0" in lib, f"{spec.name}: {spec.arch} is not an architecture of this llama.cpp"
+    for arch in NEXTN_ARCHITECTURES | ASSISTANT_ARCHITECTURES:
+        assert arch.encode() + b"\0" in lib, arch
+    assert b"no-such-architecture\0" not in lib
+
+
+def test_mtp_entries_are_architectures_llama_cpp_loads_nextn_for(registry: Registry) -> None:
+    with_mtp = [spec for spec in registry if spec.mtp_layers]
+    assert with_mtp
+    for spec in with_mtp:
+        assert spec.arch in NEXTN_ARCHITECTURES, f"{spec.name}: llama.cpp runs no NextN layers for {spec.arch}"
+        assert spec.recommended_drafter == "mtp" and spec.self_drafting, spec.name
+
+
+def test_hybrid_entries_are_exactly_the_architectures_llama_cpp_snapshots(registry: Registry) -> None:
+    # A hybrid whose state llama.cpp cannot snapshot would be refused for speculation, so
+    # every shipped hybrid must be on the planner's (llama.cpp's) rollback list, and the
+    # other way round: a file of such an architecture needs snapshots, hence `hybrid`.
+    for spec in registry:
+        assert spec.hybrid == (spec.arch in SNAPSHOT_ARCHITECTURES), (spec.name, spec.arch)
+
+
+def test_assistants_pair_with_exactly_their_own_target(registry: Registry) -> None:
+    assistants = [spec for spec in registry if spec.assistant]
+    assert len(assistants) == len([s for s in registry if s.family == "gemma4" and not s.assistant])
+    for head in assistants:
+        assert head.arch in ASSISTANT_ARCHITECTURES, head.name
+        # An assistant reads its target's cache: it drafts for one size only, named after it.
+        targets = [spec for spec in registry if head.name in spec.drafts]
+        assert [t.name for t in targets] == [head.name.removesuffix("-assistant")], head.name
+        assert targets[0].drafts[0] == head.name and targets[0].recommended_drafter == head.name
+    for spec in registry:
+        if spec.arch in ASSISTANT_ARCHITECTURES:
+            assert spec.assistant, spec.name
+
+
+def test_every_recommended_drafter_exists_and_shares_the_vocabulary(registry: Registry) -> None:
+    for spec in registry:
+        drafter = spec.recommended_drafter
+        if spec.assistant:
+            assert drafter is None
+            continue
+        assert drafter is not None
+        if drafter == "mtp":
+            assert spec.mtp_layers > 0 and spec.arch in NEXTN_ARCHITECTURES, spec.name
+        elif drafter != "ngram":
+            draft = registry.get(drafter)
+            assert draft.family == spec.family and (draft.n_params or 0) < (spec.n_params or 0), spec.name
+            assert draft.context >= min(spec.context, 32768), spec.name
+        for name in spec.drafts:
+            # A draft that is an assistant is some other target's unless it is this one's.
+            other = registry.get(name)
+            assert not other.assistant or other.name == f"{spec.name}-assistant", (spec.name, name)
+
+
+def test_shipped_checksums_are_pinned_to_what_they_describe(registry: Registry) -> None:
+    # The entries whose file's sha256 a record states (models.toml names each record).
+    assert {spec.name for spec in registry if spec.sha256} >= {
+        "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen2.5-0.5b",
+        "qwen2.5-1.5b", "llama3.2-1b", "llama3.2-3b", "gemma3-1b", "smollm2-1.7b",
+        "qwen3.5-0.8b", "qwen3.6-27b", "qwen3.6-35b-a3b", "gemma4-12b", "gemma4-12b-assistant",
+        "gemma4-31b-assistant", "lfm2-24b-a2b",
+    }
+    for spec in registry:
+        # A revision other than main is a 40-hex commit, so the bytes cannot move under a sha256.
+        assert spec.revision == "main" or re.fullmatch(r"[0-9a-f]{40}", spec.revision), spec.name
+        assert spec.size is None or spec.size > 1_000_000, spec.name
+    # Files in a repository folder (unsloth keeps Gemma 4 assistants under MTP/) are named by path.
+    assert registry.get("gemma4-26b-a4b-assistant").file == "MTP/gemma-4-26B-A4B-it-Q8_0-MTP.gguf"
 
 
 def test_every_name_and_alias_resolves_to_its_entry(registry: Registry) -> None:
@@ -193,6 +303,28 @@ def test_user_file_overrides_and_adds(config_dir: Path, tmp_path: Path) -> None:
     assert registry.get("qwen3-32b").origin == shipped_registry_path()
 
 
+def test_a_user_file_moving_an_entry_to_another_file_drops_its_mtp_layers(config_dir: Path) -> None:
+    # Most Qwen3.6 GGUFs drop the MTP layer: pointing the entry at one must not keep "mtp (self)".
+    (config_dir / "models.toml").write_text(
+        """
+        [models."qwen3.6-27b"]
+        repo = "unsloth/Qwen3.6-27B-GGUF"
+        file = "Qwen3.6-27B-Q4_K_M.gguf"
+
+        [models."qwen3.5-9b"]
+        file = "Qwen3.5-9B-Q6_K.gguf"
+        mtp_layers = 1
+        """
+    )
+    registry = load_registry()
+    moved = registry.get("qwen3.6-27b")
+    assert moved.mtp_layers == 0 and moved.sha256 is None and moved.size is None
+    assert moved.recommended_drafter == "qwen3.5-0.8b" and not moved.self_drafting
+    assert moved.hybrid and moved.arch == "qwen35"  # the model's own facts stay
+    kept = registry.get("qwen3.5-9b")
+    assert kept.mtp_layers == 1 and kept.self_drafting
+
+
 def test_user_config_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("LOCALSPEC_CONFIG_DIR", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
@@ -262,6 +394,7 @@ BAD_CASES = [
     ("bad_default.toml", 2, "default model 'qwen4-1b' is not in the registry"),
     ("pypi_mismatch.toml", 8, "'pypi' names 2 package(s) but 'pypi_path' has 1 path(s)"),
     ("bad_bool.toml", 9, "[models.my-lfm] 'hybrid' must be true or false, not 'yes'"),
+    ("bad_arch.toml", 9, "'arch' must be a GGUF architecture name such as qwen35"),
     ("negative_mtp_layers.toml", 4, "'mtp_layers' must be a non-negative integer, not -1"),
     ("mtp_without_layers.toml", 9, "drafter 'mtp' needs MTP layers: set 'mtp_layers'"),
     ("unknown_drafter.toml", 9, "drafter 'gemma4-e4b' must be 'mtp', 'ngram' or one of this entry's 'drafts'"),
@@ -303,11 +436,12 @@ def test_models_table_on_stdout(tmp_path: Path, registry: Registry) -> None:
     ]
     # Which models draft for themselves, which are hybrid, which only draft.
     assert rows["qwen3.6-35b-a3b"] == [
-        "qwen3.6-35b-a3b", "qwen3.6", "35B", "18.5 GB", "mtp (self)", "-", "hybrid, mtp", "-"
+        "qwen3.6-35b-a3b", "qwen3.5", "35B", "19.4 GB", "mtp (self)", "qwen3.5-0.8b", "hybrid, mtp", "-"
     ]
     assert rows["gemma4-12b-assistant"][4:7] == ["-", "-", "assistant"]
     assert rows["gemma4-26b-a4b"][4:7] == ["gemma4-26b-a4b-assistant", "gemma4-26b-a4b-assistant, gemma4-e2b", "-"]
     assert rows["lfm2-350m"][4:7] == ["ngram", "-", "hybrid"]
+    assert rows["lfm2-2.6b"][4:7] == ["lfm2-350m", "lfm2-350m, lfm2-700m", "hybrid"]
     assert [name for name, row in rows.items() if row[4] == "mtp (self)"] == [
         spec.name for spec in registry if spec.self_drafting
     ]
@@ -328,9 +462,10 @@ def test_models_json_reports_what_is_on_disk(tmp_path: Path, smollm2_path: Path)
     assert records["qwen3-14b"]["drafts"] == ["qwen3-0.6b", "qwen3-1.7b"]
     qwen36 = records["qwen3.6-27b"]
     assert (qwen36["drafter"], qwen36["self_drafting"]) == ("mtp", True)
-    assert (qwen36["mtp_layers"], qwen36["hybrid"]) == (1, True)
+    assert (qwen36["mtp_layers"], qwen36["hybrid"], qwen36["arch"]) == (1, True, "qwen35")
     head = records["gemma4-12b-assistant"]
     assert head["assistant"] is True and head["drafter"] is None and head["self_drafting"] is False
+    assert head["arch"] == "gemma4-assistant" and head["sha256"] and head["revision"] != "main"
 
 
 def test_models_with_a_directory_for_the_user_file_fails_once_on_stderr(tmp_path: Path) -> None:

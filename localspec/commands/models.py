@@ -87,6 +87,7 @@ def _record(registry: Registry, spec: ModelSpec) -> dict[str, Any]:
         "revision": spec.revision,
         "sha256": spec.sha256,
         "pypi": [{"requirement": c.requirement, "path": c.member} for c in spec.pypi],
+        "arch": spec.arch,
         "drafts": list(spec.drafts),
         "drafter": spec.recommended_drafter,
         "self_drafting": spec.self_drafting,

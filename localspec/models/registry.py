@@ -55,6 +55,7 @@ class ModelSpec:
     drafts: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     # What the planner and the app need to know about the file before loading it:
+    arch: str | None = None  # the GGUF's general.architecture ("qwen35", "gemma4-assistant"), when known
     mtp_layers: int = 0  # multi-token-prediction layers it carries (<arch>.nextn_predict_layers)
     hybrid: bool = False  # recurrent (or convolutional) layers beside attention: rollback needs state snapshots
     assistant: bool = False  # a draft that reads its target's cache (Gemma 4's assistant): never run alone

@@ -32,7 +32,7 @@ REGISTRY_FILENAME = "models.toml"
 
 _TOP_KEYS = ("version", "default", "families", "models")
 _FAMILY_KEYS = ("label",)
-_STR_KEYS = ("family", "params", "repo", "file", "revision", "sha256", "pypi_sha256", "path", "drafter")
+_STR_KEYS = ("family", "params", "repo", "file", "revision", "sha256", "pypi_sha256", "path", "drafter", "arch")
 _INT_KEYS = ("context", "size", "mtp_layers")
 _BOOL_KEYS = ("hybrid", "assistant")
 _LIST_KEYS = ("drafts", "aliases")
@@ -271,6 +271,8 @@ def _check_value(source: _Source, name: str, key: str, value: Any) -> Any:
                 raise bad("64 hexadecimal digits")
         elif key == "family" and not _FAMILY_RE.fullmatch(value):
             raise bad("a lowercase word such as qwen3")
+        elif key == "arch" and not _FAMILY_RE.fullmatch(value):
+            raise bad("a GGUF architecture name such as qwen35 (its general.architecture)")
         elif key == "repo" and not _REPO_RE.fullmatch(value):
             raise bad('a Hugging Face repository "owner/name"')
         elif key == "file" and not value.lower().endswith(".gguf"):
@@ -336,9 +338,13 @@ def _merge(sources: list[_Source]) -> tuple[dict[str, _Entry], dict[str, str], t
 
 
 def _drop_stale_identity(entry: _Entry, override: dict[str, Any]) -> None:
-    """An override that points an entry at another file drops the old file's checksum and size."""
+    """An override that points an entry at another file drops what described the old file.
+
+    Its checksum and size, and its MTP layers: conversions of one model differ in whether
+    they keep them, so the new file has none until the override says so.
+    """
     if any(key in override and override[key] != entry.values.get(key) for key in _HUB_IDENTITY):
-        for key in ("sha256", "size"):
+        for key in ("sha256", "size", "mtp_layers"):
             if key not in override:
                 entry.values.pop(key, None)
     if any(key in override and override[key] != entry.values.get(key) for key in _PYPI_IDENTITY):
@@ -393,6 +399,7 @@ def _spec(entry: _Entry) -> ModelSpec:
         drafts=tuple(values.get("drafts", ())),
         aliases=tuple(values.get("aliases", ())),
         mtp_layers=values.get("mtp_layers", 0),
+        arch=values.get("arch"),
         hybrid=values.get("hybrid", False),
         assistant=values.get("assistant", False),
         drafter=values.get("drafter"),
