@@ -40,6 +40,14 @@ def agreeing_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def chained_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Step 3.5 style: two chained NextN heads that agree with the trunk often."""
+    from mtp_model import write_step35_model
+
+    return write_step35_model(tmp_path_factory.mktemp("mtp") / "step35-mtp-agree.gguf", mix=0.05)
+
+
+@pytest.fixture(scope="module")
 def random_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mtp_model import write_mtp_model
 
@@ -52,10 +60,10 @@ def _run(engine: Engine, prompt: str, **kw) -> tuple[tuple[int, ...], dict[str, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["agreeing", "random"])
+@pytest.mark.parametrize("model", ["agreeing", "random", "chained"])
 @pytest.mark.parametrize("drafters", ["mtp", "mtp,ngram"])
-def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_path):
-    path = agreeing_path if model == "agreeing" else random_path
+def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_path, chained_path):
+    path = {"agreeing": agreeing_path, "random": random_path, "chained": chained_path}[model]
     plain = Engine.load(path, n_ctx=1024, n_threads=1)
     spec = Engine.load(path, specs=parse_draft(drafters), n_ctx=1024, n_threads=1)
     try:
@@ -75,7 +83,7 @@ def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_
             assert sum(d for d, _ in seen.values()) > 0
             return
         assert seen["mtp"][0] > 0  # the stats name the drafter "mtp"
-        if model == "agreeing":
+        if model != "random":
             assert 0 < seen["mtp"][1] < seen["mtp"][0]  # both accepted and rejected drafts were verified
     finally:
         plain.close()
@@ -83,13 +91,15 @@ def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_
 
 
 @pytest.mark.slow
-def test_sampled_tokens_follow_the_target_distribution(agreeing_path):
+@pytest.mark.parametrize("model", ["agreeing", "chained"])
+def test_sampled_tokens_follow_the_target_distribution(model, agreeing_path, chained_path):
     """At T=1 the first two tokens a step emits are distributed as the target's, jointly (chi-square).
 
     The head's drafts are accepted by rejection sampling with its own distribution q;
-    a wrong q (or a verifier that only matched) would skew the counts.
+    a wrong q (or a verifier that only matched) would skew the counts. With chained
+    heads, the second draft token comes from the second head.
     """
-    target = Model(agreeing_path, load_mtp=True)
+    target = Model(agreeing_path if model == "agreeing" else chained_path, load_mtp=True)
     # One thread: on a machine shared by many jobs, spinning worker threads cost more than they give.
     tctx = Context(target, n_ctx=256, n_threads=1)
     tctx.enable_hidden_rows()
@@ -139,6 +149,47 @@ def test_sampled_tokens_follow_the_target_distribution(agreeing_path):
     head.close()
     tctx.close()
     target.close()
+
+
+@pytest.mark.slow
+def test_each_draft_depth_uses_its_own_head(tmp_path):
+    """Chained heads: head i drafts the token at depth i + 1, the last head drafts on beyond it.
+
+    The second head of this model has its own LM head that can only put token A or B
+    first; the first head drafts with the shared output matrix (like the trunk). So the
+    first draft token is an ordinary one and every later one is A or B.
+    """
+    from mtp_model import write_step35_model
+
+    a, b = 100, 200
+    path = write_step35_model(tmp_path / "step35-marked.gguf", mix=0.05, marked=(a, b))
+    target = Model(path, load_mtp=True)
+    tctx = Context(target, n_ctx=256, n_threads=1)
+    tctx.enable_hidden_rows()
+    head = MtpContext(tctx, n_threads=1)
+    assert head.n_heads == 2
+    drafter = MtpDrafter(head, tctx, Sampler(SamplingParams(temperature=0.0)))
+    try:
+        agree = 0
+        for prompt in (PROMPT, "Once upon a time", "1, 2, 3, 4, 5,"):
+            history = target.tokenize(prompt)
+            tctx.rollback_to(0)
+            tctx.append(history)
+            want = int(np.argmax(tctx.logits(-1)))
+            draft = drafter.propose(history, 4).tokens
+            assert len(draft) == 4
+            assert all(t in (a, b) for t in draft[1:]), draft
+            # The first head mostly agrees with the trunk here (its drafts are not A or B)...
+            assert draft[0] not in (a, b)
+            agree += draft[0] == want
+            # ...and a one-token draft never runs the second head.
+            assert drafter.propose(history, 1).tokens == (draft[0],)
+        assert agree >= 2
+    finally:
+        drafter.close()
+        head.close()
+        tctx.close()
+        target.close()
 
 
 def _localspec(*args: str) -> subprocess.CompletedProcess:
@@ -235,7 +286,7 @@ class _Rows:
 
 
 class _Head:
-    n_embd, n_batch = 4, 8
+    n_embd, n_batch, n_heads = 4, 8, 1
 
 
 def test_hidden_rows_are_found_by_position_and_token():
