@@ -48,6 +48,14 @@ def chained_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def hybrid_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3.5 style: Gated DeltaNet layers (rolled back by snapshots) and one MTP layer."""
+    from hybrid_model import write_qwen35
+
+    return write_qwen35(tmp_path_factory.mktemp("mtp") / "qwen35-mtp-agree.gguf", mix=0.05)
+
+
+@pytest.fixture(scope="module")
 def random_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mtp_model import write_mtp_model
 
@@ -60,10 +68,10 @@ def _run(engine: Engine, prompt: str, **kw) -> tuple[tuple[int, ...], dict[str, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["agreeing", "random", "chained"])
+@pytest.mark.parametrize("model", ["agreeing", "random", "chained", "hybrid"])
 @pytest.mark.parametrize("drafters", ["mtp", "mtp,ngram"])
-def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_path, chained_path):
-    path = {"agreeing": agreeing_path, "random": random_path, "chained": chained_path}[model]
+def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_path, chained_path, hybrid_path):
+    path = {"agreeing": agreeing_path, "random": random_path, "chained": chained_path, "hybrid": hybrid_path}[model]
     plain = Engine.load(path, n_ctx=1024, n_threads=1)
     spec = Engine.load(path, specs=parse_draft(drafters), n_ctx=1024, n_threads=1)
     try:
@@ -91,15 +99,15 @@ def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["agreeing", "chained"])
-def test_sampled_tokens_follow_the_target_distribution(model, agreeing_path, chained_path):
+@pytest.mark.parametrize("model", ["agreeing", "chained", "hybrid"])
+def test_sampled_tokens_follow_the_target_distribution(model, agreeing_path, chained_path, hybrid_path):
     """At T=1 the first two tokens a step emits are distributed as the target's, jointly (chi-square).
 
     The head's drafts are accepted by rejection sampling with its own distribution q;
     a wrong q (or a verifier that only matched) would skew the counts. With chained
     heads, the second draft token comes from the second head.
     """
-    target = Model(agreeing_path if model == "agreeing" else chained_path, load_mtp=True)
+    target = Model({"agreeing": agreeing_path, "chained": chained_path, "hybrid": hybrid_path}[model], load_mtp=True)
     # One thread: on a machine shared by many jobs, spinning worker threads cost more than they give.
     tctx = Context(target, n_ctx=256, n_threads=1)
     tctx.enable_hidden_rows()
@@ -107,20 +115,25 @@ def test_sampled_tokens_follow_the_target_distribution(model, agreeing_path, cha
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=7))
     drafter = MtpDrafter(head, tctx, sampler)
     prompt = target.tokenize(PROMPT)
-    tctx.append(prompt[:-1])
-    n0 = len(tctx.tokens)
+
+    def restart(tokens: list[int]) -> None:
+        # A snapshot-rolled state (the hybrid) takes back only what its last batch allows: start afresh.
+        if target.rollback == "snapshots":
+            tctx.clear()
+        else:
+            tctx.rollback_to(0)
+        tctx.append(tokens)
 
     # The target's own joint distribution of the next two tokens: p1(x1) p2(x2 | x1).
-    tctx.append(prompt[-1:])
+    restart(prompt)
     p1 = sampler.distribution(tctx.logits(-1)).copy()
     joint: dict[tuple[int, int], float] = {}
     for x1 in np.flatnonzero(p1):
-        tctx.append([int(x1)])
+        restart([*prompt, int(x1)])
         p2 = sampler.distribution(tctx.logits(-1))
         for x2 in np.flatnonzero(p2):
             joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
-        tctx.rollback_to(n0 + 1)
-    tctx.rollback_to(n0)
+    restart(prompt[:-1])
 
     trials = 3000
     counts: Counter[tuple[int, int]] = Counter()
@@ -134,7 +147,7 @@ def test_sampled_tokens_follow_the_target_distribution(model, agreeing_path, cha
             accepted += step.accepted
             drafted += step.drafted
         counts[(emitted[0], emitted[1])] += 1
-        tctx.rollback_to(n0)
+        restart(prompt[:-1])
     assert 0 < accepted < drafted  # both branches of the rule ran
     assert set(counts) <= set(joint)  # never a pair the target cannot produce
     big = [k for k, p in sorted(joint.items(), key=lambda kv: -kv[1]) if p * trials >= 5]
@@ -317,3 +330,93 @@ def test_draft_mtp_parses_and_names_itself():
 
     assert [s.name for s in with_mtp(DraftRefs(None, parse_draft("ngram"))).specs] == ["mtp", "ngram"]
     assert [s.name for s in with_mtp(DraftRefs(None, specs)).specs] == ["mtp", "ngram"]  # not twice
+
+
+# --- what keeping the head costs ------------------------------------------------------
+def test_hidden_rows_kept_for_a_catch_up_are_capped():
+    """Kept off, the drafter keeps at most max_rows target rows: the newest; older positions read as zeros."""
+    rows = _Rows()
+    drafter = MtpDrafter(_Head(), rows, Sampler(SamplingParams(temperature=0.0)),  # type: ignore[arg-type]
+                         max_row_bytes=10 * 4 * _Head.n_embd)
+    assert drafter.max_rows == 10
+    history = list(range(1000, 1060))
+    rows.block = np.arange(20, dtype=np.float32)[:, None].repeat(4, 1) + 1  # a 20-token prefill
+    drafter.observe(history[:20], range(20), None)
+    assert drafter.stored_rows == 10 and drafter._row(history, 9)[0] == 0 and drafter._row(history, 10)[0] == 11
+    for pos in range(20, 60):  # 40 plain steps, one row each, the head never asked
+        rows.block = np.full((1, 4), pos + 1, dtype=np.float32)
+        drafter.observe([history[pos]], [pos], None)
+        assert drafter.stored_rows <= 10
+    assert sorted(drafter._rows) == list(range(50, 60))
+    assert drafter._row(history, 59)[0] == 60 and not drafter._row(history, 49).any()
+    assert drafter.behind(history) == 60  # the catch-up still decodes every position
+
+
+def test_mtp_catch_up_is_charged_per_head():
+    from localspec.costs import CostModel
+
+    costs = CostModel({1: 10.0, 2: 10.2, 8: 11.0})
+    head = CostModel({1: 0.5, 2: 0.6, 64: 6.0})
+    costs.set_model_drafter("mtp", head, passes=2)
+    assert costs.catch_up_ms("mtp", 2) == 0.0
+    assert costs.catch_up_ms("mtp", 64) == pytest.approx(2 * (6.0 - 0.6))
+    assert costs.draft_ms("mtp", 3) == pytest.approx((2 * 0.6 - 0.5) + 3 * 0.5)
+
+
+@pytest.mark.slow
+def test_the_controller_charges_the_heads_catch_up(agreeing_path):
+    """A head 150 tokens behind: drafting waits for a cheap catch-up, not for a dear one; caught up,
+    the dear head drafts too (its draft steps cost the same)."""
+    from localspec.control import Controller
+    from localspec.costs import CostModel
+
+    gpu = {1: 10.0, 2: 10.1, 4: 10.3, 8: 10.8, 16: 12.0}
+    cheap = CostModel({1: 0.5, 2: 0.5, 4: 0.6, 64: 1.5, 256: 4.0})
+    dear = CostModel({1: 0.5, 2: 0.5, 4: 2.0, 64: 600.0, 256: 2400.0})
+    target = Model(agreeing_path, load_mtp=True)
+    tctx = Context(target, n_ctx=512, n_threads=1)
+    tctx.enable_hidden_rows()
+    head = MtpContext(tctx, n_threads=1)
+    drafter = MtpDrafter(head, tctx, Sampler(SamplingParams(temperature=0.0)))
+    try:
+        history = target.tokenize(LONG_PROMPT)[:150]
+        tctx.append(history[:-1])
+        assert drafter.behind(history) == 150
+
+        def plan(head_costs: CostModel):
+            costs = CostModel(gpu)
+            costs.set_model_drafter("mtp", head_costs, passes=head.n_heads)
+            return Controller(costs, [drafter]).plan(history, room=16, remaining=200)
+
+        chosen = plan(cheap)
+        assert chosen.name == "mtp" and "catching up 150 tokens" in chosen.reason
+        declined = plan(dear)
+        assert declined.plain and "catching up 150 tokens" in declined.reason
+        drafter.propose(history, 1)  # the catch-up, paid
+        assert drafter.behind(history) == 1
+        assert plan(dear).name == "mtp"
+    finally:
+        drafter.close()
+        head.close()
+        tctx.close()
+        target.close()
+
+
+@pytest.mark.slow
+def test_a_capped_drafter_still_decodes_exactly(agreeing_path, monkeypatch):
+    """Rows dropped for the cap (zeros in the head's catch-up) cost acceptance, never the output."""
+    from localspec.drafting import mtp
+
+    plain = Engine.load(agreeing_path, n_ctx=1024, n_threads=1)
+    spec = Engine.load(agreeing_path, specs=parse_draft("mtp"), n_ctx=1024, n_threads=1)
+    monkeypatch.setattr(mtp, "MAX_ROW_BYTES", 8 * 4 * spec.mtp_ctx.n_embd)
+    try:
+        greedy = SamplingParams(temperature=0.0)
+        want, _ = _run(plain, LONG_PROMPT, max_tokens=40, sampling=greedy)
+        got, by_drafter = _run(spec, LONG_PROMPT, max_tokens=40, sampling=greedy, draft_len=3, drafter="mtp")
+        assert got == want and by_drafter["mtp"][0] > 0
+        drafter = spec._mtp_drafter
+        assert drafter is not None and drafter.max_rows == 8 and drafter.stored_rows <= 8
+    finally:
+        plain.close()
+        spec.close()

@@ -94,13 +94,14 @@ class MtpDrafter(DrafterBase):
     """Drafts with the target's MTP head(s); ``accepted``/``reset`` follow the drafter protocol.
 
     ``p_min``: stop drafting when the head's own top probability falls below it.
-    ``max_row_bytes``: the most target hidden rows (in bytes) kept for the next catch-up.
+    ``max_row_bytes``: the most target hidden rows (in bytes) kept for the next catch-up
+    (default ``MAX_ROW_BYTES``).
     """
 
     name = "mtp"
 
     def __init__(self, head: HeadContext, target: HiddenSource, sampler: Sampler, *, p_min: float = 0.0,
-                 max_row_bytes: int = MAX_ROW_BYTES) -> None:
+                 max_row_bytes: int | None = None) -> None:
         self.head = head
         self.target = target
         self.sampler = sampler
@@ -109,7 +110,7 @@ class MtpDrafter(DrafterBase):
         # Target hidden rows: position -> {token: row}; a None row marks a key two batch rows shared.
         self._rows: dict[int, dict[int, np.ndarray | None]] = {}
         self._n_rows = 0
-        self.max_rows = max(2, max_row_bytes // (4 * head.n_embd))
+        self.max_rows = max(2, (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_embd))
         # Tokens the head's cache holds at positions 0.., each built from the target's hidden row
         # (in every head's layer).
         self._tokens: list[int] = []
