@@ -212,6 +212,14 @@ class MtpDrafter(DrafterBase):
         if draft_len <= 0 or not history:
             return Proposal(drafter=self.name)
         row = self._sync(history)
+        try:
+            return self._draft(history, draft_len, row)
+        except BaseException:
+            self._tokens.clear()  # a failed draft decode cleared the head's cache: catch up from 0 next time
+            raise
+
+    def _draft(self, history: Sequence[int], draft_len: int, row: int) -> Proposal:
+        """Draft from the logits at batch row ``row`` of the catch-up (``propose``, after ``_sync``)."""
         greedy = self.sampler.params.greedy
         tokens: list[int] = []
         probs: list[np.ndarray] = []
