@@ -205,6 +205,48 @@ def test_each_draft_depth_uses_its_own_head(tmp_path):
         target.close()
 
 
+@pytest.mark.slow
+def test_chained_drafts_are_each_heads_own_prediction(tmp_path):
+    """After speculative steps (every head caught up a few tokens at a time), the first two draft tokens
+    are what heads 0 and 1 predict when each runs alone in its own context over the whole history with
+    the target's hidden rows (plain random weights: head 1's attention over the history matters)."""
+    from mtp_model import write_step35_model
+
+    path = write_step35_model(tmp_path / "step35-random.gguf", seed=5)
+    target = Model(path, load_mtp=True)
+    greedy = Sampler(SamplingParams(temperature=0.0))
+    tctx, ref = Context(target, n_ctx=512, n_threads=1), Context(target, n_ctx=512, n_threads=1)
+    heads = [MtpContext(tctx, n_threads=1), MtpContext(ref, n_threads=1), MtpContext(ref, n_threads=1)]
+    mine, alone0, alone1 = heads
+    tctx.enable_hidden_rows()
+    ref.enable_hidden_rows()
+    drafter = MtpDrafter(mine, tctx, greedy)
+    try:
+        history = target.tokenize(PROMPT)
+        tctx.append(history[:-1])
+        for _ in range(10):
+            speculative_step(tctx, history, drafter, greedy, draft_len=3)
+        got = drafter.propose(history, 2).tokens
+
+        n = len(history)
+        ref.append(history)
+        h = np.vstack([np.zeros((1, mine.n_embd), np.float32), ref.hidden_rows(n)[:-1]])
+        alone0.decode(history, range(n), h, [False] * (n - 1) + [True])
+        d1 = int(np.argmax(alone0.logits(n - 1)))
+        o0 = np.array(alone0.hidden(n - 1))
+        alone1.set_head(1)
+        alone1.decode(history[:-1], range(n - 1), h[:-1], [False] * (n - 1))
+        alone1.decode([history[-1], d1], [n - 1, n], np.stack([h[-1], o0]), [False, True])
+        assert got == (d1, int(np.argmax(alone1.logits(1))))
+    finally:
+        drafter.close()
+        for head in heads:
+            head.close()
+        tctx.close()
+        ref.close()
+        target.close()
+
+
 def _localspec(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})

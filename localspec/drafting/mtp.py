@@ -175,15 +175,16 @@ class MtpDrafter(DrafterBase):
     def behind(self, history: Sequence[int]) -> int:
         return len(history) - self._fed(history)
 
-    def _catch_up(self, history: Sequence[int], n: int) -> int:
-        """Feed the current head ``history[n:]``; return the batch row holding the last token."""
+    def _catch_up(self, history: Sequence[int], n: int, *, logits: bool) -> int:
+        """Feed the current head ``history[n:]``; return the batch row holding the last token (with its
+        logits when ``logits``: only the head that drafts first needs them)."""
         self.head.rollback_to(n)
         row = 0
         while n < len(history):
             end = min(len(history), n + self.head.n_batch)
             positions = range(n, end)
             hidden = np.stack([self._row(history, p - 1) for p in positions])
-            outputs = [p == len(history) - 1 for p in positions]
+            outputs = [logits and p == len(history) - 1 for p in positions]
             self.head.decode(history[n:end], positions, hidden, outputs)
             row = end - 1 - n
             n = end
@@ -200,7 +201,7 @@ class MtpDrafter(DrafterBase):
             for h in [*range(1, self.n_heads), 0]:
                 if self.n_heads > 1:
                     self.head.set_head(h)
-                row = self._catch_up(history, n)
+                row = self._catch_up(history, n, logits=h == 0)
         except BaseException:
             self._tokens.clear()  # a failed decode leaves the head's cache unknown (it was cleared)
             raise
