@@ -761,6 +761,11 @@ class MtpContext:
         """Keep positions [0, n) and drop the rest."""
         llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
 
+    @property
+    def n_past(self) -> int:
+        """Positions the head's cache holds (0 when empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
 

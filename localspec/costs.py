@@ -151,6 +151,7 @@ class CostModel:
         self._scale = 1.0
         self._draft: dict[str, _Line] = {}
         self._draft_models: dict[str, CostModel] = {}
+        self._catch_up_passes: dict[str, int] = {}
         self._overhead = _Line(*overhead)
 
     # --- estimates ---------------------------------------------------------
@@ -188,26 +189,34 @@ class CostModel:
         """Declare drafter ``name``'s cost line (replaces what was learned about it)."""
         self._draft[name] = _Line(fixed_ms, per_token_ms)
 
-    def set_model_drafter(self, name: str, draft_model: "CostModel") -> None:
+    def set_model_drafter(self, name: str, draft_model: "CostModel", *, passes: int = 1) -> None:
         """A draft model drafting n tokens: a catch-up decode (the last target token, or
         the last draft token and the bonus: ~2 tokens) then n - 1 one-token decodes,
         i.e. ``(V(2) - V(1)) + n * V(1)`` with V the draft model's own decode costs.
         A longer catch-up (its prefill, or the tokens of steps it sat out) is
-        ``catch_up_ms``."""
+        ``catch_up_ms``.
+
+        An MTP head is such a drafter, V its own decode costs (one NextN block
+        and the output matrix); ``passes``: the catch-up decodes the history
+        once per chained head (each head is its own layer), ``passes * V(2) - V(1)``
+        fixed."""
         one = draft_model.verify_ms(1)
-        self.set_draft_cost(name, max(0.0, draft_model.verify_ms(2) - one), one)
+        self.set_draft_cost(name, max(0.0, passes * draft_model.verify_ms(2) - one), one)
         self._draft_models[name] = draft_model
+        self._catch_up_passes[name] = max(1, passes)
 
     def catch_up_ms(self, name: str, behind: int) -> float:
         """What drafter ``name`` pays beyond ``draft_ms`` to decode the ``behind`` tokens it lacks.
 
         ``draft_ms`` already holds a 2-token catch-up; past that, a draft model
-        decodes the rest in one batch: ``V(behind) - V(2)``. Lookups never lag.
+        decodes the rest in one batch: ``V(behind) - V(2)`` (times the passes of
+        ``set_model_drafter``). Lookups never lag.
         """
         model = self._draft_models.get(name)
         if model is None or behind <= 2:
             return 0.0
-        return max(0.0, model.verify_ms(behind) - model.verify_ms(2))
+        passes = self._catch_up_passes.get(name, 1)
+        return passes * max(0.0, model.verify_ms(behind) - model.verify_ms(2))
 
     def _line(self, name: str) -> _Line:
         line = self._draft.get(name)

@@ -168,11 +168,11 @@ class Engine:
             if self.draft_ctx is not None:
                 self._costs.set_model_drafter("draft", load_or_measure(self.draft_ctx, n_threads=self.n_threads))
             if self.mtp_ctx is not None:
-                # A first guess, refined by every proposal the controller observes: one NextN block and
-                # the output matrix per drafted token, against the trunk's layers and the same matrix.
-                share = (1 + self.mtp_ctx.n_heads) / (self.target.n_layers + 1)
-                one = self._costs.verify_ms(1) * share
-                self._costs.set_draft_cost(MTP, one, one)
+                from localspec.measure_costs import load_or_measure_mtp
+
+                # The head drafts like a draft model, its catch-up one pass per chained head.
+                head_costs = load_or_measure_mtp(self.mtp_ctx, self.ctx, n_threads=self.n_threads)
+                self._costs.set_model_drafter(MTP, head_costs, passes=self.mtp_ctx.n_heads)
         return self._costs
 
     @classmethod

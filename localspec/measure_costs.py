@@ -4,7 +4,10 @@
   about a second and a half, and leaves the context exactly as it found it;
 * ``load_or_measure(ctx)`` caches that per model file, llama.cpp build, offload
   and thread count in ``cache_dir()/costs/<key>.json`` and returns the
-  ``localspec.costs.CostModel`` built from it.
+  ``localspec.costs.CostModel`` built from it;
+* ``measure_mtp_costs(head)`` and ``load_or_measure_mtp(head, ctx)`` do the same
+  for a model's MTP head: one decode of k rows (a catch-up batch; k = 1 is a
+  draft step), cached next to the target's under its own key.
 
 Only ``cost_key`` imports the backend (llama.cpp), and only when called.
 """
@@ -24,7 +27,7 @@ from localspec.costs import CostModel
 from localspec.paths import atomic_write, cache_dir
 
 if TYPE_CHECKING:
-    from localspec.backend import Context
+    from localspec.backend import Context, MtpContext
 
 DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
 SCHEMA = 1
@@ -205,3 +208,74 @@ def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layer
             except OSError:
                 pass  # a read-only cache dir costs a re-measurement next time, nothing else
     return CostModel(verify)
+
+
+# --- an MTP head -----------------------------------------------------------------
+MTP_KS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+
+
+def measure_mtp_costs(head: "MtpContext", ks: Sequence[int] = MTP_KS, *, budget_s: float = 0.5,
+                      min_reps: int = 3, max_reps: int = 25, seed: int = 0) -> Measurement:
+    """Milliseconds of one decode of k rows by MTP head 0, for each k in ``ks`` that fits.
+
+    A row is a token and a hidden row (zeros: any value costs the same); only
+    the last row asks for logits, as a catch-up does (k = 1: a draft step).
+    Rounds as in ``measure_verify_costs``: one untimed warm-up, then shuffled
+    rounds until ``budget_s``; the per-k median. Postcondition: the head's cache
+    holds what it held before, and head 0 is selected.
+    """
+    import numpy as np
+
+    head.set_head(0)
+    n0 = head.n_past
+    fits = sorted({int(k) for k in ks if 1 <= k <= head.n_batch and n0 + k <= head.n_ctx})
+    if not fits:
+        raise ValueError(f"no batch of {sorted(ks)} rows fits after {n0} in the MTP context of {head.n_ctx}")
+    zeros = np.zeros((max(fits), head.n_embd), dtype=np.float32)
+    samples: dict[int, list[float]] = {k: [] for k in fits}
+    rng = random.Random(seed)
+
+    def timed(k: int) -> float:
+        t0 = time.perf_counter()
+        head.decode([0] * k, range(n0, n0 + k), zeros[:k], [False] * (k - 1) + [True])
+        ms = (time.perf_counter() - t0) * 1e3
+        head.rollback_to(n0)
+        return ms
+
+    start = time.perf_counter()
+    rounds = 0
+    try:
+        for k in fits:  # warm-up, untimed
+            timed(k)
+        while rounds < max_reps:
+            elapsed = time.perf_counter() - start
+            if rounds >= 1 and (elapsed >= 3 * budget_s or (rounds >= min_reps and elapsed >= budget_s)):
+                break
+            order = list(fits)
+            rng.shuffle(order)
+            for k in order:
+                samples[k].append(timed(k))
+            rounds += 1
+    finally:
+        head.rollback_to(n0)
+    return Measurement({k: statistics.median(v) for k, v in samples.items()}, rounds, rounds >= min_reps)
+
+
+def load_or_measure_mtp(head: "MtpContext", ctx: "Context", *, n_threads: int | None = None,
+                        n_gpu_layers: int = -1, refresh: bool = False,
+                        max_age_s: float | None = 30 * 86400) -> CostModel:
+    """The MTP head's decode costs (``ctx``: the target context it drafts for), cached like the target's."""
+    from dataclasses import replace
+
+    key = cost_key(ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+    key = replace(key, model=key.model + "#mtp")
+    path = cost_path(key)
+    costs = None if refresh else load_costs(path, key, max_age_s=max_age_s)
+    if costs is None:
+        costs = measure_mtp_costs(head)
+        if not isinstance(costs, Measurement) or costs.complete:
+            try:
+                save_costs(path, key, costs)
+            except OSError:
+                pass
+    return CostModel(costs)

@@ -83,3 +83,82 @@ def write_lfm2(path: Path, *, seed: int = 0, logit_scale: float = 0.4, perturb: 
                 writer.add_tensor(p + "shortconv.conv.weight", normal(N_EMBD, L_CACHE, std=L_CACHE ** -0.5))
                 writer.add_tensor(p + "shortconv.out_proj.weight", normal(N_EMBD, N_EMBD, std=N_EMBD ** -0.5))
     return path
+
+
+# --- Qwen3.5: Gated DeltaNet layers, attention every 4th layer, one MTP layer ---------------
+# ``src/models/qwen35.cpp``: a recurrent layer holds attn_qkv (q, k of ssm_group_count heads of
+# ssm_state_size, v of ssm_time_step_rank heads), attn_gate (z), a short convolution over the
+# qkv channels (ssm_conv1d), ssm_a/ssm_dt/ssm_alpha/ssm_beta (the delta rule's decay and step),
+# ssm_norm (gated RMS norm) and ssm_out; an attention layer a gated query (q and its gate: twice
+# the heads' width), q/k norms; every layer a post-attention norm and a dense FFN. The NextN
+# block is an attention block with nextn.eh_proj/enorm/hnorm. Rope is M-RoPE (dimension_sections);
+# text tokens use one position, which llama.cpp spreads over the sections.
+QWEN35_TRUNK = 4  # layers 0-2 recurrent, layer 3 attention (full_attention_interval 4)
+D_STATE, N_GROUP, DT_RANK, D_CONV = 16, 2, 4, 4
+
+
+def write_qwen35(path: Path, *, seed: int = 0, logit_scale: float = 1.0, mix: float = 1.0) -> Path:
+    """A tiny ``qwen35`` with one MTP layer; ``mix`` < 1 makes head and trunk agree (see mtp_model)."""
+    import gguf
+
+    weights = RandomWeights(seed)
+    normal, ones = weights.normal, weights.ones
+    key_dim, value_dim = D_STATE * N_GROUP, D_STATE * DT_RANK
+    conv_dim = 2 * key_dim + value_dim
+    with gguf_writer(path, "qwen35", f"random-qwen35-mtp-tiny-{seed}") as (writer, n_vocab):
+        writer.add_embedding_length(N_EMBD)
+        writer.add_block_count(QWEN35_TRUNK + 1)
+        writer.add_uint32("qwen35.nextn_predict_layers", 1)
+        writer.add_feed_forward_length(N_FF)
+        writer.add_head_count(N_HEAD)
+        writer.add_head_count_kv(N_HEAD_KV)
+        writer.add_key_length(HEAD_DIM)
+        writer.add_value_length(HEAD_DIM)
+        writer.add_rope_dimension_count(HEAD_DIM)
+        writer.add_rope_dimension_sections([3, 3, 2, 0])
+        writer.add_rope_freq_base(10000.0)
+        writer.add_layer_norm_rms_eps(1e-6)
+        writer.add_ssm_conv_kernel(D_CONV)
+        writer.add_ssm_inner_size(value_dim)
+        writer.add_ssm_state_size(D_STATE)
+        writer.add_ssm_time_step_rank(DT_RANK)
+        writer.add_ssm_group_count(N_GROUP)
+        writer.add_uint32("qwen35.full_attention_interval", 4)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+        writer.add_tensor("token_embd.weight", normal(n_vocab, N_EMBD, std=1.0))
+        writer.add_tensor("output_norm.weight", ones(N_EMBD))
+        writer.add_tensor("output.weight", normal(n_vocab, N_EMBD, std=logit_scale))
+        for i in range(QWEN35_TRUNK + 1):
+            p = f"blk.{i}."
+            writer.add_tensor(p + "attn_norm.weight", ones(N_EMBD))
+            writer.add_tensor(p + "post_attention_norm.weight", ones(N_EMBD))
+            writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, N_EMBD, std=N_EMBD ** -0.5))
+            writer.add_tensor(p + "ffn_up.weight", normal(N_FF, N_EMBD, std=N_EMBD ** -0.5))
+            writer.add_tensor(p + "ffn_down.weight", normal(N_EMBD, N_FF, std=mix * N_FF ** -0.5))
+            if i < QWEN35_TRUNK - 1:
+                writer.add_tensor(p + "attn_qkv.weight", normal(conv_dim, N_EMBD, std=N_EMBD ** -0.5))
+                writer.add_tensor(p + "attn_gate.weight", normal(value_dim, N_EMBD, std=N_EMBD ** -0.5))
+                writer.add_tensor(p + "ssm_conv1d.weight", normal(conv_dim, D_CONV, std=D_CONV ** -0.5))
+                writer.add_tensor(p + "ssm_dt.bias", np.zeros(DT_RANK, dtype=np.float32))
+                writer.add_tensor(p + "ssm_a", -np.ones(DT_RANK, dtype=np.float32))
+                writer.add_tensor(p + "ssm_beta.weight", normal(DT_RANK, N_EMBD, std=N_EMBD ** -0.5))
+                writer.add_tensor(p + "ssm_alpha.weight", normal(DT_RANK, N_EMBD, std=N_EMBD ** -0.5))
+                writer.add_tensor(p + "ssm_norm.weight", ones(D_STATE))
+                writer.add_tensor(p + "ssm_out.weight", normal(N_EMBD, value_dim, std=mix * value_dim ** -0.5))
+                continue
+            writer.add_tensor(p + "attn_q.weight", normal(2 * N_HEAD * HEAD_DIM, N_EMBD, std=N_EMBD ** -0.5))
+            writer.add_tensor(p + "attn_k.weight", normal(N_HEAD_KV * HEAD_DIM, N_EMBD, std=N_EMBD ** -0.5))
+            writer.add_tensor(p + "attn_v.weight", normal(N_HEAD_KV * HEAD_DIM, N_EMBD, std=N_EMBD ** -0.5))
+            writer.add_tensor(p + "attn_q_norm.weight", ones(HEAD_DIM))
+            writer.add_tensor(p + "attn_k_norm.weight", ones(HEAD_DIM))
+            writer.add_tensor(p + "attn_output.weight",
+                              normal(N_EMBD, N_HEAD * HEAD_DIM, std=mix * (N_HEAD * HEAD_DIM) ** -0.5))
+            if i == QWEN35_TRUNK:
+                eh_proj = normal(N_EMBD, 2 * N_EMBD, std=mix * (2 * N_EMBD) ** -0.5)
+                if mix < 1.0:
+                    eh_proj[:, :N_EMBD] += np.eye(N_EMBD, dtype=np.float32)
+                writer.add_tensor(p + "nextn.eh_proj.weight", eh_proj)
+                writer.add_tensor(p + "nextn.enorm.weight", ones(N_EMBD))
+                writer.add_tensor(p + "nextn.hnorm.weight", ones(N_EMBD))
+    return path

@@ -109,3 +109,79 @@ def write_mtp_model(path: Path, *, seed: int = 0, n_embd: int = N_EMBD, n_trunk:
 
 if __name__ == "__main__":
     print(write_mtp_model(Path(sys.argv[1] if len(sys.argv) > 1 else "glm4moe-mtp-tiny.gguf")))
+
+
+# --- several chained heads: Step 3.5 (``step35``) -------------------------------
+# Step 3.5 trains one NextN block per draft depth; llama.cpp runs block i when
+# ``llama_set_nextn_layer_offset(ctx, i)`` (``src/models/step35.cpp``, ``graph_mtp``).
+# Its loader (``load_arch_hparams``) requires a sliding window and a per-layer pattern:
+# every layer here is a sliding-window layer whose window is wider than any test's
+# context, i.e. plain attention. FFNs are dense (Step 3.5 allows both, trunk and head).
+# ``rope.dimension_count`` is halved on full-attention layers; with every layer
+# sliding it applies as written.
+STEP35_WINDOW = 8192
+
+
+def write_step35_model(path: Path, *, seed: int = 0, n_heads: int = 2, n_trunk: int = N_TRUNK,
+                       logit_scale: float = 1.0, mix: float = 1.0, marked: tuple[int, int] | None = None) -> Path:
+    """A tiny ``step35`` GGUF with ``n_heads`` NextN blocks; written to ``path`` (via ``.partial``).
+
+    ``mix`` as in ``write_mtp_model`` (every block agrees with the trunk when small).
+    ``marked=(a, b)``: every head after the first gets its own LM head
+    (``nextn.shared_head_head``/``shared_head_norm``) that can only rank token ``a``
+    or token ``b`` first (the sign of one hidden coordinate decides which), so a draft
+    token from a deeper head is recognisable: the first head's drafts are ordinary.
+    """
+    import gguf
+
+    weights = RandomWeights(seed)
+    normal, ones = weights.normal, weights.ones
+    n_embd, n_head, n_head_kv = N_EMBD, N_HEAD, N_HEAD_KV
+    n_layers = n_trunk + n_heads
+    with gguf_writer(path, "step35", "random-step35-mtp-tiny") as (writer, n_vocab):
+        writer.add_embedding_length(n_embd)
+        writer.add_block_count(n_layers)
+        writer.add_uint32("step35.nextn_predict_layers", n_heads)
+        writer.add_feed_forward_length(N_FF)
+        writer.add_uint32("step35.expert_feed_forward_length", N_FF_EXP)  # required; no layer is MoE
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head_kv)
+        writer.add_rope_dimension_count(HEAD_DIM)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_sliding_window(STEP35_WINDOW)
+        writer.add_array("step35.attention.sliding_window_pattern", [True] * n_layers)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+        writer.add_tensor("token_embd.weight", normal(n_vocab, n_embd, std=1.0))
+        writer.add_tensor("output_norm.weight", ones(n_embd))
+        writer.add_tensor("output.weight", normal(n_vocab, n_embd, std=logit_scale))
+        for i in range(n_layers):
+            p = f"blk.{i}."
+            writer.add_tensor(p + "attn_norm.weight", ones(n_embd))
+            writer.add_tensor(p + "attn_q.weight", normal(n_head * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "attn_k.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "attn_v.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "attn_output.weight",
+                              normal(n_embd, n_head * HEAD_DIM, std=mix * (n_head * HEAD_DIM) ** -0.5))
+            writer.add_tensor(p + "ffn_norm.weight", ones(n_embd))
+            writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "ffn_up.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "ffn_down.weight", normal(n_embd, N_FF, std=mix * N_FF ** -0.5))
+            if i < n_trunk:
+                continue
+            eh_proj = normal(n_embd, 2 * n_embd, std=mix * (2 * n_embd) ** -0.5)
+            if mix < 1.0:
+                eh_proj[:, :n_embd] += np.eye(n_embd, dtype=np.float32)
+            writer.add_tensor(p + "nextn.eh_proj.weight", eh_proj)
+            writer.add_tensor(p + "nextn.enorm.weight", ones(n_embd))
+            writer.add_tensor(p + "nextn.hnorm.weight", ones(n_embd))
+            if marked is not None and i > n_trunk:
+                # Only hidden coordinate 0 survives the norm; its sign picks a (positive) or b.
+                norm = np.zeros(n_embd, dtype=np.float32)
+                norm[0] = 1.0
+                head = np.zeros((n_vocab, n_embd), dtype=np.float32)
+                head[marked[0], 0], head[marked[1], 0] = 50.0, -50.0
+                writer.add_tensor(p + "nextn.shared_head_norm.weight", norm)
+                writer.add_tensor(p + "nextn.shared_head_head.weight", head)
+    return path

@@ -40,6 +40,22 @@ def agreeing_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def chained_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Step 3.5 style: two chained NextN heads that agree with the trunk often."""
+    from mtp_model import write_step35_model
+
+    return write_step35_model(tmp_path_factory.mktemp("mtp") / "step35-mtp-agree.gguf", mix=0.05)
+
+
+@pytest.fixture(scope="module")
+def hybrid_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3.5 style: Gated DeltaNet layers (rolled back by snapshots) and one MTP layer."""
+    from hybrid_model import write_qwen35
+
+    return write_qwen35(tmp_path_factory.mktemp("mtp") / "qwen35-mtp-agree.gguf", mix=0.05)
+
+
+@pytest.fixture(scope="module")
 def random_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mtp_model import write_mtp_model
 
@@ -52,10 +68,10 @@ def _run(engine: Engine, prompt: str, **kw) -> tuple[tuple[int, ...], dict[str, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["agreeing", "random"])
+@pytest.mark.parametrize("model", ["agreeing", "random", "chained", "hybrid"])
 @pytest.mark.parametrize("drafters", ["mtp", "mtp,ngram"])
-def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_path):
-    path = agreeing_path if model == "agreeing" else random_path
+def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_path, chained_path, hybrid_path):
+    path = {"agreeing": agreeing_path, "random": random_path, "chained": chained_path, "hybrid": hybrid_path}[model]
     plain = Engine.load(path, n_ctx=1024, n_threads=1)
     spec = Engine.load(path, specs=parse_draft(drafters), n_ctx=1024, n_threads=1)
     try:
@@ -75,7 +91,7 @@ def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_
             assert sum(d for d, _ in seen.values()) > 0
             return
         assert seen["mtp"][0] > 0  # the stats name the drafter "mtp"
-        if model == "agreeing":
+        if model != "random":
             assert 0 < seen["mtp"][1] < seen["mtp"][0]  # both accepted and rejected drafts were verified
     finally:
         plain.close()
@@ -83,13 +99,15 @@ def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_
 
 
 @pytest.mark.slow
-def test_sampled_tokens_follow_the_target_distribution(agreeing_path):
+@pytest.mark.parametrize("model", ["agreeing", "chained", "hybrid"])
+def test_sampled_tokens_follow_the_target_distribution(model, agreeing_path, chained_path, hybrid_path):
     """At T=1 the first two tokens a step emits are distributed as the target's, jointly (chi-square).
 
     The head's drafts are accepted by rejection sampling with its own distribution q;
-    a wrong q (or a verifier that only matched) would skew the counts.
+    a wrong q (or a verifier that only matched) would skew the counts. With chained
+    heads, the second draft token comes from the second head.
     """
-    target = Model(agreeing_path, load_mtp=True)
+    target = Model({"agreeing": agreeing_path, "chained": chained_path, "hybrid": hybrid_path}[model], load_mtp=True)
     # One thread: on a machine shared by many jobs, spinning worker threads cost more than they give.
     tctx = Context(target, n_ctx=256, n_threads=1)
     tctx.enable_hidden_rows()
@@ -97,20 +115,25 @@ def test_sampled_tokens_follow_the_target_distribution(agreeing_path):
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=7))
     drafter = MtpDrafter(head, tctx, sampler)
     prompt = target.tokenize(PROMPT)
-    tctx.append(prompt[:-1])
-    n0 = len(tctx.tokens)
+
+    def restart(tokens: list[int]) -> None:
+        # A snapshot-rolled state (the hybrid) takes back only what its last batch allows: start afresh.
+        if target.rollback == "snapshots":
+            tctx.clear()
+        else:
+            tctx.rollback_to(0)
+        tctx.append(tokens)
 
     # The target's own joint distribution of the next two tokens: p1(x1) p2(x2 | x1).
-    tctx.append(prompt[-1:])
+    restart(prompt)
     p1 = sampler.distribution(tctx.logits(-1)).copy()
     joint: dict[tuple[int, int], float] = {}
     for x1 in np.flatnonzero(p1):
-        tctx.append([int(x1)])
+        restart([*prompt, int(x1)])
         p2 = sampler.distribution(tctx.logits(-1))
         for x2 in np.flatnonzero(p2):
             joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
-        tctx.rollback_to(n0 + 1)
-    tctx.rollback_to(n0)
+    restart(prompt[:-1])
 
     trials = 3000
     counts: Counter[tuple[int, int]] = Counter()
@@ -124,7 +147,7 @@ def test_sampled_tokens_follow_the_target_distribution(agreeing_path):
             accepted += step.accepted
             drafted += step.drafted
         counts[(emitted[0], emitted[1])] += 1
-        tctx.rollback_to(n0)
+        restart(prompt[:-1])
     assert 0 < accepted < drafted  # both branches of the rule ran
     assert set(counts) <= set(joint)  # never a pair the target cannot produce
     big = [k for k, p in sorted(joint.items(), key=lambda kv: -kv[1]) if p * trials >= 5]
@@ -139,6 +162,89 @@ def test_sampled_tokens_follow_the_target_distribution(agreeing_path):
     head.close()
     tctx.close()
     target.close()
+
+
+@pytest.mark.slow
+def test_each_draft_depth_uses_its_own_head(tmp_path):
+    """Chained heads: head i drafts the token at depth i + 1, the last head drafts on beyond it.
+
+    The second head of this model has its own LM head that can only put token A or B
+    first; the first head drafts with the shared output matrix (like the trunk). So the
+    first draft token is an ordinary one and every later one is A or B.
+    """
+    from mtp_model import write_step35_model
+
+    a, b = 100, 200
+    path = write_step35_model(tmp_path / "step35-marked.gguf", mix=0.05, marked=(a, b))
+    target = Model(path, load_mtp=True)
+    tctx = Context(target, n_ctx=256, n_threads=1)
+    tctx.enable_hidden_rows()
+    head = MtpContext(tctx, n_threads=1)
+    assert head.n_heads == 2
+    drafter = MtpDrafter(head, tctx, Sampler(SamplingParams(temperature=0.0)))
+    try:
+        agree = 0
+        for prompt in (PROMPT, "Once upon a time", "1, 2, 3, 4, 5,"):
+            history = target.tokenize(prompt)
+            tctx.rollback_to(0)
+            tctx.append(history)
+            want = int(np.argmax(tctx.logits(-1)))
+            draft = drafter.propose(history, 4).tokens
+            assert len(draft) == 4
+            assert all(t in (a, b) for t in draft[1:]), draft
+            # The first head mostly agrees with the trunk here (its drafts are not A or B)...
+            assert draft[0] not in (a, b)
+            agree += draft[0] == want
+            # ...and a one-token draft never runs the second head.
+            assert drafter.propose(history, 1).tokens == (draft[0],)
+        assert agree >= 2
+    finally:
+        drafter.close()
+        head.close()
+        tctx.close()
+        target.close()
+
+
+@pytest.mark.slow
+def test_chained_drafts_are_each_heads_own_prediction(tmp_path):
+    """After speculative steps (every head caught up a few tokens at a time), the first two draft tokens
+    are what heads 0 and 1 predict when each runs alone in its own context over the whole history with
+    the target's hidden rows (plain random weights: head 1's attention over the history matters)."""
+    from mtp_model import write_step35_model
+
+    path = write_step35_model(tmp_path / "step35-random.gguf", seed=5)
+    target = Model(path, load_mtp=True)
+    greedy = Sampler(SamplingParams(temperature=0.0))
+    tctx, ref = Context(target, n_ctx=512, n_threads=1), Context(target, n_ctx=512, n_threads=1)
+    heads = [MtpContext(tctx, n_threads=1), MtpContext(ref, n_threads=1), MtpContext(ref, n_threads=1)]
+    mine, alone0, alone1 = heads
+    tctx.enable_hidden_rows()
+    ref.enable_hidden_rows()
+    drafter = MtpDrafter(mine, tctx, greedy)
+    try:
+        history = target.tokenize(PROMPT)
+        tctx.append(history[:-1])
+        for _ in range(10):
+            speculative_step(tctx, history, drafter, greedy, draft_len=3)
+        got = drafter.propose(history, 2).tokens
+
+        n = len(history)
+        ref.append(history)
+        h = np.vstack([np.zeros((1, mine.n_embd), np.float32), ref.hidden_rows(n)[:-1]])
+        alone0.decode(history, range(n), h, [False] * (n - 1) + [True])
+        d1 = int(np.argmax(alone0.logits(n - 1)))
+        o0 = np.array(alone0.hidden(n - 1))
+        alone1.set_head(1)
+        alone1.decode(history[:-1], range(n - 1), h[:-1], [False] * (n - 1))
+        alone1.decode([history[-1], d1], [n - 1, n], np.stack([h[-1], o0]), [False, True])
+        assert got == (d1, int(np.argmax(alone1.logits(1))))
+    finally:
+        drafter.close()
+        for head in heads:
+            head.close()
+        tctx.close()
+        ref.close()
+        target.close()
 
 
 def _localspec(*args: str) -> subprocess.CompletedProcess:
@@ -235,7 +341,7 @@ class _Rows:
 
 
 class _Head:
-    n_embd, n_batch = 4, 8
+    n_embd, n_batch, n_heads = 4, 8, 1
 
 
 def test_hidden_rows_are_found_by_position_and_token():
@@ -266,3 +372,93 @@ def test_draft_mtp_parses_and_names_itself():
 
     assert [s.name for s in with_mtp(DraftRefs(None, parse_draft("ngram"))).specs] == ["mtp", "ngram"]
     assert [s.name for s in with_mtp(DraftRefs(None, specs)).specs] == ["mtp", "ngram"]  # not twice
+
+
+# --- what keeping the head costs ------------------------------------------------------
+def test_hidden_rows_kept_for_a_catch_up_are_capped():
+    """Kept off, the drafter keeps at most max_rows target rows: the newest; older positions read as zeros."""
+    rows = _Rows()
+    drafter = MtpDrafter(_Head(), rows, Sampler(SamplingParams(temperature=0.0)),  # type: ignore[arg-type]
+                         max_row_bytes=10 * 4 * _Head.n_embd)
+    assert drafter.max_rows == 10
+    history = list(range(1000, 1060))
+    rows.block = np.arange(20, dtype=np.float32)[:, None].repeat(4, 1) + 1  # a 20-token prefill
+    drafter.observe(history[:20], range(20), None)
+    assert drafter.stored_rows == 10 and drafter._row(history, 9)[0] == 0 and drafter._row(history, 10)[0] == 11
+    for pos in range(20, 60):  # 40 plain steps, one row each, the head never asked
+        rows.block = np.full((1, 4), pos + 1, dtype=np.float32)
+        drafter.observe([history[pos]], [pos], None)
+        assert drafter.stored_rows <= 10
+    assert sorted(drafter._rows) == list(range(50, 60))
+    assert drafter._row(history, 59)[0] == 60 and not drafter._row(history, 49).any()
+    assert drafter.behind(history) == 60  # the catch-up still decodes every position
+
+
+def test_mtp_catch_up_is_charged_per_head():
+    from localspec.costs import CostModel
+
+    costs = CostModel({1: 10.0, 2: 10.2, 8: 11.0})
+    head = CostModel({1: 0.5, 2: 0.6, 64: 6.0})
+    costs.set_model_drafter("mtp", head, passes=2)
+    assert costs.catch_up_ms("mtp", 2) == 0.0
+    assert costs.catch_up_ms("mtp", 64) == pytest.approx(2 * (6.0 - 0.6))
+    assert costs.draft_ms("mtp", 3) == pytest.approx((2 * 0.6 - 0.5) + 3 * 0.5)
+
+
+@pytest.mark.slow
+def test_the_controller_charges_the_heads_catch_up(agreeing_path):
+    """A head 150 tokens behind: drafting waits for a cheap catch-up, not for a dear one; caught up,
+    the dear head drafts too (its draft steps cost the same)."""
+    from localspec.control import Controller
+    from localspec.costs import CostModel
+
+    gpu = {1: 10.0, 2: 10.1, 4: 10.3, 8: 10.8, 16: 12.0}
+    cheap = CostModel({1: 0.5, 2: 0.5, 4: 0.6, 64: 1.5, 256: 4.0})
+    dear = CostModel({1: 0.5, 2: 0.5, 4: 2.0, 64: 600.0, 256: 2400.0})
+    target = Model(agreeing_path, load_mtp=True)
+    tctx = Context(target, n_ctx=512, n_threads=1)
+    tctx.enable_hidden_rows()
+    head = MtpContext(tctx, n_threads=1)
+    drafter = MtpDrafter(head, tctx, Sampler(SamplingParams(temperature=0.0)))
+    try:
+        history = target.tokenize(LONG_PROMPT)[:150]
+        tctx.append(history[:-1])
+        assert drafter.behind(history) == 150
+
+        def plan(head_costs: CostModel):
+            costs = CostModel(gpu)
+            costs.set_model_drafter("mtp", head_costs, passes=head.n_heads)
+            return Controller(costs, [drafter]).plan(history, room=16, remaining=200)
+
+        chosen = plan(cheap)
+        assert chosen.name == "mtp" and "catching up 150 tokens" in chosen.reason
+        declined = plan(dear)
+        assert declined.plain and "catching up 150 tokens" in declined.reason
+        drafter.propose(history, 1)  # the catch-up, paid
+        assert drafter.behind(history) == 1
+        assert plan(dear).name == "mtp"
+    finally:
+        drafter.close()
+        head.close()
+        tctx.close()
+        target.close()
+
+
+@pytest.mark.slow
+def test_a_capped_drafter_still_decodes_exactly(agreeing_path, monkeypatch):
+    """Rows dropped for the cap (zeros in the head's catch-up) cost acceptance, never the output."""
+    from localspec.drafting import mtp
+
+    plain = Engine.load(agreeing_path, n_ctx=1024, n_threads=1)
+    spec = Engine.load(agreeing_path, specs=parse_draft("mtp"), n_ctx=1024, n_threads=1)
+    monkeypatch.setattr(mtp, "MAX_ROW_BYTES", 8 * 4 * spec.mtp_ctx.n_embd)
+    try:
+        greedy = SamplingParams(temperature=0.0)
+        want, _ = _run(plain, LONG_PROMPT, max_tokens=40, sampling=greedy)
+        got, by_drafter = _run(spec, LONG_PROMPT, max_tokens=40, sampling=greedy, draft_len=3, drafter="mtp")
+        assert got == want and by_drafter["mtp"][0] > 0
+        drafter = spec._mtp_drafter
+        assert drafter is not None and drafter.max_rows == 8 and drafter.stored_rows <= 8
+    finally:
+        plain.close()
+        spec.close()

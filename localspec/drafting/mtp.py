@@ -11,12 +11,34 @@ The head's cache is kept in step with the history lazily:
 * every target decode hands its hidden rows to ``observe`` (registered on the
   target context), keyed by (position, token) so a tree verification's
   accepted path is found too (a key two nodes share is ambiguous and dropped);
-* ``propose`` first feeds the head the history it has not seen, each token
-  ``x_p`` paired with the target's ``h_{p-1}``, ending with the history's
-  last token, whose logits give the first draft token; then each further
-  draft token is fed with the head's OWN hidden output in place of the
-  target's (the target has not computed it yet). Those draft rows are dropped
-  before the next catch-up, which rebuilds them from the target's rows.
+* ``propose`` first feeds the head the history it has not seen (the
+  catch-up), each token ``x_p`` paired with the target's ``h_{p-1}``, ending
+  with the history's last token, whose logits give the first draft token; then
+  each further draft token is fed with the head's OWN hidden output in place
+  of the target's (the target has not computed it yet). Those draft rows are
+  dropped before the next catch-up, which rebuilds them from the target's rows.
+
+Several heads (Step 3.5 trains one NextN block per draft depth): head ``i``
+drafts the token at depth ``i + 1``. Each head is its own layer of the head's
+cache, so the catch-up runs every head over the new history (one pass each,
+as llama.cpp's ``draft-mtp`` does). Draft step ``i`` runs head ``i`` over the
+whole draft region again, ``[x_last, d_1 .. d_i]`` paired with
+``[h_{last-1}, o_0 .. o_{i-1}]`` (``o_j``: head j's hidden output for the token
+it drafted), since head i's layer holds nothing there yet. Beyond the last
+head, the last head drafts on recursively as a single head does (its own
+output for its input): llama.cpp stops at the last head instead; here the
+controller, which learns the acceptance at every depth, decides how deep the
+drafts are worth it.
+
+Memory: the target's hidden rows wait in ``_rows`` until a catch-up consumes
+them. While the controller keeps the head off, they would pile up with the
+context (n_embd floats per token: 20 KiB for a 5120-wide model); at most
+``max_row_bytes`` of them are kept, the oldest positions dropped first. A
+catch-up over a dropped position feeds zeros for ``h`` there: the head's
+cache is then less informed at those old positions, which costs acceptance,
+never correctness (the target verifies every draft). The catch-up's time is
+what the cost model charges the decision that causes it (``behind``;
+``CostModel.catch_up_ms``, one pass per head).
 
 At temperature > 0 the draft tokens are sampled from the head's distribution
 q under the target's sampling settings, and the proposal carries q: the
@@ -24,11 +46,6 @@ verifier accepts by exact rejection sampling (min(1, p/q), resampling from
 norm(max(p - q, 0))), so the output is distributed exactly as the target's.
 llama.cpp's ``draft-mtp`` takes the head's top token and keeps it only on an
 exact match. At temperature 0 both are greedy matches.
-
-A model with several NextN layers (Step 3.5) is drafted with its first one
-applied recursively, as a single-head model (Qwen3.5, GLM-4.5) is; missing
-hidden rows (a row the target never computed on sequence 0) fall back to
-zeros, which costs acceptance, never correctness.
 """
 
 from __future__ import annotations
@@ -39,6 +56,9 @@ import numpy as np
 
 from localspec.drafting.base import DrafterBase, Proposal, draft_token
 from localspec.sampling import Sampler
+
+MAX_ROW_BYTES = 64 << 20
+"""Default cap on the target hidden rows an MTP drafter keeps for its next catch-up."""
 
 
 class HiddenSource(Protocol):
@@ -56,6 +76,9 @@ class HeadContext(Protocol):
 
     n_embd: int
     n_batch: int
+    n_heads: int
+
+    def set_head(self, head: int) -> None: ...
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
                outputs: Sequence[bool]) -> None: ...
@@ -68,21 +91,28 @@ class HeadContext(Protocol):
 
 
 class MtpDrafter(DrafterBase):
-    """Drafts with the target's MTP head; ``accepted``/``reset`` follow the drafter protocol.
+    """Drafts with the target's MTP head(s); ``accepted``/``reset`` follow the drafter protocol.
 
     ``p_min``: stop drafting when the head's own top probability falls below it.
+    ``max_row_bytes``: the most target hidden rows (in bytes) kept for the next catch-up
+    (default ``MAX_ROW_BYTES``).
     """
 
     name = "mtp"
 
-    def __init__(self, head: HeadContext, target: HiddenSource, sampler: Sampler, *, p_min: float = 0.0) -> None:
+    def __init__(self, head: HeadContext, target: HiddenSource, sampler: Sampler, *, p_min: float = 0.0,
+                 max_row_bytes: int | None = None) -> None:
         self.head = head
         self.target = target
         self.sampler = sampler
         self.p_min = p_min
+        self.n_heads = max(1, head.n_heads)
         # Target hidden rows: position -> {token: row}; a None row marks a key two batch rows shared.
         self._rows: dict[int, dict[int, np.ndarray | None]] = {}
-        # Tokens the head's cache holds at positions 0.., each built from the target's hidden row.
+        self._n_rows = 0
+        self.max_rows = max(2, (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_embd))
+        # Tokens the head's cache holds at positions 0.., each built from the target's hidden row
+        # (in every head's layer).
         self._tokens: list[int] = []
         self._zero = np.zeros(head.n_embd, dtype=np.float32)
         target.add_decode_listener(self.observe)
@@ -95,13 +125,35 @@ class MtpDrafter(DrafterBase):
             return
         first = min(positions)
         # Everything at or after the batch's first position was just overwritten in the target's cache.
-        for pos in [p for p in self._rows if p >= first]:
-            del self._rows[pos]
+        self._drop([p for p in self._rows if p >= first])
         block = self.target.hidden_rows(len(tokens))
         for i, (tok, pos) in enumerate(zip(tokens, positions)):
             at = self._rows.setdefault(int(pos), {})
             # Two branches with this token here: which one the target kept is unknown.
-            at[int(tok)] = None if int(tok) in at else np.array(block[i])
+            if int(tok) in at:
+                at[int(tok)] = None
+            else:
+                at[int(tok)] = np.array(block[i])
+                self._n_rows += 1
+        if self._n_rows > self.max_rows:
+            # Kept off for long (or a prompt longer than the cap): the oldest rows go first.
+            over = self._n_rows - self.max_rows
+            old: list[int] = []
+            for pos in sorted(self._rows):
+                if over <= 0:
+                    break
+                old.append(pos)
+                over -= len(self._rows[pos])
+            self._drop(old)
+
+    def _drop(self, positions: Sequence[int]) -> None:
+        for pos in positions:
+            self._n_rows -= len(self._rows.pop(pos))
+
+    @property
+    def stored_rows(self) -> int:
+        """How many target hidden rows wait for the next catch-up (at most ``max_rows``)."""
+        return self._n_rows
 
     def _row(self, history: Sequence[int], pos: int) -> np.ndarray:
         """The target's hidden state at ``pos`` of ``history`` (zeros before the start or when unknown)."""
@@ -109,11 +161,6 @@ class MtpDrafter(DrafterBase):
             return self._zero
         row = self._rows.get(pos, {}).get(history[pos])
         return self._zero if row is None else row
-
-    def _forget_before(self, pos: int) -> None:
-        """Drop rows the head has consumed (keeping ``pos`` itself: the next catch-up starts from it)."""
-        for p in [p for p in self._rows if p < pos]:
-            del self._rows[p]
 
     # --- the protocol ------------------------------------------------------
     def _fed(self, history: Sequence[int]) -> int:
@@ -128,37 +175,60 @@ class MtpDrafter(DrafterBase):
     def behind(self, history: Sequence[int]) -> int:
         return len(history) - self._fed(history)
 
-    def _sync(self, history: Sequence[int]) -> int:
-        """Feed the head the history up to its last token; return the batch row holding that token's logits."""
-        n = self._fed(history)  # the last token is always (re)fed: its logits start the draft
+    def _catch_up(self, history: Sequence[int], n: int, *, logits: bool) -> int:
+        """Feed the current head ``history[n:]``; return the batch row holding the last token (with its
+        logits when ``logits``: only the head that drafts first needs them)."""
         self.head.rollback_to(n)
-        del self._tokens[n:]
         row = 0
         while n < len(history):
             end = min(len(history), n + self.head.n_batch)
             positions = range(n, end)
             hidden = np.stack([self._row(history, p - 1) for p in positions])
-            outputs = [p == len(history) - 1 for p in positions]
-            try:
-                self.head.decode(history[n:end], positions, hidden, outputs)
-            except BaseException:
-                self._tokens.clear()  # a failed decode leaves the head's cache unknown (it was cleared)
-                raise
+            outputs = [logits and p == len(history) - 1 for p in positions]
+            self.head.decode(history[n:end], positions, hidden, outputs)
             row = end - 1 - n
-            self._tokens.extend(history[n:end])
             n = end
-        self._forget_before(len(history) - 2)
+        return row
+
+    def _sync(self, history: Sequence[int]) -> int:
+        """Catch every head up on ``history`` (head 0 last: its logits for the last token start the
+        draft); return the batch row holding those logits."""
+        n = self._fed(history)
+        del self._tokens[n:]
+        try:
+            # All heads share the cache's cells (one per position, a layer per head): each pass
+            # frees the cells from n on and refills the same ones in its own layer.
+            for h in [*range(1, self.n_heads), 0]:
+                if self.n_heads > 1:
+                    self.head.set_head(h)
+                row = self._catch_up(history, n, logits=h == 0)
+        except BaseException:
+            self._tokens.clear()  # a failed decode leaves the head's cache unknown (it was cleared)
+            raise
+        self._tokens.extend(history[n:])
+        self._drop([p for p in self._rows if p < len(history) - 2])  # consumed; the next catch-up needs no more
         return row
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
         if draft_len <= 0 or not history:
             return Proposal(drafter=self.name)
         row = self._sync(history)
+        try:
+            return self._draft(history, draft_len, row)
+        except BaseException:
+            self._tokens.clear()  # a failed draft decode cleared the head's cache: catch up from 0 next time
+            raise
+
+    def _draft(self, history: Sequence[int], draft_len: int, row: int) -> Proposal:
+        """Draft from the logits at batch row ``row`` of the catch-up (``propose``, after ``_sync``)."""
         greedy = self.sampler.params.greedy
         tokens: list[int] = []
         probs: list[np.ndarray] = []
-        pos = len(history) - 1
-        for i in range(draft_len):
+        pos0 = len(history) - 1
+        # The hidden rows the draft region is built from: the target's before the last token, then
+        # each head's own output for the token it drafted.
+        chain = [self._row(history, pos0 - 1)]
+        for depth in range(draft_len):
             picked = draft_token(self.head.logits(row), self.sampler, self.p_min)
             if picked is None:
                 break
@@ -166,11 +236,20 @@ class MtpDrafter(DrafterBase):
             if q is not None:
                 probs.append(q)
             tokens.append(tok)
-            if i + 1 < draft_len:
-                # The head's own hidden output stands in for the target's, which does not exist yet.
-                hidden = np.array(self.head.hidden(row))[None, :]
-                pos += 1
-                self.head.decode([tok], [pos], hidden, [True])
+            if depth + 1 == draft_len:
+                break
+            chain.append(np.array(self.head.hidden(row)))
+            if depth + 1 < self.n_heads:
+                # Head depth+1 drafts the next token over the whole draft region, rebuilt in its layer.
+                self.head.set_head(depth + 1)
+                self.head.rollback_to(pos0)
+                n = len(chain)
+                self.head.decode([history[-1], *tokens], range(pos0, pos0 + n), np.stack(chain),
+                                 [False] * (n - 1) + [True])
+                row = n - 1
+            else:
+                # The last head (or the only one) drafts on from its own output.
+                self.head.decode([tok], [pos0 + depth + 1], chain[-1][None, :], [True])
                 row = 0
         return Proposal(tuple(tokens), None if greedy else tuple(probs), self.name)
 
@@ -185,4 +264,3 @@ class MtpDrafter(DrafterBase):
 
     def close(self) -> None:
         self.target.remove_decode_listener(self.observe)
-
