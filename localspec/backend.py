@@ -838,7 +838,7 @@ class AssistantContext:
         params.n_ctx = target.n_ctx
         params.n_batch = 1
         params.n_ubatch = 1
-        params.n_seq_max = target.n_seq
+        params.n_seq_max = 1  # it reads sequence 0 of the target's unified cell pool
         params.kv_unified = True
         params.n_rs_seq = 0
         # The view reads the target's V cache in the target's layout (transposed without flash

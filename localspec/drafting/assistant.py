@@ -86,7 +86,7 @@ class AssistantDrafter(DrafterBase):
             del self._rows[pos]
         block = self.target.hidden_rows(len(tokens))
         for i, (tok, pos) in enumerate(zip(tokens, positions)):
-            if pos < last - _ROWS_KEPT or (seq_ids is not None and 0 not in seq_ids[i]):
+            if pos < last - _ROWS_KEPT:
                 continue
             at = self._rows.setdefault(int(pos), {})
             # Two branches with this token here: which one the target kept is unknown.
