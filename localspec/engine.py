@@ -81,6 +81,7 @@ class Engine:
                  personal_history: bool = True) -> None:
         if n_ctx < 16:
             raise InvalidOptionError(f"--ctx {n_ctx} is too small: use at least 16 tokens")
+        _refuse_assistant_target(target.name, target.architecture)
         model_free = [s for s in specs if s.kind not in ("model", MTP)]
         use_mtp = any(s.kind == MTP for s in specs)
         if use_mtp:
@@ -213,6 +214,7 @@ class Engine:
         from localspec.models.gguf_info import check_draft_compatible, read_info
 
         target_info = read_info(target)
+        _refuse_assistant_target(target_info.label, target_info.architecture)
         draft_info = read_info(draft) if draft is not None else None
         if draft_info is not None:
             check_draft_compatible(target_info, draft_info)
@@ -341,6 +343,15 @@ def _check_mtp_file(info) -> None:  # noqa: ANN001  (a gguf_info.GGUFInfo)
         raise UnsupportedModelError(
             f"{info.name} declares {info.n_nextn_layers} MTP layer(s) but this GGUF carries no weights for "
             f"them (the conversion stripped them); use a GGUF that keeps them, or {_MTP_FIX}")
+
+
+def _refuse_assistant_target(name: str, architecture: str) -> None:
+    """An assistant has no cache of its own: it can only draft beside its target."""
+    if architecture in ASSISTANT_TARGETS:
+        want = ASSISTANT_TARGETS[architecture]
+        raise UnsupportedModelError(
+            f"{name} is an assistant ({architecture}): it drafts from a {want} target's own cache and cannot "
+            f"run alone; give the {want} model as the model and this file as --draft")
 
 
 def _check_assistant(target_info, assistant_info) -> None:  # noqa: ANN001  (gguf_info.GGUFInfo)

@@ -238,3 +238,10 @@ def test_the_plan_counts_the_assistant_weights_but_no_cache(pair):
     assert p.draft.kv_gpu_bytes == p.draft.kv_cpu_bytes == 0  # it reads the target's cache
     info = read_info(assistant)
     assert p.draft.weights_gpu_bytes >= sum(info.layer_bytes) > 0
+
+
+@pytest.mark.slow
+def test_cli_refuses_the_assistant_as_the_model(pair):
+    _, assistant = pair
+    line = _one_error_line(_localspec("generate", str(assistant), "--prompt", "Hi", "--threads", "1"))
+    assert "cannot run alone" in line and "as --draft" in line
