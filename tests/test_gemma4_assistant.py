@@ -245,3 +245,22 @@ def test_cli_refuses_the_assistant_as_the_model(pair):
     _, assistant = pair
     line = _one_error_line(_localspec("generate", str(assistant), "--prompt", "Hi", "--threads", "1"))
     assert "cannot run alone" in line and "as --draft" in line
+
+
+@pytest.mark.slow
+def test_a_one_token_prompt_drafts_nothing_until_the_target_holds_a_token(pair):
+    """With an empty target cache the assistant has nothing to attend to (NaN logits): it proposes nothing."""
+    target, assistant = pair
+    plain = Engine.load(target, n_ctx=256, n_threads=1)
+    spec = Engine.load(target, assistant, n_ctx=256, n_threads=1)
+    try:
+        for temperature in (0.0, 1.0):
+            sampling = SamplingParams(temperature=temperature, seed=3)
+            want, _ = _run(plain, [42], max_tokens=8, sampling=sampling, speculative=False)
+            got, by_drafter = _run(spec, [42], max_tokens=8, sampling=sampling, draft_len=3)
+            assert by_drafter["draft"][0] > 0
+            if temperature == 0.0:
+                assert got == want
+    finally:
+        plain.close()
+        spec.close()

@@ -99,9 +99,10 @@ class AssistantDrafter(DrafterBase):
         return self._zero if row is None else row
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
-        if draft_len <= 0 or not history:
-            return Proposal(drafter=self.name)
         pos = len(history) - 1  # where history[-1] goes: the target's cache holds everything before it
+        if draft_len <= 0 or pos < 1:
+            # With nothing in the target's cache there is nothing to attend to (its logits would be NaN).
+            return Proposal(drafter=self.name)
         for p in [p for p in self._rows if p < pos - 1]:
             del self._rows[p]
         token, hidden = history[-1], self._row(history, pos - 1)
@@ -111,7 +112,10 @@ class AssistantDrafter(DrafterBase):
         for _ in range(draft_len):
             if not self.head.decode(token, pos, hidden):
                 break  # the target's cache has no free cell left: draft no further
-            picked = draft_token(self.head.logits(), self.sampler, self.p_min)
+            logits = self.head.logits()
+            if not np.isfinite(logits.max()):
+                break  # no cell to attend to (a cache cleared under it): never a draft from NaN
+            picked = draft_token(logits, self.sampler, self.p_min)
             if picked is None:
                 break
             token, q = picked
