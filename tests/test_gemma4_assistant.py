@@ -264,3 +264,62 @@ def test_a_one_token_prompt_drafts_nothing_until_the_target_holds_a_token(pair):
     finally:
         plain.close()
         spec.close()
+
+
+class _Rows:
+    """A stand-in for the target context's hidden rows (row i of a decode is ``block[i]``)."""
+
+    def __init__(self) -> None:
+        self.block = np.zeros((0, 4), dtype=np.float32)
+
+    def hidden_rows(self, n: int) -> np.ndarray:
+        return self.block[:n]
+
+    def add_decode_listener(self, listener) -> None:  # noqa: ANN001
+        pass
+
+    def remove_decode_listener(self, listener) -> None:  # noqa: ANN001
+        pass
+
+
+class _Head:
+    """A stand-in assistant: predicts token + 1, returns hidden [100 + decodes], records its inputs."""
+
+    n_embd = 4
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, float]] = []
+
+    def decode(self, token: int, position: int, hidden: np.ndarray) -> bool:
+        self.calls.append((token, position, float(hidden[0])))
+        return True
+
+    def logits(self) -> np.ndarray:
+        out = np.zeros(64, dtype=np.float32)
+        out[self.calls[-1][0] + 1] = 10.0
+        return out
+
+    def hidden(self) -> np.ndarray:
+        return np.full(4, 100.0 + len(self.calls), dtype=np.float32)
+
+
+def test_each_draft_step_reads_the_right_hidden_row_at_the_same_position():
+    """The first step pairs the last token with the target's row before it; later steps with the
+    assistant's own output; all at the last token's position. A tree's shared key is not trusted."""
+    rows, head = _Rows(), _Head()
+    drafter = AssistantDrafter(head, rows, Sampler(SamplingParams(temperature=0.0)))  # type: ignore[arg-type]
+    # a verification tree at positions 3..4 over history [10, 11, 12]: root 12 at 2, then 20 | 21 at 3
+    rows.block = np.array([[2], [30], [31]], dtype=np.float32).repeat(4, 1)
+    drafter.observe([12, 20, 21], [2, 3, 3], [[0, 1, 2], [1], [2]])
+    proposal = drafter.propose([10, 11, 12, 21, 7], 3)
+    assert proposal.tokens == (8, 9, 10) and proposal.probs is None
+    assert head.calls == [(7, 4, 31.0), (8, 4, 101.0), (9, 4, 102.0)]
+    # the same key in two branches: zeros, never the wrong branch's row
+    rows.block = np.array([[5], [6]], dtype=np.float32).repeat(4, 1)
+    drafter.observe([21, 21], [3, 3], [[1], [2]])
+    head.calls.clear()
+    drafter.propose([10, 11, 12, 21, 7], 1)
+    assert head.calls == [(7, 4, 0.0)]
+    # nothing in the target's cache yet: no proposal at all
+    head.calls.clear()
+    assert len(drafter.propose([10], 3)) == 0 and head.calls == []
