@@ -841,8 +841,9 @@ class AssistantContext:
         params.n_seq_max = 1  # it reads sequence 0 of the target's unified cell pool
         params.kv_unified = True
         params.n_rs_seq = 0
-        # The view reads the target's V cache in the target's layout (transposed without flash
-        # attention): the same rule as Context's, so both contexts choose alike.
+        # The view reads the target's V cache in the layout llama.cpp fixes at creation from the flash
+        # attention setting asked for (transposed only when disabled; "auto" counts as enabled there):
+        # ask as Context does, so both layouts agree.
         if not llama_cpp.llama_supports_gpu_offload():
             params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         threads = n_threads or default_threads()
