@@ -19,11 +19,12 @@ assistant's own ``embedding_length``); ``nextn.pre_projection`` maps
 next draft step's h); its output matrix is its own tied token embedding.
 
 ``mix`` < 1 makes a pair that agrees often: every block's output is scaled by
-``mix`` (the weight of its post-norm, since Gemma 4 normalises block outputs), the target's output matrix only reads the first
-``N_EMBD_ASSISTANT`` dimensions of its hidden state, and the assistant's
-pre-projection passes those dimensions of the token's embedding through and
-its output matrix is the target's: both compute roughly a bigram model of the
-same token. Numpy shapes are ggml's reversed.
+``mix`` (the weight of its post-norm, since Gemma 4 normalises block outputs),
+the target's output matrix only reads the first ``N_EMBD_ASSISTANT`` dimensions
+of its hidden state, and the assistant's pre-projection passes those dimensions
+of the token's embedding through and its output matrix is the target's: both
+compute roughly a bigram model of the same token. Numpy shapes are ggml's
+reversed.
 """
 
 from __future__ import annotations
