@@ -11,6 +11,8 @@ bindings and offers what the engine needs and nothing more:
   sequence copy/keep operations that multi-branch verification uses.
 * ``MtpContext``: the target's own multi-token-prediction (NextN) layers as a
   second context over the same weights, fed the target's hidden rows.
+* ``AssistantContext``: Gemma 4's assistant GGUF, a draft that reads the
+  target's own KV cache and hidden rows instead of keeping a cache.
 
 Logits returned by ``Context.logits`` are views on llama.cpp's output buffer:
 valid until the next ``decode`` on that context, and read-only by contract.
@@ -781,6 +783,145 @@ class MtpContext:
         except Exception:
             pass
 
+
+
+# --- Gemma 4 assistant -----------------------------------------------------------
+# Gemma 4 ships its draft as a separate "assistant" GGUF (architecture gemma4-assistant,
+# src/models/gemma4-assistant.cpp). It has no KV cache of its own: its context is created
+# with ctx_other = the target's context, and llama.cpp builds its cache as a view of the
+# target's (llama_model::create_memory, `share`): each sliding-window layer attends to the
+# target's last sliding-window layer's K/V, each global layer to the target's last layer's,
+# over the target's own cells. It embeds tokens with the TARGET's token embedding and reads
+# the target's post-norm hidden state (the NextN rows, llama_get_embeddings_nextn).
+
+ASSISTANT_TARGETS = {"gemma4-assistant": "gemma4"}
+"""Assistant architectures and the target architecture each drafts for."""
+
+
+class AssistantContext:
+    """A Gemma 4 assistant model run against its target's cache (a draft that needs no cache).
+
+    One decode is one row: token ``x`` at position ``pos`` (where ``x`` sits in the
+    history, not yet in the target's cache) with a hidden row ``h`` of the target's
+    width. Its queries attend to every target cell of sequence 0 at positions <= ``pos``;
+    it writes nothing there, so it never rolls back. ``logits()`` predict the token
+    after ``x``; ``hidden()`` is its own projection back to the target's width, the
+    ``h`` of the next draft step. Both are views valid until the next ``decode``.
+
+    Created right after the target's context and before that context decodes:
+    llama.cpp resets the shared cells' bookkeeping when it builds the view, so the
+    target is cleared here to keep its mirror (``Context.tokens``) true. The
+    assistant's own memory is never cleared (that would clear the target's cells).
+    """
+
+    def __init__(self, assistant: Model, target: Context, *, n_threads: int | None = None) -> None:
+        reason = mtp_unavailable_reason()
+        if reason is not None:
+            raise UnsupportedModelError(reason)
+        want = ASSISTANT_TARGETS.get(assistant.architecture)
+        if want is None or target.model.architecture != want:
+            raise UnsupportedModelError(
+                f"{assistant.path.name} ({assistant.architecture}) is not an assistant for "
+                f"{target.model.path.name} ({target.model.architecture}); pair it with a {want or 'matching'} target")
+        width = int(llama_cpp.llama_model_n_embd(target.model._model))
+        if assistant.n_embd_out != width or assistant.n_vocab != target.model.n_vocab:
+            raise UnsupportedModelError(
+                f"{assistant.path.name} does not fit {target.model.path.name}: it reads hidden rows of "
+                f"{assistant.n_embd_out} and {assistant.n_vocab} tokens, the target has {width} and "
+                f"{target.model.n_vocab}; use the assistant published for this target's size")
+        api = _nextn_api()
+        assert api is not None
+        self._api = api
+        self.model = assistant
+        self.target = target
+        self.n_embd = width
+        self.n_layers = assistant.n_nextn_layers
+        target.enable_hidden_rows()
+        params = llama_cpp.llama_context_default_params()
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ctx
+        params.n_ctx = target.n_ctx
+        params.n_batch = 1
+        params.n_ubatch = 1
+        params.n_seq_max = 1  # it reads sequence 0 of the target's unified cell pool
+        params.kv_unified = True
+        params.n_rs_seq = 0
+        # The view reads the target's V cache in the layout llama.cpp fixes at creation from the flash
+        # attention setting asked for (transposed only when disabled; "auto" counts as enabled there):
+        # ask as Context does, so both layouts agree.
+        if not llama_cpp.llama_supports_gpu_offload():
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        threads = n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        _log_tail.clear()
+        ctx = llama_cpp.llama_init_from_model(assistant._model, params)
+        if not ctx:
+            reason = _last_error_line() or "llama.cpp refused the assistant context"
+            raise UnsupportedModelError(f"cannot run {assistant.path.name} against {target.model.path.name}: {reason}")
+        self._ctx = ctx
+        target.clear()
+        # Output rows only: the assistant's hidden row is read for the row it drafts from.
+        api.set_embeddings_nextn(ctx, True, True)
+        self._batch = llama_cpp.llama_batch_ext_init(ctx)
+        self._pos = (llama_cpp.llama_pos * 4)()
+        self._row = np.zeros(width, dtype=np.float32)
+        self.decode_seconds = 0.0
+        self.decode_calls = 0
+
+    def decode(self, token: int, position: int, hidden: np.ndarray) -> bool:
+        """Run the assistant on one row; False when the target's cache has no free cell for it (context full)."""
+        np.copyto(self._row, np.asarray(hidden, dtype=np.float32).reshape(self.n_embd))
+        b = self._batch
+        llama_cpp.llama_batch_ext_clear(b)
+        idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(token))
+        if idx < 0:
+            raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
+        self._pos[0] = position
+        llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+        # The hidden row rides in the embedding slot beside the token (the graph reads both).
+        embd = llama_cpp.llama_embd(ctypes.cast(self._row.ctypes.data, ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+        if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
+            raise RuntimeError("llama_batch_ext_set_embd_token refused a hidden row")
+        llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc == 1:
+            return False
+        if rc != 0:
+            raise RuntimeError(f"llama_process (assistant) failed with code {rc}")
+        return True
+
+    def logits(self) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, 0)
+        if not ptr:
+            raise RuntimeError("the assistant returned no logits")
+        view = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+        view.flags.writeable = False
+        return view
+
+    def hidden(self) -> np.ndarray:
+        ptr = self._api.get_embeddings_nextn_ith(self._ctx, 0)
+        if not ptr:
+            raise RuntimeError("the assistant returned no hidden row")
+        view = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
+        view.flags.writeable = False
+        return view
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_ext_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
 
 _FTYPES = {
     "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,

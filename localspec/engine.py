@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from localspec.backend import Context, Model, MtpContext, mtp_unavailable_reason
+from localspec.backend import ASSISTANT_TARGETS, AssistantContext, Context, Model, MtpContext, mtp_unavailable_reason
 from localspec.chat import Message, render_chat
 from localspec.control import DRAFT_LEN_MAX, Controller, Decision
 from localspec.costs import CostModel
+from localspec.drafting.assistant import AssistantDrafter
 from localspec.drafting.base import Drafter
 from localspec.drafting.model import ModelDrafter
 from localspec.drafting.mtp import MtpDrafter
@@ -69,7 +70,8 @@ DrafterFactory = Callable[[Sampler, GenerateOptions], Drafter]
 class Engine:
     """A loaded target with its drafters, ready to generate. Not thread-safe: one generation at a time.
 
-    Drafters: ``draft`` (a model sharing the target's vocabulary), ``mtp`` (the
+    Drafters: ``draft`` (a model sharing the target's vocabulary, or Gemma 4's assistant
+    GGUF, which drafts from the target's own cache), ``mtp`` (the
     target's own NextN layers; the target must be loaded with ``load_mtp``) and
     the model-free ``specs`` (``ngram``, ``lookahead``, ``rest:STORE``).
     """
@@ -79,6 +81,7 @@ class Engine:
                  personal_history: bool = True) -> None:
         if n_ctx < 16:
             raise InvalidOptionError(f"--ctx {n_ctx} is too small: use at least 16 tokens")
+        _refuse_assistant_target(target.name, target.architecture)
         model_free = [s for s in specs if s.kind not in ("model", MTP)]
         use_mtp = any(s.kind == MTP for s in specs)
         if use_mtp:
@@ -98,15 +101,27 @@ class Engine:
         # the compute buffer llama.cpp reserves for a batch that wants every row's logits. A draft with a
         # recurrent state drafts on a second sequence and never rolls back (drafting/model.py): no snapshots.
         recurrent_draft = draft is not None and draft.rollback != "cache"
+        # Gemma 4's assistant keeps no cache: it runs against the target's (backend.AssistantContext).
+        assistant = draft is not None and draft.architecture in ASSISTANT_TARGETS
+        self.assistant_ctx: AssistantContext | None = None
+        self._assistant_drafter: AssistantDrafter | None = None
+        if assistant:
+            assert draft is not None
+            from localspec.models.gguf_info import read_info
+
+            _check_assistant(read_info(target.path), read_info(draft.path))
+            self.assistant_ctx = AssistantContext(draft, self.ctx, n_threads=n_threads)
         self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
                                   n_seq=2 if recurrent_draft else 1, n_rs_seq=0 if recurrent_draft else None)
-                          if draft is not None else None)
+                          if draft is not None and not assistant else None)
         self.personal_history = personal_history
         self._model_free_specs = model_free
         self._factories: dict[str, DrafterFactory] = {}
         if self.draft_ctx is not None:
             draft_ctx = self.draft_ctx
             self._factories["draft"] = lambda sampler, opts: ModelDrafter(draft_ctx, sampler, p_min=opts.p_min)
+        if self.assistant_ctx is not None:
+            self._factories["draft"] = self._assistant_factory
         # The MTP head: a second context over the target's own weights, fed the target's hidden rows.
         self.mtp_ctx: MtpContext | None = None
         self._mtp_drafter: MtpDrafter | None = None
@@ -124,6 +139,14 @@ class Engine:
             self._mtp_drafter.close()
         self._mtp_drafter = MtpDrafter(self.mtp_ctx, self.ctx, sampler, p_min=opts.p_min)
         return self._mtp_drafter
+
+    def _assistant_factory(self, sampler: Sampler, opts: GenerateOptions) -> Drafter:
+        """Like the MTP drafter, one assistant drafter at a time listens to the target's decodes."""
+        assert self.assistant_ctx is not None
+        if self._assistant_drafter is not None:
+            self._assistant_drafter.close()
+        self._assistant_drafter = AssistantDrafter(self.assistant_ctx, self.ctx, sampler, p_min=opts.p_min)
+        return self._assistant_drafter
 
     def _model_free_factory(self, spec: DrafterSpec) -> DrafterFactory:
         """Model-free drafters live as long as the engine (their indexes outlast one reply)."""
@@ -173,6 +196,12 @@ class Engine:
                 # The head drafts like a draft model, its catch-up one pass per chained head.
                 head_costs = load_or_measure_mtp(self.mtp_ctx, self.ctx, n_threads=self.n_threads)
                 self._costs.set_model_drafter(MTP, head_costs, passes=self.mtp_ctx.n_heads)
+            if self.assistant_ctx is not None:
+                # A first guess, refined by every proposal the controller observes: the assistant's
+                # layers and the output matrix per drafted token, against the trunk's.
+                share = (1 + self.assistant_ctx.n_layers) / (self.target.n_layers + 1)
+                one = self._costs.verify_ms(1) * share
+                self._costs.set_draft_cost("draft", one, one)
         return self._costs
 
     @classmethod
@@ -186,9 +215,12 @@ class Engine:
         from localspec.models.gguf_info import check_draft_compatible, read_info
 
         target_info = read_info(target)
+        _refuse_assistant_target(target_info.label, target_info.architecture)
         draft_info = read_info(draft) if draft is not None else None
         if draft_info is not None:
             check_draft_compatible(target_info, draft_info)
+            if draft_info.architecture in ASSISTANT_TARGETS:
+                _check_assistant(target_info, draft_info)
         use_mtp = any(s.kind == MTP for s in specs)
         if use_mtp:
             _check_mtp_file(target_info)
@@ -288,8 +320,10 @@ class Engine:
     def close(self) -> None:
         if self._mtp_drafter is not None:
             self._mtp_drafter.close()
-        # The MTP context before the target's: it was created over it (ctx_other).
-        for obj in (self.mtp_ctx, self.ctx, self.draft_ctx, self.target, self.draft):
+        if self._assistant_drafter is not None:
+            self._assistant_drafter.close()
+        # The MTP and assistant contexts before the target's: they were created over it (ctx_other).
+        for obj in (self.mtp_ctx, self.assistant_ctx, self.ctx, self.draft_ctx, self.target, self.draft):
             if obj is not None:
                 obj.close()
 
@@ -310,6 +344,24 @@ def _check_mtp_file(info) -> None:  # noqa: ANN001  (a gguf_info.GGUFInfo)
         raise UnsupportedModelError(
             f"{info.name} declares {info.n_nextn_layers} MTP layer(s) but this GGUF carries no weights for "
             f"them (the conversion stripped them); use a GGUF that keeps them, or {_MTP_FIX}")
+
+
+def _refuse_assistant_target(name: str, architecture: str) -> None:
+    """An assistant has no cache of its own: it can only draft beside its target."""
+    if architecture in ASSISTANT_TARGETS:
+        want = ASSISTANT_TARGETS[architecture]
+        raise UnsupportedModelError(
+            f"{name} is an assistant ({architecture}): it drafts from a {want} target's own cache and cannot "
+            f"run alone; give the {want} model as the model and this file as --draft")
+
+
+def _check_assistant(target_info, assistant_info) -> None:  # noqa: ANN001  (gguf_info.GGUFInfo)
+    """Refuse a Gemma 4 assistant draft that this build cannot run or that does not fit the target."""
+    from localspec.drafting.assistant import check_assistant_fits
+
+    if reason := mtp_unavailable_reason():
+        raise UnsupportedModelError(f"the assistant draft {assistant_info.label} cannot run: {reason}")
+    check_assistant_fits(target_info, assistant_info)
 
 
 def _check_mtp(target: Model) -> None:

@@ -218,12 +218,15 @@ def place(info: GGUFInfo, n_ctx: int, gpu_layers: int | None = None, output_on_g
     layer's state lives on that layer's device, like its KV cache.
     ``mtp``: the model's MTP (NextN) layers are loaded and run (their weights, their KV cache
     and the MTP context's compute buffer count); otherwise they take no memory.
+    A model made only of NextN layers is an assistant (Gemma 4's): its layers always load and
+    it has no KV cache of its own (it reads its target's).
     """
     n = info.n_layers
     k = n if gpu_layers is None else max(0, min(gpu_layers, n))
     n_trunk = n - (info.n_nextn_layers if 0 < info.n_nextn_layers <= n else 0)
-    used = [b if il < n_trunk or mtp else 0 for il, b in enumerate(info.layer_bytes)]
-    kv_layers = range(n) if mtp else range(n_trunk)
+    assistant = 0 < info.n_nextn_layers == n
+    used = [b if il < n_trunk or mtp or assistant else 0 for il, b in enumerate(info.layer_bytes)]
+    kv_layers = range(n) if mtp and not assistant else range(n_trunk)
 
     def kv(layers: range) -> int:
         return kv_cache_bytes(info, n_ctx, kv_type, layers=layers, swa_full=swa_full, n_ubatch=n_ubatch)

@@ -17,7 +17,11 @@ MTP = "mtp"
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """One drafter: ``kind`` is ``model``, ``mtp``, ``ngram``, ``lookahead`` or ``rest``; ``arg`` its model or store."""
+    """One drafter: ``kind`` is ``model``, ``mtp``, ``ngram``, ``lookahead`` or ``rest``; ``arg`` its model or store.
+
+    A ``model`` is a draft model or Gemma 4's assistant GGUF; which one is read from the file's
+    architecture when it loads (``engine.Engine.load``), not from the name.
+    """
 
     kind: str
     arg: str | None = None
