@@ -32,9 +32,12 @@ prefill, Python included; ``llama-speculative-simple`` prints the wall time of
 its decode loop; ``llama-completion`` the sum of its eval and sampler times.
 One decode thread by default: on a machine whose cores are busy, a second
 thread spinning at llama.cpp's barrier slows every system many times over.
+llama.cpp's tools run with flash attention at their default (auto: on here)
+unless ``--llama-fa`` names other settings (``auto,off`` runs both); localspec
+keeps it off on the CPU.
 
     python benchmarks/bench_mtp_vs_llamacpp.py [--rounds 4] [--max-tokens 128] [--threads 1] \\
-        [--draft-n-max 1,3,5] [--temperature 0.7] [--json out.json]
+        [--draft-n-max 1,3,5] [--llama-fa auto] [--temperature 0.7] [--json out.json]
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def llama_sampling_args(temperature: float, seed: int) -> list[str]:
 
 
 def run_draft_mtp(tool: Path, model: Path, prompt_file: Path, n: int, threads: int, n_max: int,
-                  temperature: float, seed: int) -> tuple[int, float, str, dict]:
+                  temperature: float, seed: int, flash_attn: str) -> tuple[int, float, str, dict]:
     """``llama-speculative-simple --spec-type draft-mtp``: (tokens, decode seconds, stdout, draft stats).
 
     It counts a step as one verification: accepted drafts plus the target's own token, so the
@@ -102,8 +105,10 @@ def run_draft_mtp(tool: Path, model: Path, prompt_file: Path, n: int, threads: i
     """
     proc = subprocess.run(
         [str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "-t", str(threads), "-c", "4096",
-         "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max), *llama_sampling_args(temperature, seed)],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL)
+         "-fa", flash_attn, "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max),
+         *llama_sampling_args(temperature, seed)],
+        # A sampled token may be part of a character: its bytes are not valid UTF-8 on their own.
+        capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise RuntimeError(f"llama-speculative-simple failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     out = proc.stdout + proc.stderr
@@ -114,9 +119,18 @@ def run_draft_mtp(tool: Path, model: Path, prompt_file: Path, n: int, threads: i
     return tokens, seconds, proc.stdout, {"drafted": drafted, "accepted": accepted, "steps": tokens - accepted}
 
 
-def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int) -> tuple[int, float, str, dict]:
-    tokens, seconds, text = base.run_completion(tool, model, prompt_file, n, threads)
-    return tokens, seconds, text, {"steps": tokens}
+def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int,
+                   flash_attn: str) -> tuple[int, float, str, dict]:
+    """Plain greedy ``llama-completion``, timed as ``bench_vs_llamacpp`` times it, with ``-fa flash_attn``."""
+    proc = subprocess.run([str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "--temp", "0",
+                           "-t", str(threads), "-c", "4096", "-fa", flash_attn, "-no-cnv", "--no-display-prompt",
+                           "--no-warmup"], capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-completion failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    eval_ms = base._number(r"(?<!prompt) eval time =\s*([\d.]+) ms", proc.stderr)
+    runs = int(base._number(r"(?<!prompt) eval time =\s*[\d.]+ ms /\s*(\d+) runs", proc.stderr))
+    sample_ms = base._number(r"samplers time =\s*([\d.]+) ms", proc.stderr)
+    return runs + 1, (eval_ms + sample_ms) / 1e3, proc.stdout, {"steps": runs + 1}
 
 
 # --- localspec -------------------------------------------------------------------------------------
@@ -137,13 +151,18 @@ def run_localspec(engine, text: str, n: int, *, mtp: bool, draft_len: int | None
 
 
 # --- the rounds ------------------------------------------------------------------------------------
-def greedy_systems(n_maxes: list[int]) -> list[str]:
-    return ["localspec plain", "llama-completion", "localspec mtp", *[f"localspec mtp γ{k}" for k in n_maxes],
-            *[f"draft-mtp@{k}" for k in n_maxes]]
+def _fa(mode: str) -> str:
+    """A llama.cpp system's name suffix for its flash-attention mode (none for its default, auto)."""
+    return "" if mode == "auto" else f" fa-{mode}"
 
 
-def sampled_systems(n_maxes: list[int]) -> list[str]:
-    return [*[f"localspec mtp γ{k}" for k in n_maxes], *[f"draft-mtp@{k}" for k in n_maxes]]
+def greedy_systems(n_maxes: list[int], fa_modes: list[str]) -> list[str]:
+    return ["localspec plain", *[f"llama-completion{_fa(m)}" for m in fa_modes], "localspec mtp",
+            *[f"localspec mtp γ{k}" for k in n_maxes], *[f"draft-mtp@{k}{_fa(m)}" for m in fa_modes for k in n_maxes]]
+
+
+def sampled_systems(n_maxes: list[int], fa_modes: list[str]) -> list[str]:
+    return [*[f"localspec mtp γ{k}" for k in n_maxes], *[f"draft-mtp@{k}{_fa(m)}" for m in fa_modes for k in n_maxes]]
 
 
 def run_system(system: str, engines: dict, tools: dict[str, Path], model: Path, text: str, prompt_file: Path,
@@ -155,11 +174,13 @@ def run_system(system: str, engines: dict, tools: dict[str, Path], model: Path, 
         draft_len = int(system.split("γ")[1]) if "γ" in system else None
         return run_localspec(engines["mtp"], text, args.max_tokens, mtp=True, draft_len=draft_len,
                              temperature=temperature, seed=seed)
-    if system == "llama-completion":
-        return run_completion(tools["llama-completion"], model, prompt_file, args.max_tokens, args.threads)
-    n_max = int(system.split("@")[1])
+    flash_attn = system.split(" fa-")[1] if " fa-" in system else "auto"
+    if system.startswith("llama-completion"):
+        return run_completion(tools["llama-completion"], model, prompt_file, args.max_tokens, args.threads,
+                              flash_attn)
+    n_max = int(system.split("@")[1].split()[0])
     return run_draft_mtp(tools["llama-speculative-simple"], model, prompt_file, args.max_tokens, args.threads,
-                         n_max, temperature, seed)
+                         n_max, temperature, seed, flash_attn)
 
 
 def bench(model: Path, tools: dict[str, Path], args) -> list[base.Run]:
@@ -173,9 +194,9 @@ def bench(model: Path, tools: dict[str, Path], args) -> list[base.Run]:
                                   personal_history=False)}
     for engine in engines.values():
         engine.cost_model()  # measured (or loaded) once, before anything is timed
-    phases = [(0.0, greedy_systems(args.draft_n_max))]
+    phases = [(0.0, greedy_systems(args.draft_n_max, args.llama_fa))]
     if args.temperature > 0:
-        phases.append((args.temperature, sampled_systems(args.draft_n_max)))
+        phases.append((args.temperature, sampled_systems(args.draft_n_max, args.llama_fa)))
     runs: list[base.Run] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -196,8 +217,8 @@ def bench(model: Path, tools: dict[str, Path], args) -> list[base.Run]:
                                                             args, temperature, seed)
                             extra["temperature"] = temperature
                             runs.append(base.Run("mtp", name, system, rnd, n, sec, out, extra))
-                if args.json:  # after each prompt, so a run cut short keeps what it measured
-                    write_json(args.json, runs)
+                        if args.json:  # after each round, so a run cut short keeps what it measured
+                            write_json(args.json, runs)
     finally:
         for engine in engines.values():
             engine.close()
@@ -239,7 +260,8 @@ def _row(runs: list[base.Run], temperature: float, system: str) -> list[str]:
     steps = sum(r.extra.get("steps", 0) for r in mine)
     cells = [system, f"{base._median(r.tokens_per_second for r in mine):.1f}"]
     if temperature == 0:
-        own_plain = "llama-completion" if system.startswith("draft-mtp") else "localspec plain"
+        own_plain = (f"llama-completion{system[system.index(' fa-'):] if ' fa-' in system else ''}"
+                     if system.startswith("draft-mtp") else "localspec plain")
         cells.append(f"{_ratio(runs, 0.0, system, own_plain):.2f}×" if system.startswith(("draft", "localspec mtp"))
                      else "—")
         cells.append("(reference)" if system == "localspec plain"
@@ -252,8 +274,8 @@ def _row(runs: list[base.Run], temperature: float, system: str) -> list[str]:
 def report(runs: list[base.Run], args) -> str:
     """Per temperature, a row per system (medians over prompts and rounds; acceptance pooled), then ratios."""
     lines = []
-    for temperature, systems in ((0.0, greedy_systems(args.draft_n_max)),
-                                 (args.temperature, sampled_systems(args.draft_n_max))):
+    for temperature, systems in ((0.0, greedy_systems(args.draft_n_max, args.llama_fa)),
+                                 (args.temperature, sampled_systems(args.draft_n_max, args.llama_fa))):
         if not any(r.extra["temperature"] == temperature for r in runs):
             continue
         if temperature == 0:
@@ -266,13 +288,16 @@ def report(runs: list[base.Run], args) -> str:
         lines += ["| " + " | ".join(_row(runs, temperature, s)) + " |" for s in systems if _pick(runs, temperature, s)]
         lines.append("")
         if temperature == 0:
-            lines.append(f"plain: localspec {_ratio(runs, 0.0, 'localspec plain', 'llama-completion'):.2f}× "
-                         f"llama-completion; adaptive mtp: localspec "
-                         f"{_ratio(runs, 0.0, 'localspec mtp', f'draft-mtp@{LLAMA_DEFAULT_N_MAX}'):.2f}× "
-                         f"llama.cpp's default draft-mtp@{LLAMA_DEFAULT_N_MAX}")
+            for m in args.llama_fa:
+                line = (f"plain: localspec {_ratio(runs, 0.0, 'localspec plain', f'llama-completion{_fa(m)}'):.2f}× "
+                        f"llama-completion{_fa(m)}")
+                if LLAMA_DEFAULT_N_MAX in args.draft_n_max:
+                    default = f"draft-mtp@{LLAMA_DEFAULT_N_MAX}{_fa(m)}"
+                    line += f"; adaptive mtp: localspec {_ratio(runs, 0.0, 'localspec mtp', default):.2f}× {default}"
+                lines.append(line)
         lines += ["same draft length, tok/s: " + ", ".join(
-            f"localspec γ{k} {_ratio(runs, temperature, f'localspec mtp γ{k}', f'draft-mtp@{k}'):.2f}× draft-mtp@{k}"
-            for k in args.draft_n_max), ""]
+            f"localspec γ{k} {_ratio(runs, temperature, f'localspec mtp γ{k}', f'draft-mtp@{k}{_fa(m)}'):.2f}× "
+            f"draft-mtp@{k}{_fa(m)}" for m in args.llama_fa for k in args.draft_n_max), ""]
     return "\n".join(lines)
 
 
@@ -286,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="decode threads (default 1; see the module notes)")
     p.add_argument("--draft-n-max", default=",".join(map(str, DRAFT_N_MAX)),
                    help="draft lengths: llama.cpp's --spec-draft-n-max and localspec's fixed draft length")
+    p.add_argument("--llama-fa", default="auto",
+                   help="llama.cpp's flash attention (-fa) settings to run, comma list of auto, on, off "
+                        "(auto, its default, is on for these models; localspec keeps it off on the CPU)")
     p.add_argument("--temperature", type=float, default=0.7, help="the sampled comparison's temperature (0: skip it)")
     p.add_argument("--seed", type=int, default=42, help="the first round's seed; each round adds one")
     p.add_argument("--dims", default=",".join(map(str, MODEL_DIMS)),
@@ -295,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.prompts = [x for x in args.prompts.split(",") if x]
     args.draft_n_max = [int(x) for x in args.draft_n_max.split(",") if x]
+    args.llama_fa = [x for x in args.llama_fa.split(",") if x]
+    if not args.llama_fa or any(m not in ("auto", "on", "off") for m in args.llama_fa):
+        print("bench_mtp_vs_llamacpp: --llama-fa is a comma list of auto, on, off", file=sys.stderr)
+        return 2
     unknown = [x for x in args.prompts if x not in base.PROMPTS]
     if unknown:
         print(f"bench_mtp_vs_llamacpp: unknown prompt {unknown[0]!r}; choose from {', '.join(base.PROMPTS)}",
