@@ -149,10 +149,10 @@ def tools_dir(src: Path) -> Path:
     return Path.home() / ".cache" / "localspec" / "llama-tools" / key.hexdigest()[:16]
 
 
-def ensure_tools(src: Path, jobs: int) -> dict[str, Path] | str:
-    """Paths of the built tools, building them first when missing; or why they cannot be had."""
+def ensure_tools(src: Path, jobs: int, tools: tuple[str, ...] = TOOLS) -> dict[str, Path] | str:
+    """Paths of the built ``tools`` (cmake targets), building the missing ones first; or why they cannot be had."""
     build = tools_dir(src) / "build"
-    found = {t: build / "bin" / t for t in TOOLS}
+    found = {t: build / "bin" / t for t in tools}
     if all(p.is_file() for p in found.values()):
         return found
     if not (src / "CMakeLists.txt").is_file():
@@ -162,11 +162,12 @@ def ensure_tools(src: Path, jobs: int) -> dict[str, Path] | str:
         return f"cannot build llama.cpp's tools: {' and '.join(missing)} not found; install them to compare"
     build.mkdir(parents=True, exist_ok=True)
     log = build.parent / "build.log"
-    print(f"building {', '.join(TOOLS)} into {build} (several minutes, once; log: {log})", file=sys.stderr)
+    unbuilt = [t for t, path in found.items() if not path.is_file()]
+    print(f"building {', '.join(unbuilt)} into {build} (several minutes, once; log: {log})", file=sys.stderr)
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     with open(log, "w") as out:
         for cmd in (["cmake", "-S", str(src), "-B", str(build), *generator, *build_args()],
-                    ["cmake", "--build", str(build), f"-j{jobs}", "--target", *TOOLS]):
+                    ["cmake", "--build", str(build), f"-j{jobs}", "--target", *unbuilt]):
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                 return f"building llama.cpp's tools failed; see {log}"
     return found
