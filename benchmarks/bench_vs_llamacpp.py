@@ -16,8 +16,13 @@ medians over rounds. Speedups are against each system's own plain decoding
 How llama.cpp's times are read: ``llama-lookup`` prints the wall time of its
 decode loop (drafting included); ``llama-completion`` prints its eval and
 sampler times, whose sum is its generation time (its own loop overhead is not
-counted, which favours it slightly). localspec's time is the wall time of the
-generation after the prompt's prefill, everything in Python included.
+counted, which favours it slightly). Its first token comes from the prompt's
+logits, so n tokens cost it n - 1 timed decodes, while localspec's generation
+decodes the prompt's last token too (n decodes for n tokens): one mean decode
+is added to its time so both are timed over as many decodes as tokens.
+``--completion-args`` passes settings to it (``"-fa off --no-repack"`` runs it
+as localspec runs Gemma on the CPU, for exactness). localspec's time is the
+wall time of the generation after the prompt's prefill, everything in Python included.
 
 The tools are built once from the vendored llama.cpp of llama-cpp-python's
 sdist with the options our wheel uses (no llamafile sgemm, AMX off on x86)
@@ -44,6 +49,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 DEFAULT_SRC = "/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"
 TOOLS = ("llama-completion", "llama-lookup")
@@ -197,18 +203,21 @@ def _number(pattern: str, text: str) -> float:
     return float(m.group(1))
 
 
-def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int) -> tuple[int, float, str]:
+def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int,
+                   extra: Sequence[str] = ()) -> tuple[int, float, str]:
     """Plain greedy decoding with llama-completion: (tokens, generation seconds, text)."""
     proc = subprocess.run([str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "--temp", "0",
-                           "-t", str(threads), "-c", "4096", "-no-cnv", "--no-display-prompt", "--no-warmup"],
+                           "-t", str(threads), "-c", "4096", "-no-cnv", "--no-display-prompt", "--no-warmup",
+                           *extra],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise RuntimeError(f"llama-completion failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     eval_ms = _number(r"(?<!prompt) eval time =\s*([\d.]+) ms", proc.stderr)
     runs = int(_number(r"(?<!prompt) eval time =\s*[\d.]+ ms /\s*(\d+) runs", proc.stderr))
     sample_ms = _number(r"samplers time =\s*([\d.]+) ms", proc.stderr)
-    # n_eval counts decodes after the prompt; the first token comes from the prompt's logits.
-    return runs + 1, (eval_ms + sample_ms) / 1e3, proc.stdout
+    # n_eval counts decodes after the prompt; the first token comes from the prompt's logits. localspec
+    # decodes the prompt's last token inside its generation: add one mean decode to compare like with like.
+    return runs + 1, (eval_ms * (runs + 1) / max(runs, 1) + sample_ms) / 1e3, proc.stdout
 
 
 def run_lookup(tool: Path, model: Path, prompt_file: Path, n: int, threads: int, draft_max: int) -> tuple[int, float, str, dict]:
@@ -282,7 +291,7 @@ def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> l
                         n, sec, out, extra = run_localspec(engine, text, args.max_tokens, system.endswith("ngram"))
                     elif system == "llama-completion":
                         n, sec, out = run_completion(tools[system], model_path, prompt_file, args.max_tokens,
-                                                     args.threads)
+                                                     args.threads, args.completion_args.split())
                     else:
                         k = int(system.split("@")[1])
                         n, sec, out, extra = run_lookup(tools["llama-lookup"], model_path, prompt_file,
@@ -358,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="llama-lookup --spec-draft-n-max settings to try")
     p.add_argument("--jobs", type=int, default=2, help="parallel compile jobs when building the tools")
     p.add_argument("--json", type=Path, default=None, help="write every run as JSON here")
+    p.add_argument("--completion-args", default="",
+                   help='extra arguments for llama-completion, e.g. "-fa off --no-repack"')
     args = p.parse_args(argv)
     args.prompts = [x for x in args.prompts.split(",") if x]
     args.lookup_draft_max = [int(x) for x in args.lookup_draft_max.split(",") if x]

@@ -50,10 +50,18 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         print(line, end="", flush=True)
 
 
+# ggml-cpu's tiled K-quant matmul (Q2_K..Q6_K, IQ*) takes over from 8 batch rows on: a verification
+# batch would then round differently from a one-token decode (measured on Gemma 3 270M Q4_K_M: logits
+# up to 2.2 apart), so greedy speculation could part from plain decoding at near-ties. Off unless the
+# user set it; a one-token decode never used it, so plain decoding does not change.
+_TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
+
+
 def _ensure_init() -> None:
     global _initialized
     with _init_lock:
         if not _initialized:
+            os.environ.setdefault(_TILED_MATMUL_ENV, "0")
             llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _initialized = True
@@ -137,10 +145,39 @@ def batch_invariant() -> bool:
     """Whether a position's logits are the same whatever else shares its batch.
 
     True for a CPU build without llamafile's sgemm (scripts/setup.sh builds it
-    so): then greedy speculative decoding is token-identical to plain greedy
+    so): with flash attention off, ggml's tiled K-quant matmul off and weights
+    repacked only where that is exact (``Context``, ``_ensure_init``, ``Model``),
+    greedy speculative decoding is then token-identical to plain greedy
     decoding, not merely equal up to near-ties. GPU builds are not assumed to be.
+    ``localspec doctor`` checks it for a model by decoding (``selftest``).
     """
     return "LLAMAFILE = 1" not in system_info() and not gpu_offload_supported()
+
+
+# Weight types whose repacked CPU kernels (ggml-cpu's "extra buffer types": a gemv for a lone row, a
+# gemm for groups of 4 rows) give the same logits for a row alone and inside a batch; measured here,
+# bitwise, over 1..9-row batches (SmolLM2 Q4_0). Repacked Q4_K is not (Gemma 3 270M Q4_K_M: logits up
+# to 3.3 apart); the other repackable types (Q2_K, Q5_K, Q6_K, Q8_0, IQ4_NL, MXFP4...) are not known to
+# be, so a file holding any of them loads without repacking on a CPU build.
+_REPACK_EXACT_TYPES = frozenset({2})  # GGML_TYPE_Q4_0
+_REPACKABLE_TYPES = frozenset({2, 8, 10, 12, 13, 14, 20, 39, 41})  # Q4_0 Q8_0 Q2_K Q4_K Q5_K Q6_K IQ4_NL MXFP4 Q1_0
+
+
+def repack_is_exact(path: str | os.PathLike[str]) -> bool:
+    """Whether repacking ``path``'s weights for the CPU keeps decoding batch-invariant.
+
+    Reads the GGUF tensor table (no weights). The token embedding is read row by
+    row, never multiplied, so it is never repacked and does not count. An
+    unreadable header says False: loading then reports the real problem.
+    """
+    from localspec.models.gguf_header import read_header
+
+    try:
+        tensors = read_header(path).tensors
+    except Exception:
+        return False
+    return all(t.ggml_type in _REPACK_EXACT_TYPES for t in tensors
+               if t.ggml_type in _REPACKABLE_TYPES and t.name != "token_embd.weight")
 
 
 def default_threads() -> int:
@@ -155,11 +192,17 @@ class Model:
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = -1,
-                 vocab_only: bool = False, use_mmap: bool = True, load_mtp: bool = False) -> None:
+                 vocab_only: bool = False, use_mmap: bool = True, load_mtp: bool = False,
+                 repack: bool | None = None) -> None:
+        """``repack``: let ggml-cpu repack the weights into its interleaved layouts (faster CPU matmuls).
+        None (the default) repacks on a GPU build, and on a CPU build only where that keeps decoding
+        batch-invariant (``repack_is_exact``): exactness first."""
         _ensure_init()
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFileError(f"model file not found: {self.path}; check the path")
+        if repack is None:
+            repack = vocab_only or gpu_offload_supported() or repack_is_exact(self.path)
         params = llama_cpp.llama_model_default_params()
         # -1 offloads every layer the build can offload; a CPU-only build ignores it.
         params.n_gpu_layers = n_gpu_layers
@@ -168,6 +211,9 @@ class Model:
         # The MTP (NextN) layers' weights are skipped unless asked for: only --draft mtp uses them.
         params.load_mtp = load_mtp
         self.load_mtp = load_mtp
+        params.use_extra_bufts = repack
+        self.repack: bool = repack
+        """Whether ggml-cpu may repack the weights (see ``__init__``)."""
         _log_tail.clear()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
@@ -322,10 +368,12 @@ class Context:
         # Candidate branches are extra sequences over ONE cell pool: each sees the
         # shared history through seq_cp without copying, and keeps the full window.
         params.kv_unified = True
-        # Flash attention: llama.cpp's CPU kernel makes a position's logits depend on
-        # how many tokens share its batch, which would let speculative and plain
-        # greedy decoding part ways on near-ties; on the CPU it buys little, so it is
-        # off there. With a GPU build it stays on "auto" (it saves memory and time).
+        # Flash attention: llama.cpp's CPU kernel splits a lone query's attention over the
+        # threads once the cache view reaches 512 cells (and tiles batches of 64+ queries), so
+        # a one-token decode and a verification batch sum in different orders (measured: logits
+        # up to 1.6 apart on SmolLM2, 2.4 on Gemma 3, past 512 cells; 0 below) and speculative
+        # and plain greedy decoding could part at near-ties. Off on the CPU (it buys 2-5% of
+        # plain decoding speed there); on "auto" with a GPU build (it saves memory and time).
         if flash_attn is None:
             flash_attn = None if llama_cpp.llama_supports_gpu_offload() else False
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else

@@ -8,6 +8,11 @@
 * ``measure_mtp_costs(head)`` and ``load_or_measure_mtp(head, ctx)`` do the same
   for a model's MTP head: one decode of k rows (a catch-up batch; k = 1 is a
   draft step), cached next to the target's under its own key.
+* a cached cost corrects itself (``CachedCostModel``): costs measured while the
+  machine was busy would otherwise keep the controller off in every later run on
+  a quiet machine, so when the steps it observes settle away from what the cache
+  says (by more than ``DRIFT``), the entry is dropped and the next run measures
+  afresh. The running generation follows the machine anyway (``CostModel`` refines).
 
 Only ``cost_key`` imports the backend (llama.cpp), and only when called.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import statistics
 import time
@@ -31,6 +37,10 @@ if TYPE_CHECKING:
 
 DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
 SCHEMA = 1
+# A cached cost is dropped when the refined estimates settle this far from it (either way),
+# after at least DRIFT_MIN_STEPS observed decodes: one slow step never moves it.
+DRIFT = 1.25
+DRIFT_MIN_STEPS = 32
 
 
 # --- measuring ---------------------------------------------------------------
@@ -185,9 +195,54 @@ def load_costs(path: Path, key: CostKey, *, max_age_s: float | None = None) -> d
     return verify if verify and all(v > 0 for v in verify.values()) else None
 
 
+class CachedCostModel(CostModel):
+    """A ``CostModel`` that remembers the cache entry it was built from and drops it when the
+    machine it observes no longer matches it.
+
+    Every ``observe_verify`` refines the estimates as ``CostModel`` does. Once
+    ``DRIFT_MIN_STEPS`` decodes were observed, the refined estimate at each measured
+    k that was observed is compared with the cached one; when their geometric mean
+    ratio lies outside ``[1/DRIFT, DRIFT]`` (a cache measured on a loaded machine now
+    read on a quiet one, or the reverse), the entry at ``path`` is removed, once:
+    the next ``load_or_measure`` measures again. ``dropped_ratio`` says why (None:
+    kept). A fresh measurement (``path`` None) is never dropped.
+    """
+
+    def __init__(self, verify: Mapping[int, float], path: Path | None = None) -> None:
+        super().__init__(verify)
+        self.path = path
+        self.observed_steps = 0
+        self.dropped_ratio: float | None = None
+        self._seen: set[int] = set()
+
+    def observe_verify(self, k: int, ms: float) -> None:
+        super().observe_verify(k, ms)
+        if self.path is None or self.dropped_ratio is not None or not ms > 0:
+            return
+        self.observed_steps += 1
+        if k in self.measured:
+            self._seen.add(k)
+        if self.observed_steps >= DRIFT_MIN_STEPS and self._seen:
+            ratio = self.drift()
+            if not 1 / DRIFT <= ratio <= DRIFT:
+                self.dropped_ratio = ratio
+                try:
+                    self.path.unlink(missing_ok=True)
+                except OSError:
+                    pass  # a read-only cache keeps its entry; this run still follows the machine
+
+    def drift(self) -> float:
+        """Refined over cached cost, geometric mean over the measured k seen in use (1.0: none)."""
+        if not self._seen:
+            return 1.0
+        now = self.points
+        logs = [math.log(now[k] / self.measured[k]) for k in sorted(self._seen)]
+        return math.exp(sum(logs) / len(logs))
+
+
 def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layers: int = -1,
                     refresh: bool = False, max_age_s: float | None = 30 * 86400,
-                    budget_s: float = 1.5) -> CostModel:
+                    budget_s: float = 1.5) -> CachedCostModel:
     """The cost model for ``ctx``: from the cache when this machine measured it already
     (and within ``max_age_s``), else measured now (~``budget_s``) and cached.
 
@@ -198,6 +253,8 @@ def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layer
     key = cost_key(ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
     path = cost_path(key)
     verify = None if refresh else load_costs(path, key, max_age_s=max_age_s)
+    if verify is not None:
+        return CachedCostModel(verify, path)
     if verify is None:
         verify = measure_verify_costs(ctx, budget_s=budget_s)
         # A measurement cut short by an overloaded machine is used now but not kept:
@@ -207,7 +264,7 @@ def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layer
                 save_costs(path, key, verify)
             except OSError:
                 pass  # a read-only cache dir costs a re-measurement next time, nothing else
-    return CostModel(verify)
+    return CachedCostModel(verify)
 
 
 # --- an MTP head -----------------------------------------------------------------

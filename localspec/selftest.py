@@ -6,7 +6,10 @@ with, the GPUs it sees), then, with a model, ``{"selftest": ...}`` after a
 decode that exercises the paths a real generation takes: a prompt of at least
 ``LONG_PROMPT`` tokens in ONE ``llama_decode`` call (the large-batch matmul
 kernels, where ggml's AMX path crashed with SIGILL) and a multi-token
-verification batch with logits for every row, then a rollback.
+verification batch with logits for every row, then a rollback. The same rows
+are then decoded one token at a time, as plain decoding does, and compared bit
+for bit with the batch's: whether THIS model decodes batch-invariantly here
+(a build can be, and a model's weight types still take a kernel that is not).
 
 If llama.cpp kills this process (an illegal instruction, a segfault, an abort),
 the parent (``localspec.doctor``) sees the signal and reports it as one line;
@@ -23,7 +26,8 @@ import time
 # At least this many prompt tokens go into one batch: ggml takes its large-batch
 # matmul paths (and, on AMX CPUs built with it, the tile kernels) well below that.
 LONG_PROMPT = 512
-VERIFY_ROWS = 6
+# Past 8 rows (ggml's tiled K-quant matmul) and 4 (the repacked gemm): every batch path a verification takes.
+VERIFY_ROWS = 9
 _TEXT = ("Speculative decoding lets a small draft propose several tokens that the target model then checks "
          "in a single batched forward pass; every accepted token saves one sequential step. ")
 
@@ -75,10 +79,17 @@ def decode_test(model_path: str) -> dict[str, object]:
         rows = [ctx.logits(i) for i in range(len(draft))]
         if not all(np.isfinite(r).all() for r in rows):
             raise RuntimeError("the verification batch produced non-finite logits")
+        batch_rows = [r.copy() for r in rows]
         ctx.tokens.extend(draft)
+        ctx.rollback_to(pos0)
+        diff = 0.0
+        for i, token in enumerate(draft):  # the same rows as plain decoding computes them
+            ctx.append([token])
+            diff = max(diff, float(np.max(np.abs(ctx.logits(0) - batch_rows[i]))))
         ctx.rollback_to(pos0 + 1)
         return {"ok": True, "prompt_tokens": len(tokens), "one_batch": True, "verify_rows": len(draft),
-                "prefill_ms": round(prefill_s * 1e3, 1)}
+                "prefill_ms": round(prefill_s * 1e3, 1), "batch_invariant": diff == 0.0,
+                "max_logit_diff": diff, "repack": model.repack}
     finally:
         ctx.close()
         model.close()

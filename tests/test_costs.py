@@ -269,3 +269,52 @@ def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_p
         measured_ctx.close()
         fresh_ctx.close()
         model.close()
+
+
+# --- a cached cost corrects itself ------------------------------------------------
+def _cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify: dict[int, float]):
+    """A cache entry holding ``verify``, loaded back as load_or_measure would (nothing measured)."""
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(measure_costs, "cost_key", lambda ctx, **kw: key())
+    monkeypatch.setattr(measure_costs, "measure_verify_costs",
+                        lambda ctx, **kw: pytest.fail("a cached cost must not be measured again"))
+    path = measure_costs.cost_path(key())
+    save_costs(path, key(), verify)
+    model = load_or_measure(object())  # type: ignore[arg-type]
+    assert isinstance(model, measure_costs.CachedCostModel) and model.path == path
+    return model, path
+
+
+def test_costs_cached_on_a_loaded_machine_are_dropped_on_a_quiet_one(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Measured while busy: 3x what the machine now takes. The running model follows the machine, and
+    # once the steps settle the cache entry goes, so the next run measures afresh.
+    model, path = _cached(tmp_path, monkeypatch, {k: 3 * ms for k, ms in CPU.items()})
+    for i in range(measure_costs.DRIFT_MIN_STEPS - 1):
+        model.observe_verify(1 if i % 3 else 5, CPU[1] if i % 3 else CPU[4] * 1.25)
+        assert path.exists(), "dropped before enough steps were seen"
+    model.observe_verify(1, CPU[1])
+    assert not path.exists()
+    assert model.dropped_ratio is not None and model.dropped_ratio < 1 / measure_costs.DRIFT
+    assert model.verify_ms(1) < 1.5 * CPU[1]  # this run already plans with the quiet machine's costs
+
+
+def test_costs_that_still_hold_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, path = _cached(tmp_path, monkeypatch, CPU)
+    for i in range(4 * measure_costs.DRIFT_MIN_STEPS):
+        model.observe_verify(1, CPU[1] * (1.1 if i % 2 else 0.92))  # ordinary noise, no drift
+    assert path.exists() and model.dropped_ratio is None
+    assert 1 / measure_costs.DRIFT < model.drift() < measure_costs.DRIFT
+
+
+def test_costs_cached_on_a_quiet_machine_are_dropped_on_a_slower_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    model, path = _cached(tmp_path, monkeypatch, CPU)
+    for _ in range(measure_costs.DRIFT_MIN_STEPS):
+        model.observe_verify(2, CPU[2] * 2)
+    assert not path.exists() and model.dropped_ratio > measure_costs.DRIFT
+    # A fresh measurement has no entry to drop; it only refines.
+    fresh = measure_costs.CachedCostModel(CPU)
+    for _ in range(measure_costs.DRIFT_MIN_STEPS):
+        fresh.observe_verify(1, CPU[1] * 3)
+    assert fresh.dropped_ratio is None

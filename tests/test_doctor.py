@@ -54,6 +54,30 @@ def test_selftest_decodes_a_long_prompt_in_one_batch_on_the_real_build(smollm2_p
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_selftest_finds_each_test_model_batch_invariant(which: str, smollm2_path: Path, gemma_path: Path) -> None:
+    # Gemma 3's Q4_K weights took a repacked gemm for batches and ggml's tiled K-quant matmul past
+    # 8 rows: logits differed from one-token decodes until the backend turned both off for it.
+    result = doctor.selftest(smollm2_path if which == "smollm2" else gemma_path)
+    assert result.ok, result.failure()
+    test = result.records["selftest"]
+    if result.records["build"]["batch_invariant"]:
+        assert test["batch_invariant"] is True, test
+        assert test["max_logit_diff"] == 0.0
+
+
+@pytest.mark.slow
+def test_selftest_catches_a_batch_dependent_kernel(gemma_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The user's own setting wins over the backend's default: with ggml's tiled K-quant matmul on,
+    # a 9-row batch rounds differently from one-token decodes, and the per-model check must say so.
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "1")
+    result = doctor.selftest(gemma_path)
+    assert result.ok, result.failure()
+    test = result.records["selftest"]
+    assert test["batch_invariant"] is False and test["max_logit_diff"] > 0
+
+
+@pytest.mark.slow
 def test_doctor_reports_build_folders_model_and_a_passing_selftest(smollm2_path: Path, tmp_path: Path) -> None:
     env = {**os.environ, "LOCALSPEC_CONFIG_DIR": str(tmp_path / "config")}
     proc = _cli("doctor", "--model", str(smollm2_path), env=env)
@@ -64,6 +88,7 @@ def test_doctor_reports_build_folders_model_and_a_passing_selftest(smollm2_path:
         assert label in out
     assert f"{tmp_path / 'config'} (not created yet)" in out
     assert "self-test     ok: " in out and "prompt tokens in one batch" in out
+    assert "model exact   " in out
 
     proc = _cli("doctor", "--model", str(smollm2_path), "--json", env=env)
     assert proc.returncode == 0, proc.stderr

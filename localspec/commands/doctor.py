@@ -102,5 +102,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         out.append(f"self-test     ok: {test['prompt_tokens']} prompt tokens in one batch "
                    f"({test['prefill_ms']:.0f} ms), a verification batch of {test['verify_rows']} rows")
+        out.append(f"model exact   {_model_exactness(test)}")
     print("\n".join(out))
     return code
+
+
+def _model_exactness(test: dict[str, Any]) -> str:
+    """What the self-test's row-by-row comparison says about greedy speculation with this model."""
+    if test["batch_invariant"]:
+        return (f"yes: {test['verify_rows']} rows decoded in one batch and one at a time gave bit-identical "
+                "logits (greedy speculation is token-identical to plain decoding)")
+    return (f"no: a batch's logits differ from one-token decodes by up to {test['max_logit_diff']:.3g} "
+            "(greedy speculation may part from plain decoding at near-ties; a build from scripts/setup.sh "
+            "without LOCALSPEC_LLAMAFILE=on is batch-invariant for the models it knows)")

@@ -61,6 +61,7 @@ class TensorEntry:
     n_elements: int
     n_bytes: int
     offset: int  # relative to the start of the tensor data section
+    ggml_type: int = -1  # enum ggml_type (gguf.GGMLQuantizationType)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ def _tensor(name: str, dims: list[int], ggml_type: int, offset: int) -> TensorEn
     except (ValueError, KeyError):
         raise ValueError(f"tensor {name!r} has ggml type {ggml_type}, which the installed gguf package "
                          "does not know (upgrade it with `pip install -U gguf`)") from None
-    return TensorEntry(name, n_elements, n_elements // block * type_size, offset)
+    return TensorEntry(name, n_elements, n_elements // block * type_size, offset, ggml_type)
 
 
 def _describe_non_gguf(head: bytes) -> tuple[str, str]:
