@@ -341,6 +341,15 @@ class Model:
             pass
 
 
+def _float_view(ptr: Any, shape: tuple[int, ...], missing: str) -> np.ndarray:
+    """A read-only float32 view of llama.cpp's buffer at ``ptr``; ``missing``: the error when it is NULL."""
+    if not ptr:
+        raise RuntimeError(missing)
+    view = np.ctypeslib.as_array(ptr, shape=shape)
+    view.flags.writeable = False
+    return view
+
+
 class Context:
     """One KV cache over a model, with up to ``n_seq`` parallel sequences.
 
@@ -481,12 +490,8 @@ class Context:
 
     def logits(self, row: int) -> np.ndarray:
         """Logits of batch row ``row`` from the last decode: a read-only float32 view."""
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, row)
-        if not ptr:
-            raise RuntimeError(f"no logits were requested for row {row}")
-        view = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
-        view.flags.writeable = False
-        return view
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self._n_vocab,),
+                           f"no logits were requested for row {row}")
 
     # --- hidden rows for an MTP head -----------------------------------------
     def enable_hidden_rows(self) -> None:
@@ -506,12 +511,8 @@ class Context:
         api = _nextn_api()
         if not self._hidden_rows or api is None:
             raise RuntimeError("hidden rows were not enabled on this context")
-        ptr = api.get_embeddings_nextn(self._ctx)
-        if not ptr:
-            raise RuntimeError("llama.cpp returned no hidden rows for the last decode")
-        view = np.ctypeslib.as_array(ptr, shape=(n, self.model.n_embd_out))
-        view.flags.writeable = False
-        return view
+        return _float_view(api.get_embeddings_nextn(self._ctx), (n, self.model.n_embd_out),
+                           "llama.cpp returned no hidden rows for the last decode")
 
     def add_decode_listener(self, listener: "DecodeListener") -> None:
         """Call ``listener(tokens, positions, seq_ids)`` after every successful decode (seq_ids None: all 0)."""
@@ -692,7 +693,26 @@ def mtp_unavailable_reason() -> str | None:
             "install llama-cpp-python 0.3.36 or newer (scripts/setup.sh builds it)")
 
 
-class MtpContext:
+class _ExtBatchContext:
+    """What MtpContext and AssistantContext share: a llama.cpp context fed through a ``llama_batch_ext``."""
+
+    _ctx: Any
+    _batch: Any
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_ext_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class MtpContext(_ExtBatchContext):
     """A model's MTP (NextN) layers as a second context over the target's weights.
 
     Row ``p`` of its cache is built from token ``x_p`` at position ``p`` and
@@ -791,21 +811,13 @@ class MtpContext:
             raise RuntimeError(f"llama_process (MTP) failed with code {rc}")
 
     def logits(self, row: int) -> np.ndarray:
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, row)
-        if not ptr:
-            raise RuntimeError(f"no MTP logits were requested for row {row}")
-        view = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
-        view.flags.writeable = False
-        return view
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
+                           f"no MTP logits were requested for row {row}")
 
     def hidden(self, row: int) -> np.ndarray:
         """The head's own hidden output at batch row ``row`` (an output row): the next draft's input."""
-        ptr = self._api.get_embeddings_nextn_ith(self._ctx, row)
-        if not ptr:
-            raise RuntimeError(f"no MTP hidden row for batch row {row}")
-        view = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
-        view.flags.writeable = False
-        return view
+        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, row), (self.n_embd,),
+                           f"no MTP hidden row for batch row {row}")
 
     def rollback_to(self, n: int) -> None:
         """Keep positions [0, n) and drop the rest."""
@@ -818,19 +830,6 @@ class MtpContext:
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
-
-    def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            llama_cpp.llama_batch_ext_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 
 # --- Gemma 4 assistant -----------------------------------------------------------
@@ -846,7 +845,7 @@ ASSISTANT_TARGETS = {"gemma4-assistant": "gemma4"}
 """Assistant architectures and the target architecture each drafts for."""
 
 
-class AssistantContext:
+class AssistantContext(_ExtBatchContext):
     """A Gemma 4 assistant model run against its target's cache (a draft that needs no cache).
 
     One decode is one row: token ``x`` at position ``pos`` (where ``x`` sits in the
@@ -944,32 +943,13 @@ class AssistantContext:
         return True
 
     def logits(self) -> np.ndarray:
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, 0)
-        if not ptr:
-            raise RuntimeError("the assistant returned no logits")
-        view = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
-        view.flags.writeable = False
-        return view
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, 0), (self.model.n_vocab,),
+                           "the assistant returned no logits")
 
     def hidden(self) -> np.ndarray:
-        ptr = self._api.get_embeddings_nextn_ith(self._ctx, 0)
-        if not ptr:
-            raise RuntimeError("the assistant returned no hidden row")
-        view = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
-        view.flags.writeable = False
-        return view
+        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, 0), (self.n_embd,),
+                           "the assistant returned no hidden row")
 
-    def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            llama_cpp.llama_batch_ext_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
 
 _FTYPES = {
     "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,

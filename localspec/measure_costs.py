@@ -27,7 +27,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from localspec.costs import CostModel
 from localspec.paths import atomic_write, cache_dir
@@ -89,7 +89,6 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     if not fits:
         raise ValueError(f"no batch of {sorted(ks)} tokens fits after {n0} tokens in a context of {ctx.n_ctx}")
     token = ctx.tokens[-1] if ctx.tokens else max(ctx.model.bos, 0)
-    samples: dict[int, list[float]] = {k: [] for k in fits}
     rng = random.Random(seed)
 
     def timed(k: int) -> float:
@@ -101,26 +100,33 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
         ctx.rollback_to(n0)
         return ms
 
-    start = time.perf_counter()
-    rounds = 0
     try:
-        for k in fits:  # warm-up, untimed
-            timed(k)
-        while rounds < max_reps:
-            elapsed = time.perf_counter() - start
-            # On a machine so loaded that min_reps rounds overrun the budget threefold,
-            # stop anyway: refinement during generation corrects a rough first guess.
-            if rounds >= 1 and (elapsed >= 3 * budget_s or (rounds >= min_reps and elapsed >= budget_s)):
-                break
-            order = list(fits)
-            rng.shuffle(order)
-            for k in order:
-                samples[k].append(timed(k))
-            rounds += 1
+        return _timed_rounds(fits, timed, rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
     finally:
         # A decode that raised may have left its batch in the cache (tokens not yet mirrored).
         ctx.remove_seq(0, n0, -1)
         del ctx.tokens[n0:]
+
+
+def _timed_rounds(fits: Sequence[int], timed: Callable[[int], float], rng: random.Random, *,
+                  budget_s: float, min_reps: int, max_reps: int) -> Measurement:
+    """One untimed warm-up of each k, then shuffled rounds of ``timed(k)`` until ``budget_s``; per-k medians."""
+    samples: dict[int, list[float]] = {k: [] for k in fits}
+    start = time.perf_counter()
+    rounds = 0
+    for k in fits:  # warm-up, untimed
+        timed(k)
+    while rounds < max_reps:
+        elapsed = time.perf_counter() - start
+        # On a machine so loaded that min_reps rounds overrun the budget threefold,
+        # stop anyway: refinement during generation corrects a rough first guess.
+        if rounds >= 1 and (elapsed >= 3 * budget_s or (rounds >= min_reps and elapsed >= budget_s)):
+            break
+        order = list(fits)
+        rng.shuffle(order)
+        for k in order:
+            samples[k].append(timed(k))
+        rounds += 1
     return Measurement({k: statistics.median(v) for k, v in samples.items()}, rounds, rounds >= min_reps)
 
 
@@ -289,7 +295,6 @@ def measure_mtp_costs(head: "MtpContext", ks: Sequence[int] = MTP_KS, *, budget_
     if not fits:
         raise ValueError(f"no batch of {sorted(ks)} rows fits after {n0} in the MTP context of {head.n_ctx}")
     zeros = np.zeros((max(fits), head.n_embd), dtype=np.float32)
-    samples: dict[int, list[float]] = {k: [] for k in fits}
     rng = random.Random(seed)
 
     def timed(k: int) -> float:
@@ -299,23 +304,10 @@ def measure_mtp_costs(head: "MtpContext", ks: Sequence[int] = MTP_KS, *, budget_
         head.rollback_to(n0)
         return ms
 
-    start = time.perf_counter()
-    rounds = 0
     try:
-        for k in fits:  # warm-up, untimed
-            timed(k)
-        while rounds < max_reps:
-            elapsed = time.perf_counter() - start
-            if rounds >= 1 and (elapsed >= 3 * budget_s or (rounds >= min_reps and elapsed >= budget_s)):
-                break
-            order = list(fits)
-            rng.shuffle(order)
-            for k in order:
-                samples[k].append(timed(k))
-            rounds += 1
+        return _timed_rounds(fits, timed, rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
     finally:
         head.rollback_to(n0)
-    return Measurement({k: statistics.median(v) for k, v in samples.items()}, rounds, rounds >= min_reps)
 
 
 def load_or_measure_mtp(head: "MtpContext", ctx: "Context", *, n_threads: int | None = None,

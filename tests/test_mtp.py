@@ -355,14 +355,14 @@ def test_hidden_rows_are_found_by_position_and_token():
     rows.block = np.array([[2], [30], [31], [40], [41]], dtype=np.float32).repeat(4, 1)
     drafter.observe([12, 20, 21, 30, 30], [2, 3, 3, 4, 4], [[0, 1, 2], [1], [2], [1], [2]])
     history = [10, 11, 12, 21, 30]
-    assert drafter._row(history, 1)[0] == 1  # from the first batch, untouched by the second
-    assert drafter._row(history, 3)[0] == 31  # the accepted branch's own row
-    assert not drafter._row(history, 4).any()  # token 30 sits at position 4 in both branches: zeros
-    assert not drafter._row(history, -1).any()  # before the start
+    assert drafter.rows.row(history, 1)[0] == 1  # from the first batch, untouched by the second
+    assert drafter.rows.row(history, 3)[0] == 31  # the accepted branch's own row
+    assert not drafter.rows.row(history, 4).any()  # token 30 sits at position 4 in both branches: zeros
+    assert not drafter.rows.row(history, -1).any()  # before the start
     # a later batch at position 3 overwrites everything from there on
     rows.block = np.array([[99]], dtype=np.float32).repeat(4, 1)
     drafter.observe([21], [3], None)
-    assert drafter._row(history, 3)[0] == 99 and 4 not in drafter._rows
+    assert drafter.rows.row(history, 3)[0] == 99 and 4 not in drafter.rows
 
 
 def test_draft_mtp_parses_and_names_itself():
@@ -380,17 +380,17 @@ def test_hidden_rows_kept_for_a_catch_up_are_capped():
     rows = _Rows()
     drafter = MtpDrafter(_Head(), rows, Sampler(SamplingParams(temperature=0.0)),  # type: ignore[arg-type]
                          max_row_bytes=10 * 4 * _Head.n_embd)
-    assert drafter.max_rows == 10
+    assert drafter.rows.max_rows == 10
     history = list(range(1000, 1060))
     rows.block = np.arange(20, dtype=np.float32)[:, None].repeat(4, 1) + 1  # a 20-token prefill
     drafter.observe(history[:20], range(20), None)
-    assert drafter.stored_rows == 10 and drafter._row(history, 9)[0] == 0 and drafter._row(history, 10)[0] == 11
+    assert len(drafter.rows) == 10 and drafter.rows.row(history, 9)[0] == 0 and drafter.rows.row(history, 10)[0] == 11
     for pos in range(20, 60):  # 40 plain steps, one row each, the head never asked
         rows.block = np.full((1, 4), pos + 1, dtype=np.float32)
         drafter.observe([history[pos]], [pos], None)
-        assert drafter.stored_rows <= 10
-    assert sorted(drafter._rows) == list(range(50, 60))
-    assert drafter._row(history, 59)[0] == 60 and not drafter._row(history, 49).any()
+        assert len(drafter.rows) <= 10
+    assert list(drafter.rows) == list(range(50, 60))
+    assert drafter.rows.row(history, 59)[0] == 60 and not drafter.rows.row(history, 49).any()
     assert drafter.behind(history) == 60  # the catch-up still decodes every position
 
 
@@ -458,7 +458,7 @@ def test_a_capped_drafter_still_decodes_exactly(agreeing_path, monkeypatch):
         got, by_drafter = _run(spec, LONG_PROMPT, max_tokens=40, sampling=greedy, draft_len=3, drafter="mtp")
         assert got == want and by_drafter["mtp"][0] > 0
         drafter = spec._mtp_drafter
-        assert drafter is not None and drafter.max_rows == 8 and drafter.stored_rows <= 8
+        assert drafter is not None and drafter.rows.max_rows == 8 and len(drafter.rows) <= 8
     finally:
         plain.close()
         spec.close()

@@ -37,11 +37,12 @@ import numpy as np
 
 from localspec.backend import ASSISTANT_TARGETS
 from localspec.drafting.base import DrafterBase, Proposal, draft_token
+from localspec.drafting.hidden_rows import HiddenRows
 from localspec.drafting.mtp import HiddenSource
 from localspec.errors import IncompatibleDraftError
 from localspec.sampling import Sampler
 
-# Rows kept per target decode, counted back from its last position: a verification batch is never deeper.
+# Target rows kept, the newest: a verification batch is never deeper.
 _ROWS_KEPT = 64
 
 
@@ -70,42 +71,22 @@ class AssistantDrafter(DrafterBase):
         self.target = target
         self.sampler = sampler
         self.p_min = p_min
-        # Target hidden rows: position -> {token: row}; a None row marks a key two batch rows shared.
-        self._rows: dict[int, dict[int, np.ndarray | None]] = {}
-        self._zero = np.zeros(head.n_embd, dtype=np.float32)
+        self.rows = HiddenRows(head.n_embd, _ROWS_KEPT)
         target.add_decode_listener(self.observe)
 
     def observe(self, tokens: Sequence[int], positions: Sequence[int],
                 seq_ids: Sequence[Sequence[int]] | None) -> None:
         """Keep the last rows of a target decode (called by the target context after each one)."""
-        if not tokens:
-            return
-        first, last = min(positions), max(positions)
-        # Everything at or after the batch's first position was just overwritten in the target's cache.
-        for pos in [p for p in self._rows if p >= first]:
-            del self._rows[pos]
-        block = self.target.hidden_rows(len(tokens))
-        for i, (tok, pos) in enumerate(zip(tokens, positions)):
-            if pos < last - _ROWS_KEPT:
-                continue
-            at = self._rows.setdefault(int(pos), {})
-            # Two branches with this token here: which one the target kept is unknown.
-            at[int(tok)] = None if int(tok) in at else np.array(block[i])
-
-    def _row(self, history: Sequence[int], pos: int) -> np.ndarray:
-        if pos < 0:
-            return self._zero
-        row = self._rows.get(pos, {}).get(history[pos])
-        return self._zero if row is None else row
+        if tokens:
+            self.rows.add(tokens, positions, self.target.hidden_rows(len(tokens)))
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
         pos = len(history) - 1  # where history[-1] goes: the target's cache holds everything before it
         if draft_len <= 0 or pos < 1:
             # With nothing in the target's cache there is nothing to attend to (its logits would be NaN).
             return Proposal(drafter=self.name)
-        for p in [p for p in self._rows if p < pos - 1]:
-            del self._rows[p]
-        token, hidden = history[-1], self._row(history, pos - 1)
+        self.rows.drop_before(pos - 1)
+        token, hidden = history[-1], self.rows.row(history, pos - 1)
         greedy = self.sampler.params.greedy
         tokens: list[int] = []
         probs: list[np.ndarray] = []

@@ -30,7 +30,7 @@ output for its input): llama.cpp stops at the last head instead; here the
 controller, which learns the acceptance at every depth, decides how deep the
 drafts are worth it.
 
-Memory: the target's hidden rows wait in ``_rows`` until a catch-up consumes
+Memory: the target's hidden rows wait in ``rows`` (``HiddenRows``) until a catch-up consumes
 them. While the controller keeps the head off, they would pile up with the
 context (n_embd floats per token: 20 KiB for a 5120-wide model); at most
 ``max_row_bytes`` of them are kept, the oldest positions dropped first. A
@@ -55,6 +55,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from localspec.drafting.base import DrafterBase, Proposal, draft_token
+from localspec.drafting.hidden_rows import HiddenRows
 from localspec.sampling import Sampler
 
 MAX_ROW_BYTES = 64 << 20
@@ -107,60 +108,19 @@ class MtpDrafter(DrafterBase):
         self.sampler = sampler
         self.p_min = p_min
         self.n_heads = max(1, head.n_heads)
-        # Target hidden rows: position -> {token: row}; a None row marks a key two batch rows shared.
-        self._rows: dict[int, dict[int, np.ndarray | None]] = {}
-        self._n_rows = 0
-        self.max_rows = max(2, (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_embd))
+        max_rows = (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_embd)
+        self.rows = HiddenRows(head.n_embd, max(2, max_rows))
         # Tokens the head's cache holds at positions 0.., each built from the target's hidden row
         # (in every head's layer).
         self._tokens: list[int] = []
-        self._zero = np.zeros(head.n_embd, dtype=np.float32)
         target.add_decode_listener(self.observe)
 
     # --- the target's hidden rows ------------------------------------------
     def observe(self, tokens: Sequence[int], positions: Sequence[int],
                 seq_ids: Sequence[Sequence[int]] | None) -> None:
         """Keep the hidden rows of a target decode (called by the target context after each one)."""
-        if not tokens:
-            return
-        first = min(positions)
-        # Everything at or after the batch's first position was just overwritten in the target's cache.
-        self._drop([p for p in self._rows if p >= first])
-        block = self.target.hidden_rows(len(tokens))
-        for i, (tok, pos) in enumerate(zip(tokens, positions)):
-            at = self._rows.setdefault(int(pos), {})
-            # Two branches with this token here: which one the target kept is unknown.
-            if int(tok) in at:
-                at[int(tok)] = None
-            else:
-                at[int(tok)] = np.array(block[i])
-                self._n_rows += 1
-        if self._n_rows > self.max_rows:
-            # Kept off for long (or a prompt longer than the cap): the oldest rows go first.
-            over = self._n_rows - self.max_rows
-            old: list[int] = []
-            for pos in sorted(self._rows):
-                if over <= 0:
-                    break
-                old.append(pos)
-                over -= len(self._rows[pos])
-            self._drop(old)
-
-    def _drop(self, positions: Sequence[int]) -> None:
-        for pos in positions:
-            self._n_rows -= len(self._rows.pop(pos))
-
-    @property
-    def stored_rows(self) -> int:
-        """How many target hidden rows wait for the next catch-up (at most ``max_rows``)."""
-        return self._n_rows
-
-    def _row(self, history: Sequence[int], pos: int) -> np.ndarray:
-        """The target's hidden state at ``pos`` of ``history`` (zeros before the start or when unknown)."""
-        if pos < 0:
-            return self._zero
-        row = self._rows.get(pos, {}).get(history[pos])
-        return self._zero if row is None else row
+        if tokens:
+            self.rows.add(tokens, positions, self.target.hidden_rows(len(tokens)))
 
     # --- the protocol ------------------------------------------------------
     def _fed(self, history: Sequence[int]) -> int:
@@ -183,7 +143,7 @@ class MtpDrafter(DrafterBase):
         while n < len(history):
             end = min(len(history), n + self.head.n_batch)
             positions = range(n, end)
-            hidden = np.stack([self._row(history, p - 1) for p in positions])
+            hidden = np.stack([self.rows.row(history, p - 1) for p in positions])
             outputs = [logits and p == len(history) - 1 for p in positions]
             self.head.decode(history[n:end], positions, hidden, outputs)
             row = end - 1 - n
@@ -206,7 +166,7 @@ class MtpDrafter(DrafterBase):
             self._tokens.clear()  # a failed decode leaves the head's cache unknown (it was cleared)
             raise
         self._tokens.extend(history[n:])
-        self._drop([p for p in self._rows if p < len(history) - 2])  # consumed; the next catch-up needs no more
+        self.rows.drop_before(len(history) - 2)  # consumed; the next catch-up needs no more
         return row
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
@@ -227,7 +187,7 @@ class MtpDrafter(DrafterBase):
         pos0 = len(history) - 1
         # The hidden rows the draft region is built from: the target's before the last token, then
         # each head's own output for the token it drafted.
-        chain = [self._row(history, pos0 - 1)]
+        chain = [self.rows.row(history, pos0 - 1)]
         for depth in range(draft_len):
             picked = draft_token(self.head.logits(row), self.sampler, self.p_min)
             if picked is None:
