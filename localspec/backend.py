@@ -350,7 +350,29 @@ def _float_view(ptr: Any, shape: tuple[int, ...], missing: str) -> np.ndarray:
     return view
 
 
-class Context:
+class _OwnedContext:
+    """A llama.cpp context and its batch, freed once by ``close`` (or at garbage collection)."""
+
+    _ctx: Any
+    _batch: Any
+
+    def _free_batch(self) -> None:
+        llama_cpp.llama_batch_free(self._batch)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._free_batch()
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Context(_OwnedContext):
     """One KV cache over a model, with up to ``n_seq`` parallel sequences.
 
     ``tokens`` mirrors what sequence 0 holds, position by position, so callers
@@ -618,18 +640,6 @@ class Context:
             n += 1
         return n
 
-    def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 DecodeListener = Callable[[Sequence[int], Sequence[int], "Sequence[Sequence[int]] | None"], None]
 
@@ -693,23 +703,11 @@ def mtp_unavailable_reason() -> str | None:
             "install llama-cpp-python 0.3.36 or newer (scripts/setup.sh builds it)")
 
 
-class _ExtBatchContext:
+class _ExtBatchContext(_OwnedContext):
     """What MtpContext and AssistantContext share: a llama.cpp context fed through a ``llama_batch_ext``."""
 
-    _ctx: Any
-    _batch: Any
-
-    def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            llama_cpp.llama_batch_ext_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free_batch(self) -> None:
+        llama_cpp.llama_batch_ext_free(self._batch)
 
 
 class MtpContext(_ExtBatchContext):

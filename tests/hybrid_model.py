@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_gguf import RandomWeights, gguf_writer
+from tiny_gguf import RandomWeights, add_nextn_inputs, gguf_writer
 
 N_EMBD, N_FF, N_HEAD, N_HEAD_KV, L_CACHE = 64, 128, 4, 2, 3
 # conv, conv, attention, conv, attention, conv: LFM2's own pattern in miniature.
@@ -155,10 +155,5 @@ def write_qwen35(path: Path, *, seed: int = 0, logit_scale: float = 1.0, mix: fl
             writer.add_tensor(p + "attn_output.weight",
                               normal(N_EMBD, N_HEAD * HEAD_DIM, std=mix * (N_HEAD * HEAD_DIM) ** -0.5))
             if i == QWEN35_TRUNK:
-                eh_proj = normal(N_EMBD, 2 * N_EMBD, std=mix * (2 * N_EMBD) ** -0.5)
-                if mix < 1.0:
-                    eh_proj[:, :N_EMBD] += np.eye(N_EMBD, dtype=np.float32)
-                writer.add_tensor(p + "nextn.eh_proj.weight", eh_proj)
-                writer.add_tensor(p + "nextn.enorm.weight", ones(N_EMBD))
-                writer.add_tensor(p + "nextn.hnorm.weight", ones(N_EMBD))
+                add_nextn_inputs(writer, weights, p, N_EMBD, mix)
     return path

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_gguf import RandomWeights, gguf_writer
+from tiny_gguf import RandomWeights, add_nextn_inputs, gguf_writer
 
 N_EMBD, N_HEAD, N_HEAD_KV, N_TRUNK, N_NEXTN = 64, 4, 2, 2, 1
 N_FF, N_EXPERT, N_EXPERT_USED, N_FF_EXP = 128, 4, 2, 32
@@ -76,12 +76,7 @@ def write_mtp_model(path: Path, *, seed: int = 0, n_embd: int = N_EMBD, n_trunk:
         writer.add_tensor("output.weight", normal(n_vocab, n_embd, std=logit_scale))
         for i in range(n_trunk + (N_NEXTN if with_head else 0)):
             p = f"blk.{i}."
-            writer.add_tensor(p + "attn_norm.weight", ones(n_embd))
-            writer.add_tensor(p + "attn_q.weight", normal(n_head * HEAD_DIM, n_embd, std=n_embd ** -0.5))
-            writer.add_tensor(p + "attn_k.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
-            writer.add_tensor(p + "attn_v.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
-            writer.add_tensor(p + "attn_output.weight",
-                              normal(n_embd, n_head * HEAD_DIM, std=mix * (n_head * HEAD_DIM) ** -0.5))
+            _add_attention(writer, weights, p, n_embd, n_head, n_head_kv, mix)
             writer.add_tensor(p + "post_attention_norm.weight", ones(n_embd))
             if i < n_trunk:
                 writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
@@ -98,12 +93,7 @@ def write_mtp_model(path: Path, *, seed: int = 0, n_embd: int = N_EMBD, n_trunk:
             writer.add_tensor(p + "ffn_gate_shexp.weight", normal(N_FF_EXP, n_embd, std=n_embd ** -0.5))
             writer.add_tensor(p + "ffn_up_shexp.weight", normal(N_FF_EXP, n_embd, std=n_embd ** -0.5))
             writer.add_tensor(p + "ffn_down_shexp.weight", normal(n_embd, N_FF_EXP, std=mix * N_FF_EXP ** -0.5))
-            eh_proj = normal(n_embd, 2 * n_embd, std=mix * (2 * n_embd) ** -0.5)
-            if mix < 1.0:
-                eh_proj[:, :n_embd] += np.eye(n_embd, dtype=np.float32)  # [norm(embedding), norm(hidden)] -> embedding
-            writer.add_tensor(p + "nextn.eh_proj.weight", eh_proj)
-            writer.add_tensor(p + "nextn.enorm.weight", ones(n_embd))
-            writer.add_tensor(p + "nextn.hnorm.weight", ones(n_embd))
+            add_nextn_inputs(writer, weights, p, n_embd, mix)
     return path
 
 
@@ -158,24 +148,14 @@ def write_step35_model(path: Path, *, seed: int = 0, n_heads: int = 2, n_trunk: 
         writer.add_tensor("output.weight", normal(n_vocab, n_embd, std=logit_scale))
         for i in range(n_layers):
             p = f"blk.{i}."
-            writer.add_tensor(p + "attn_norm.weight", ones(n_embd))
-            writer.add_tensor(p + "attn_q.weight", normal(n_head * HEAD_DIM, n_embd, std=n_embd ** -0.5))
-            writer.add_tensor(p + "attn_k.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
-            writer.add_tensor(p + "attn_v.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
-            writer.add_tensor(p + "attn_output.weight",
-                              normal(n_embd, n_head * HEAD_DIM, std=mix * (n_head * HEAD_DIM) ** -0.5))
+            _add_attention(writer, weights, p, n_embd, n_head, n_head_kv, mix)
             writer.add_tensor(p + "ffn_norm.weight", ones(n_embd))
             writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
             writer.add_tensor(p + "ffn_up.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
             writer.add_tensor(p + "ffn_down.weight", normal(n_embd, N_FF, std=mix * N_FF ** -0.5))
             if i < n_trunk:
                 continue
-            eh_proj = normal(n_embd, 2 * n_embd, std=mix * (2 * n_embd) ** -0.5)
-            if mix < 1.0:
-                eh_proj[:, :n_embd] += np.eye(n_embd, dtype=np.float32)
-            writer.add_tensor(p + "nextn.eh_proj.weight", eh_proj)
-            writer.add_tensor(p + "nextn.enorm.weight", ones(n_embd))
-            writer.add_tensor(p + "nextn.hnorm.weight", ones(n_embd))
+            add_nextn_inputs(writer, weights, p, n_embd, mix)
             if marked is not None and i > n_trunk:
                 # Only hidden coordinate 0 survives the norm; its sign picks a (positive) or b.
                 norm = np.zeros(n_embd, dtype=np.float32)
@@ -185,3 +165,15 @@ def write_step35_model(path: Path, *, seed: int = 0, n_heads: int = 2, n_trunk: 
                 writer.add_tensor(p + "nextn.shared_head_norm.weight", norm)
                 writer.add_tensor(p + "nextn.shared_head_head.weight", head)
     return path
+
+
+def _add_attention(writer, weights: RandomWeights, p: str, n_embd: int, n_head: int, n_head_kv: int,  # noqa: ANN001
+                   mix: float) -> None:
+    """A block's attention: its norm and the q, k, v and output matrices (output scaled by ``mix``)."""
+    normal = weights.normal
+    writer.add_tensor(p + "attn_norm.weight", weights.ones(n_embd))
+    writer.add_tensor(p + "attn_q.weight", normal(n_head * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+    writer.add_tensor(p + "attn_k.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+    writer.add_tensor(p + "attn_v.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+    writer.add_tensor(p + "attn_output.weight",
+                      normal(n_embd, n_head * HEAD_DIM, std=mix * (n_head * HEAD_DIM) ** -0.5))

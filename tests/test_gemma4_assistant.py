@@ -8,9 +8,6 @@ its target often: drafts are both accepted and rejected.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -27,6 +24,7 @@ from localspec.models.gguf_info import read_info
 from localspec.planner import plan
 from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
+from cli import localspec, one_error_line
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MIX, LOGIT_SCALE = 0.1, 0.5
@@ -168,24 +166,12 @@ def test_the_assistant_reads_the_target_cache_and_leaves_it_alone(pair):
         assistant.close()
 
 
-def _localspec(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def _one_error_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("localspec: error: ")
-    return lines[0]
 
 
 @pytest.mark.slow
 def test_cli_drafts_with_the_assistant(pair):
     target, assistant = pair
-    proc = _localspec("generate", str(target), "--draft", str(assistant), "--prompt", PROMPT, "--max-tokens",
+    proc = localspec("generate", str(target), "--draft", str(assistant), "--prompt", PROMPT, "--max-tokens",
                       "24", "--temp", "0", "--draft-max", "3", "--threads", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     stats = json.loads(proc.stdout)["stats"]
@@ -197,7 +183,7 @@ def test_cli_drafts_with_the_assistant(pair):
 def test_cli_refuses_an_assistant_for_another_architecture(pair, smollm2_path):
     """SmolLM2 shares the tiny assistant's vocabulary, so only the pairing rule can refuse it."""
     _, assistant = pair
-    line = _one_error_line(_localspec("generate", str(smollm2_path), "--draft", str(assistant), "--prompt", "Hi",
+    line = one_error_line(localspec("generate", str(smollm2_path), "--draft", str(assistant), "--prompt", "Hi",
                                       "--threads", "1"))
     assert "does not fit" in line and "drafts for gemma4 models" in line and "llama" in line
 
@@ -243,7 +229,7 @@ def test_the_plan_counts_the_assistant_weights_but_no_cache(pair):
 @pytest.mark.slow
 def test_cli_refuses_the_assistant_as_the_model(pair):
     _, assistant = pair
-    line = _one_error_line(_localspec("generate", str(assistant), "--prompt", "Hi", "--threads", "1"))
+    line = one_error_line(localspec("generate", str(assistant), "--prompt", "Hi", "--threads", "1"))
     assert "cannot run alone" in line and "as --draft" in line
 
 

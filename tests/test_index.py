@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from localspec.drafting.rest import RestDrafter
 from localspec.drafting.suffix_array import open_store
 from localspec.errors import StoreError
 from localspec.models.gguf_info import read_info, tokenizer_fingerprint
+from cli import localspec
 
 SENTENCE = ("The lighthouse keeper polished the great brass lens every evening, "
             "long before the fishing boats came home across the grey water.")
@@ -149,11 +147,6 @@ def test_plain_output_is_the_store_path_and_reindexing_replaces_the_store(index_
 
 # --- corrupt stores: one line, exit 2, no traceback (issue 9) ---------------------------------
 
-
-def _localspec(*args: str) -> subprocess.CompletedProcess:
-    """`localspec ...` as a user runs it: a real process, so a traceback would show."""
-    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1", "LOCALSPEC_NO_HISTORY": "1"})
 
 
 def _header(path: Path) -> tuple[int, dict]:
@@ -288,11 +281,11 @@ def test_generate_refuses_each_corrupt_store_in_one_line(index_cli, capsys, corp
         damaged = tmp_path / f"{corrupt.__name__.strip('_')}.lsstore"
         shutil.copyfile(store, damaged)
         why = corrupt(damaged, n_vocab)
-        proc = _localspec("generate", str(smollm2_path), "--draft", f"rest:{damaged}", "-p", prompt,
+        proc = localspec("generate", str(smollm2_path), "--draft", f"rest:{damaged}", "-p", prompt,
                           "--max-tokens", "8")
         _assert_one_line(proc.returncode, proc.stdout, proc.stderr, f"store {damaged} is corrupt (", why,
                          "localspec index")
-    proc = _localspec("generate", str(smollm2_path), "--draft", f"rest:{store}", "-p", prompt,
+    proc = localspec("generate", str(smollm2_path), "--draft", f"rest:{store}", "-p", prompt,
                       "--max-tokens", "24", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)

@@ -9,9 +9,6 @@ never accepted). SmolLM2 stands for a model without MTP layers.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +23,7 @@ from localspec.engine import Engine, GenerateOptions
 from localspec.errors import UnsupportedModelError
 from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
+from cli import localspec, one_error_line
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 LONG_PROMPT = " ".join(["Once upon a time there was a small village by the sea."] * 25)  # > the head's batch
@@ -247,23 +245,11 @@ def test_chained_drafts_are_each_heads_own_prediction(tmp_path):
         target.close()
 
 
-def _localspec(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def _one_error_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("localspec: error: ")
-    return lines[0]
 
 
 @pytest.mark.slow
 def test_cli_refuses_mtp_for_a_model_without_mtp_layers(smollm2_path):
-    line = _one_error_line(_localspec("generate", str(smollm2_path), "--draft", "mtp", "--prompt", "Hi",
+    line = one_error_line(localspec("generate", str(smollm2_path), "--draft", "mtp", "--prompt", "Hi",
                                       "--threads", "1"))
     assert "no MTP (NextN) layers" in line and "nextn_predict_layers" in line and "--draft ngram" in line
 
@@ -271,7 +257,7 @@ def test_cli_refuses_mtp_for_a_model_without_mtp_layers(smollm2_path):
 @pytest.mark.slow
 def test_cli_drafts_with_mtp_by_default(agreeing_path):
     """No --draft: a model with MTP layers drafts for itself, and the stats name the drafter ``mtp``."""
-    proc = _localspec("generate", str(agreeing_path), "--prompt", PROMPT, "--max-tokens", "24",
+    proc = localspec("generate", str(agreeing_path), "--prompt", PROMPT, "--max-tokens", "24",
                       "--temp", "0", "--draft-max", "3", "--threads", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     stats = json.loads(proc.stdout)["stats"]

@@ -51,3 +51,15 @@ def gguf_writer(path: Path, arch: str, name: str) -> Iterator[tuple[Any, int]]:
     writer.write_tensors_to_file()
     writer.close()
     os.replace(tmp, path)
+
+
+def add_nextn_inputs(writer: Any, weights: RandomWeights, prefix: str, n_embd: int, mix: float) -> None:
+    """A NextN block's input side: ``eh_proj`` (2 n_embd -> n_embd over [norm(embedding), norm(hidden)])
+    and the two norms. ``mix`` < 1 adds the identity on the embedding half, so the block mostly
+    passes the embedding on (a head that agrees with its trunk; see mtp_model)."""
+    eh_proj = weights.normal(n_embd, 2 * n_embd, std=mix * (2 * n_embd) ** -0.5)
+    if mix < 1.0:
+        eh_proj[:, :n_embd] += np.eye(n_embd, dtype=np.float32)
+    writer.add_tensor(prefix + "nextn.eh_proj.weight", eh_proj)
+    writer.add_tensor(prefix + "nextn.enorm.weight", weights.ones(n_embd))
+    writer.add_tensor(prefix + "nextn.hnorm.weight", weights.ones(n_embd))
