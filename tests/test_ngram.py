@@ -293,3 +293,37 @@ def test_model_free_drafting_never_imports_llama_cpp() -> None:
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+def _copying(drafter: NgramDrafter, source: list[int], text: list[int]) -> list[Proposal]:
+    """Generate ``text`` after ``source`` one token per step (as plain steps do), proposing before each."""
+    history = list(source)
+    out = []
+    for token in text:
+        out.append(drafter.propose(history, 6))
+        history.append(token)
+        drafter.accepted(history, 0)
+    return out
+
+
+# What is copied (50..63), then a later 58 followed by something else, then where the copy begins (0).
+SOURCE = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 58, 70, 71, 0]
+# The copy: 50..55, then an edit (99 replaces 56, 57), then the source again from 58 on.
+COPY = [50, 51, 52, 53, 54, 55, 99, 58, 59, 60]
+
+
+def test_a_copy_is_resumed_after_an_edit_from_where_it_stopped() -> None:
+    proposals = _copying(NgramDrafter(), SOURCE, COPY)
+    after_edit = proposals[8]  # the history ends ..., 55, 99, 58: 58 is found just past where the copy parted
+    assert after_edit.tokens == (59, 60, 61, 62, 63, 58)
+    assert after_edit.evidence is not None and after_edit.evidence.resumed
+    assert not proposals[5].evidence.resumed  # while copying, the long match proposes
+
+
+def test_no_resuming_without_a_copy_or_with_the_window_closed() -> None:
+    off = _copying(NgramDrafter(resume_window=0), SOURCE, COPY)
+    assert all(p.evidence is None or not p.evidence.resumed for p in off)
+    assert off[8].tokens[:2] == (70, 71)  # the 1-gram 58: its most recent occurrence
+    # New text that never copied anything: nothing to resume.
+    fresh = _copying(NgramDrafter(), SOURCE, [90, 91, 58, 92])
+    assert all(p.evidence is None or not p.evidence.resumed for p in fresh)

@@ -44,11 +44,14 @@ class Evidence:
     occurrences of that match; ``support[d]``: the share of the occurrences
     considered whose continuation agrees with the proposal's most probable
     path up to depth d + 1 (non-increasing, one entry per proposed depth).
+    ``resumed``: not a match of the context's end but the source a copy was
+    following before the text parted from it (an edit), picked up again.
     """
 
     match_len: int
     occurrences: int
     support: tuple[float, ...] = ()
+    resumed: bool = False
 
     def agreement(self, depth: int) -> tuple[float, ...]:
         """The evidence's own chance of depth d + 1 once right up to d, for d < ``depth``."""

@@ -321,6 +321,16 @@ class NgramDrafter(DrafterBase):
     (``strongest``) proposes. The drafter decides no length: it offers its
     best candidate (or a trie of them) as deep as asked, with the evidence,
     and the controller chooses how much of it to verify.
+
+    Resuming a copy after an edit: the drafter remembers where in the
+    history its last proposal was copying from. When the text parts from
+    that source (a renamed identifier, an inserted type hint), the context's
+    own match is a token or two long for the next few steps and its
+    continuations split. Then, within ``resume_window`` tokens of the text
+    since the edit, the last token is searched for in the ``resume_window``
+    source tokens after the point where the copy stopped; found, the source
+    after it is offered, its evidence marked ``resumed`` (a class the
+    controller learns apart).
     """
 
     n_min: int = 1
@@ -330,6 +340,7 @@ class NgramDrafter(DrafterBase):
     max_candidates: int = 8
     sync_check: int = 16
     max_branches: int = 1  # > 1: propose a trie of continuations when the evidence splits
+    resume_window: int = 8  # see the class notes: 0 turns resuming off
     name: str = "ngram"
     stats: DrafterStats = field(default_factory=DrafterStats)
     cheap: ClassVar[bool] = True  # a lookup: the controller may ask it before planning (see Drafter)
@@ -339,6 +350,9 @@ class NgramDrafter(DrafterBase):
 
     def reset(self) -> None:
         self._index = NgramIndex(self.n_min, self.n_max, max_match=self.max_match)
+        self._copy: tuple[int, int] | None = None  # (history length, source position) of the last proposal
+        self._edit: tuple[int, int] | None = None  # (history position, source position) where the text parted
+        self._last_own: Lookup | None = None  # the context index's own lookup of the last proposal
 
     def _sync(self, history: Sequence[int]) -> None:
         index, n_idx = self._index, len(self._index)
@@ -360,7 +374,7 @@ class NgramDrafter(DrafterBase):
 
     def _best_lookup(self, history: Sequence[int], max_tokens: int) -> Lookup | None:
         self._sync(history)
-        lookup = self._index.query(max_tokens, self.max_candidates)
+        lookup = self._last_own = self._index.query(max_tokens, self.max_candidates)
         if not self.sources:
             return lookup
         tail = _as_list(history[-64:])
@@ -368,7 +382,14 @@ class NgramDrafter(DrafterBase):
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal | TreeProposal:
         lookup = self._best_lookup(history, draft_len)
-        proposal = proposal_from_lookup(lookup, draft_len, self.max_branches, self.name)
+        self._follow_copy()
+        copying = (lookup is not None and lookup.match_len >= RESUME_BELOW
+                   and lookup.candidates[0].support[0] >= 0.999)
+        proposal = None if copying else self._resume(draft_len)
+        if proposal is None:
+            proposal = proposal_from_lookup(lookup, draft_len, self.max_branches, self.name)
+            if copying and lookup is self._last_own:  # a copy in progress: remember its source
+                self._copy = (len(self._index), lookup.candidates[0].last_seen)
         self.stats.proposals += 1
         self.stats.drafted += len(proposal)
         return proposal
@@ -376,6 +397,54 @@ class NgramDrafter(DrafterBase):
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         self.stats.accepted += n_accepted
         self._sync(history)
+
+    def _follow_copy(self) -> None:
+        """Compare the text since the last proposal with the source it copied: where they part is an edit."""
+        if self._copy is None:
+            return
+        length, source = self._copy
+        h = self._index.tail(len(self._index))
+        new = h[length:]
+        if not new or source < 0 or source >= length:
+            return
+        followed = h[source : source + len(new)]
+        m = common_prefix_len(new, followed)
+        if m < len(new):
+            self._edit = (length + m, source + m)
+            self._copy = None
+
+    def _resume(self, draft_len: int) -> Proposal | None:
+        """The source after the edit, from the first place in its window holding the text's last token."""
+        if self._edit is None or self.resume_window <= 0:
+            return None
+        at, source = self._edit
+        h = self._index.tail(len(self._index))
+        if len(h) - at > self.resume_window or len(h) <= at:
+            self._edit = None if len(h) - at > self.resume_window else self._edit
+            return None
+        last = h[-1]
+        for q in range(source, min(source + self.resume_window, at - 1)):
+            if h[q] == last:
+                tokens = cut_at_separator(h[q + 1 : q + 1 + draft_len])
+                if not tokens:
+                    return None
+                self._copy = (len(h), q + 1)
+                return Proposal(tuple(tokens), None, self.name,
+                                Evidence(1, 1, (1.0,) * len(tokens), resumed=True))
+        return None
+
+
+# A match shorter than this (or one whose occurrences disagree) gives way to resuming a copy after an edit.
+RESUME_BELOW = 4
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 # A continuation holding less than this share of the evidence makes no branch of a
