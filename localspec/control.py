@@ -399,6 +399,12 @@ class _DrafterState:
     kept_tokens: float = 0.0
     expected_kept: float = 0.0
 
+    def calibrate(self, kept: float, expected: float) -> None:
+        """Learn from a proposal that kept ``kept`` draft tokens where ``expected`` (calibrated) were expected."""
+        raw = expected / self.calibration  # what the classes themselves expected
+        self.kept_tokens = CALIBRATION_DECAY * self.kept_tokens + kept
+        self.expected_kept = CALIBRATION_DECAY * self.expected_kept + raw
+
     @property
     def calibration(self) -> float:
         """The factor (at most 1) applied to the draft tokens evidence-based estimates expect."""
@@ -820,9 +826,7 @@ class Controller:
             evidence = decision.proposal.evidence if decision.proposal is not None else None
             if evidence is not None:
                 state.evidence_acceptance(evidence).update(decision.draft_len, step.accepted)
-                expected = (decision.expected_tokens - 1.0) / state.calibration  # as the classes expected it
-                state.kept_tokens = CALIBRATION_DECAY * state.kept_tokens + step.accepted
-                state.expected_kept = CALIBRATION_DECAY * state.expected_kept + expected
+                state.calibrate(step.accepted, decision.expected_tokens - 1.0)
             if name not in self._asked:
                 extra = self._members[name].batch_extra_tokens if name in self._members else 0
                 candidates = max(0.0, step.batch_tokens - 1 - extra)
