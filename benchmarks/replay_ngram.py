@@ -101,6 +101,7 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     generation with ``drafter``; time is charged from ``costs`` (verification) only."""
     from localspec.control import Controller
     from localspec.costs import CostModel
+    from localspec.drafting.base import TreeProposal
     from localspec.events import StepEvent
 
     truth = CostModel(costs)
@@ -113,6 +114,8 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
         proposal = None
         if not decision.plain:
             proposal = decision.proposal or drafter.propose(history, decision.draft_len)
+            if isinstance(proposal, TreeProposal):  # as the step cuts it
+                proposal = TreeProposal(proposal.tree.truncated(decision.draft_len), proposal.drafter)
         n, verified = _accepted(proposal, reply, i) if proposal is not None else (0, 0)
         depth = min(len(proposal), decision.draft_len) if proposal is not None else 0
         tokens = tuple(reply[i:i + n + 1])

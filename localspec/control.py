@@ -839,7 +839,8 @@ class Controller:
                 continue
             if other in self._asked:
                 drafter.verified(0)
-                self._unused.add(start, other, proposal_branches(self._asked[other]), self._asked[other].evidence)
+                asked = self._asked[other]
+                self._unused.add(start, other, proposal_branches(asked), asked.evidence)
             drafter.accepted(history, 0)
         self._asked = {}
         for other, branches, followed, evidence in self._unused.ready(history):
