@@ -49,12 +49,13 @@ offers, each class with its own ``DecayingAcceptance`` starting from a prior
 that grows with the match length (``evidence_prior``), and never trusts a
 depth more than the occurrences agree on it. As the classes are many and
 each is sparse, one calibration per drafter (accepted over expected draft
-tokens of its recent verified steps, at most 1) scales what they expect. So a long verbatim copy drafts
-long once its class has proved itself, and a 1-gram guess whose
-continuations split drafts short or not at all, by the same cost rule as
-every other option. Their lookup time is spent
-whatever is decided, so it is not part of T; it is counted in the step's
-``draft_ms``.
+tokens of its recent verified steps, at most 1) scales what they expect. So
+a long verbatim copy drafts long once its class has proved itself, and a
+1-gram guess whose continuations split drafts short or not at all, by the
+same cost rule as every other option.
+
+A lookup's time is spent whatever is decided, so it is not part of T; it is
+counted in the step's ``draft_ms``.
 
 Probing, and why it costs at most ~2.5% speed
 ---------------------------------------------
@@ -203,6 +204,8 @@ RESUMED_PRIOR_MATCH = 4
 # more than one lucky outcome before it drafts deep (replaying the test models' own replies:
 # 4 beat 2 on rewriting and extraction alike).
 EVIDENCE_PRIOR_WEIGHT = 4.0
+# The calibration (``_DrafterState.calibration``): its prior, in draft tokens at a ratio of 1,
+# and the decay of its sums per verified step (memory ~30 steps).
 CALIBRATION_PRIOR = 8.0
 CALIBRATION_DECAY = 0.97
 
@@ -225,8 +228,9 @@ def evidence_class(evidence: Evidence) -> tuple[int, int]:
 def evidence_prior(match_class: int) -> float:
     """The prior acceptance of a match of ``MATCH_CLASSES[match_class]`` tokens or more: m / (m + 1).
 
-    Only a starting point worth a few observations (``EVIDENCE_PRIOR_WEIGHT``): a single shared token is an even bet, a
-    32-token match nearly certain; what the text really does is learned within a few steps.
+    Only a starting point worth a few observations (``EVIDENCE_PRIOR_WEIGHT``): a single shared
+    token is an even bet, a 32-token match nearly certain; what the text really does is learned
+    within a few steps.
     """
     m = MATCH_CLASSES[match_class]
     return m / (m + 1.0)

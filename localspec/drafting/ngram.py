@@ -111,6 +111,11 @@ class NgramIndex:
     def __len__(self) -> int:
         return len(self._tokens)
 
+    @property
+    def tokens(self) -> list[int]:
+        """The indexed history itself (not a copy: read it, never change it)."""
+        return self._tokens
+
     def tail(self, k: int) -> list[int]:
         """The last ``k`` indexed tokens (fewer if the history is shorter)."""
         return self._tokens[-k:] if k > 0 else []
@@ -403,7 +408,7 @@ class NgramDrafter(DrafterBase):
         if self._copy is None:
             return
         length, source = self._copy
-        h = self._index.tail(len(self._index))
+        h = self._index.tokens
         new = h[length:]
         if not new or source < 0 or source >= length:
             return
@@ -418,9 +423,11 @@ class NgramDrafter(DrafterBase):
         if self._edit is None or self.resume_window <= 0:
             return None
         at, source = self._edit
-        h = self._index.tail(len(self._index))
-        if len(h) - at > self.resume_window or len(h) <= at:
-            self._edit = None if len(h) - at > self.resume_window else self._edit
+        h = self._index.tokens
+        if len(h) - at > self.resume_window:  # the text has moved on from the edit
+            self._edit = None
+            return None
+        if len(h) <= at:  # rolled back before the edit
             return None
         last = h[-1]
         for q in range(source, min(source + self.resume_window, at - 1)):
