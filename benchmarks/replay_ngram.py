@@ -15,8 +15,8 @@ The controller plans every step as in a real generation (it alone decides the
 draft length, from the lookup's evidence and the costs), with verification
 charged from costs measured on a 2-core CPU (``CPU_COSTS``); "× plain" is
 the speedup that gives. It compares the drafter's defaults with a trie of up
-to 4 continuations and with matches that cannot grow past n_max
-(``max_match=4``).
+to 4 continuations, with matches that cannot grow past n_max
+(``max_match=4``) and with copies resumed after an edit (``resume_window=8``).
 """
 
 from __future__ import annotations
@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         "defaults": lambda: NgramDrafter(max_branches=1),
         "trie of 4": lambda: NgramDrafter(max_branches=4),
         "max_match=4": lambda: NgramDrafter(max_branches=1, max_match=4),
+        "resume_window=8": lambda: NgramDrafter(max_branches=1, resume_window=8),
     }
     print(f"{'model':<10}{'reply':<17}{'drafter':<14}{'tokens':>7}{'steps':>7}{'empty':>7}{'α':>7}{'τ':>7}"
           f"{'× plain':>9}")

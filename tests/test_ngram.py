@@ -313,7 +313,7 @@ COPY = [50, 51, 52, 53, 54, 55, 99, 58, 59, 60]
 
 
 def test_a_copy_is_resumed_after_an_edit_from_where_it_stopped() -> None:
-    proposals = _copying(NgramDrafter(), SOURCE, COPY)
+    proposals = _copying(NgramDrafter(resume_window=8), SOURCE, COPY)
     after_edit = proposals[8]  # the history ends ..., 55, 99, 58: 58 is found just past where the copy parted
     assert after_edit.tokens == (59, 60, 61, 62, 63, 58)
     assert after_edit.evidence is not None and after_edit.evidence.resumed
@@ -325,5 +325,5 @@ def test_no_resuming_without_a_copy_or_with_the_window_closed() -> None:
     assert all(p.evidence is None or not p.evidence.resumed for p in off)
     assert off[8].tokens[:2] == (70, 71)  # the 1-gram 58: its most recent occurrence
     # New text that never copied anything: nothing to resume.
-    fresh = _copying(NgramDrafter(), SOURCE, [90, 91, 58, 92])
+    fresh = _copying(NgramDrafter(resume_window=8), SOURCE, [90, 91, 58, 92])
     assert all(p.evidence is None or not p.evidence.resumed for p in fresh)
