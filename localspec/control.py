@@ -38,9 +38,24 @@ asked before planning, while their lookups cost at most ``lookup_share`` of
 a plain step: the controller then plans with what they actually offer
 (depth, and for a tree its own confidence by depth and its node count, or
 only its most probable path), and scores the proposals it did not verify
-against the text that followed, for free. Their lookup time is spent
-whatever is decided, so it is not part of T; it is counted in the step's
-``draft_ms``.
+against the text that followed, for free.
+
+A lookup decides no length: it offers its candidates as deep as the
+controller's limit, with their ``Evidence`` (match length, occurrences, how
+the occurrences agree by depth). The controller learns acceptance by
+position per class of evidence (``evidence_class``: match-length class
+times agreement class), from verified steps and from the scored unused
+offers, each class with its own ``DecayingAcceptance`` starting from a prior
+that grows with the match length (``evidence_prior``), and never trusts a
+depth more than the occurrences agree on it. As the classes are many and
+each is sparse, one calibration per drafter (accepted over expected draft
+tokens of its recent verified steps, at most 1) scales what they expect. So
+a long verbatim copy drafts long once its class has proved itself, and a
+1-gram guess whose continuations split drafts short or not at all, by the
+same cost rule as every other option.
+
+A lookup's time is spent whatever is decided, so it is not part of T; it is
+counted in the step's ``draft_ms``.
 
 Probing, and why it costs at most ~2.5% speed
 ---------------------------------------------
@@ -78,6 +93,7 @@ from long ago weighs little against a fresh probe).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import time
@@ -85,7 +101,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from localspec.costs import CostModel
-from localspec.drafting.base import Drafter, Proposal, TreeProposal
+from localspec.drafting.base import Drafter, Evidence, Proposal, TreeProposal
 from localspec.drafting.tree import ROOT, CandidateTree
 from localspec.events import StepEvent
 
@@ -101,8 +117,8 @@ DRAFT_LEN_MAX = 64
 class DecayingAcceptance:
     """Running acceptance by draft position that forgets, with a prior worth ``weight`` trials.
 
-    The one acceptance estimator (the controller keeps one per drafter). Two
-    properties matter:
+    The one acceptance estimator (the controller keeps one per drafter, and
+    one per class of a lookup's evidence). Two properties matter:
 
     * evidence decays: by ``decay`` at each observation of the drafter, and
       by ``idle_decay`` per step without any observation (``update(...,
@@ -171,6 +187,53 @@ def expected_tokens_per_step(alpha: float, gamma: float) -> float:
     if alpha >= 1.0:
         return gamma + 1.0
     return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
+
+
+# --- acceptance by evidence -------------------------------------------------------
+# A lookup's proposal comes with its evidence (``Evidence``), and its acceptance is
+# learned per class of evidence: match lengths 1, 2, 3, 4, 5-7, 8-15, 16-31, 32+ ...
+MATCH_CLASSES = (1, 2, 3, 4, 5, 8, 16, 32)
+# ... times how the occurrences agree on the first token: seen once, several agreeing,
+# a majority, split (below half); or a copy resumed after an edit (``Evidence.resumed``).
+AGREEMENT_CLASSES = ("once", "unanimous", "majority", "split", "resumed")
+# A resumed copy's prior counts as a match of this many tokens (a token found where the copy
+# left off is as telling as a 4-gram found anywhere); then it learns like any class.
+RESUMED_PRIOR_MATCH = 4
+# A class's prior counts as this many observations. A class is sparse (few proposals rest on
+# each), and on a CPU a long draft that fails costs several plain steps, so a class must show
+# more than one lucky outcome before it drafts deep (replaying the test models' own replies:
+# 4 beat 2 on rewriting and extraction alike).
+EVIDENCE_PRIOR_WEIGHT = 4.0
+# The calibration (``_DrafterState.calibration``): its prior, in draft tokens at a ratio of 1,
+# and the decay of its sums per verified step (memory ~30 steps).
+CALIBRATION_PRIOR = 8.0
+CALIBRATION_DECAY = 0.97
+
+
+def evidence_class(evidence: Evidence) -> tuple[int, int]:
+    """(match-length class, agreement class) of ``evidence`` (see MATCH_CLASSES, AGREEMENT_CLASSES)."""
+    if evidence.resumed:
+        return MATCH_CLASSES.index(RESUMED_PRIOR_MATCH), AGREEMENT_CLASSES.index("resumed")
+    match = max(0, bisect.bisect_right(MATCH_CLASSES, evidence.match_len) - 1)
+    first = evidence.support[0] if evidence.support else 0.0
+    if evidence.occurrences <= 1:
+        agreement = 0
+    elif first >= 0.999:
+        agreement = 1
+    else:
+        agreement = 2 if first >= 0.5 else 3
+    return match, agreement
+
+
+def evidence_prior(match_class: int) -> float:
+    """The prior acceptance of a match of ``MATCH_CLASSES[match_class]`` tokens or more: m / (m + 1).
+
+    Only a starting point worth a few observations (``EVIDENCE_PRIOR_WEIGHT``): a single shared
+    token is an even bet, a 32-token match nearly certain; what the text really does is learned
+    within a few steps.
+    """
+    m = MATCH_CLASSES[match_class]
+    return m / (m + 1.0)
 
 
 # --- what a proposal offers ---------------------------------------------------
@@ -307,7 +370,7 @@ class ControllerStats:
         return dataclasses.replace(self, choices={n: dict(ks) for n, ks in self.choices.items()})
 
     @property
-    def mean_k(self) -> float:
+    def mean_draft_len(self) -> float:
         """Mean draft length over the steps that drafted (probes included)."""
         n = sum(c for name, ks in self.choices.items() if name != "plain" for c in ks.values())
         total = sum(k * c for name, ks in self.choices.items() if name != "plain" for k, c in ks.items())
@@ -332,11 +395,39 @@ class _DrafterState:
     last_seen: int = 0      # step of the last acceptance observation
     wait: int = 0           # unobserved steps before the next probe
     lookups: int = 0        # lookups since the drafter was reset (the first one indexes the prompt)
+    by_evidence: dict[tuple[int, int], DecayingAcceptance] = field(default_factory=dict)  # see evidence_class
+    # Accepted over expected draft tokens of the recent verified steps planned from evidence
+    # (decaying sums, a prior of CALIBRATION_PRIOR tokens at 1): the classes are many and each
+    # sparse, so while they are still learning, this one ratio across them keeps their
+    # optimism in check (see calibration).
+    kept_tokens: float = 0.0
+    expected_kept: float = 0.0
+
+    def calibrate(self, kept: float, expected: float) -> None:
+        """Learn from a proposal that kept ``kept`` draft tokens where ``expected`` (calibrated) were expected."""
+        raw = expected / self.calibration  # what the classes themselves expected
+        self.kept_tokens = CALIBRATION_DECAY * self.kept_tokens + kept
+        self.expected_kept = CALIBRATION_DECAY * self.expected_kept + raw
+
+    @property
+    def calibration(self) -> float:
+        """The factor (at most 1) applied to the draft tokens evidence-based estimates expect."""
+        return min(1.0, (self.kept_tokens + CALIBRATION_PRIOR) / (self.expected_kept + CALIBRATION_PRIOR))
+
+    def evidence_acceptance(self, evidence: Evidence) -> DecayingAcceptance:
+        """The acceptance estimate for proposals resting on evidence like ``evidence``."""
+        key = evidence_class(evidence)
+        est = self.by_evidence.get(key)
+        if est is None:
+            est = self.by_evidence[key] = DecayingAcceptance(prior=evidence_prior(key[0]),
+                                                             weight=EVIDENCE_PRIOR_WEIGHT)
+        return est
 
 
 @dataclass(frozen=True)
 class _Option:
-    """One candidate plan: ``drafter`` drafting ``draft_len`` tokens (``proposal``: made already, cut)."""
+    """One candidate plan: ``drafter`` drafting ``draft_len`` tokens (``proposal``: made already; a chain
+    is cut to ``draft_len`` only once chosen, as most options are never chosen)."""
 
     drafter: Drafter
     draft_len: int
@@ -346,6 +437,13 @@ class _Option:
     behind: int = 0
     proposal: Proposal | TreeProposal | None = None
     shape: str = ""
+
+    def cut_proposal(self) -> Proposal | TreeProposal | None:
+        """The proposal to verify: a chain cut to ``draft_len`` (a tree is cut by the step)."""
+        p = self.proposal
+        if isinstance(p, Proposal) and len(p.tokens) > self.draft_len:
+            return Proposal(tuple(p.tokens[: self.draft_len]), None, p.drafter, p.evidence)
+        return p
 
     def ranked_ms(self, horizon: float) -> float:
         """The step's time with its catch-up spread over the ``horizon`` tokens it will serve."""
@@ -363,27 +461,30 @@ class UnusedProposals:
     """
 
     def __init__(self) -> None:
-        self._pending: list[tuple[int, str, tuple[tuple[int, ...], ...]]] = []  # (history index, name, branches)
+        # (history index, name, branches, evidence)
+        self._pending: list[tuple[int, str, tuple[tuple[int, ...], ...], Evidence | None]] = []
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, start: int, name: str, branches: Sequence[Sequence[int]]) -> None:
-        """``name``'s proposal for the text from ``history[start]`` on."""
+    def add(self, start: int, name: str, branches: Sequence[Sequence[int]], evidence: Evidence | None = None) -> None:
+        """``name``'s proposal for the text from ``history[start]`` on (resting on ``evidence``)."""
         if any(branches):
-            self._pending.append((start, name, tuple(tuple(b) for b in branches if b)))
+            self._pending.append((start, name, tuple(tuple(b) for b in branches if b), evidence))
 
-    def ready(self, history: Sequence[int]) -> list[tuple[str, tuple[tuple[int, ...], ...], list[int]]]:
-        """(name, branches, what followed up to their depth) of each proposal the history now judges."""
+    def ready(self, history: Sequence[int]
+              ) -> list[tuple[str, tuple[tuple[int, ...], ...], list[int], Evidence | None]]:
+        """(name, branches, what followed up to their depth, evidence) of each proposal the history now judges."""
         out, pending = [], []
-        for start, name, branches in self._pending:
-            followed = list(history[start:])
+        for entry in self._pending:
+            start, name, branches, evidence = entry
             depth = max(len(b) for b in branches)
+            followed = list(history[start : start + depth])
             matched = max(common_prefix(b, followed) for b in branches)
             if len(followed) >= depth or matched < len(followed):
-                out.append((name, branches, followed[:depth]))
+                out.append((name, branches, followed, evidence))
             else:
-                pending.append((start, name, branches))
+                pending.append(entry)
         self._pending = pending
         return out
 
@@ -473,16 +574,25 @@ class Controller:
         return self._states[name].acceptance
 
     # --- the objective ------------------------------------------------------
-    def expected_tokens(self, name: str, draft_len: int, confidence: Sequence[float] = ()) -> float:
-        """E(k): the estimate's rates, never above the proposal's own ``confidence`` where it has one."""
-        return self._expected_by_length(name, draft_len, confidence)[draft_len]
+    def expected_tokens(self, name: str, draft_len: int, confidence: Sequence[float] = (),
+                        evidence: Evidence | None = None) -> float:
+        """E(k): the estimate's rates (for proposals resting on ``evidence``, when given), never above
+        the proposal's own ``confidence`` where it has one."""
+        return self._expected_by_length(name, draft_len, confidence, evidence)[draft_len]
 
-    def _expected_by_length(self, name: str, limit: int, confidence: Sequence[float] = ()) -> list[float]:
-        """E(k) for k = 0..limit in one pass."""
+    def _expected_by_length(self, name: str, limit: int, confidence: Sequence[float] = (),
+                            evidence: Evidence | None = None) -> list[float]:
+        """E(k) for k = 0..limit in one pass; with ``evidence``, from what proposals resting on such
+        evidence were seen to keep (see evidence_class), never above the evidence's own agreement."""
+        state = self._states[name]
+        estimate = state.acceptance if evidence is None else state.evidence_acceptance(evidence)
+        if evidence is not None and not confidence:
+            confidence = evidence.agreement(limit)
+        scale = state.calibration if evidence is not None else 1.0
         out, tokens, run = [1.0], 1.0, 1.0
-        for i, a in enumerate(self._states[name].acceptance.rates(limit)):
+        for i, a in enumerate(estimate.rates(limit)):
             run *= min(a, confidence[i]) if i < len(confidence) else a
-            tokens += run
+            tokens += run * scale
             out.append(tokens)
         return out
 
@@ -516,22 +626,24 @@ class Controller:
         if isinstance(proposal, TreeProposal) and len(proposal.tree.leaves) > 1:
             tree = proposal.tree
             depth = min(max(tree.depths), limit)
-            tree_tokens = self._expected_by_length(name, depth, tree_confidence(tree))
+            evidence = proposal.evidence
+            tree_tokens = self._expected_by_length(name, depth, tree_confidence(tree), evidence)
             path, path_confidence = best_path(tree)
-            path_tokens = self._expected_by_length(name, depth, path_confidence)
+            path_tokens = self._expected_by_length(name, depth, path_confidence, evidence)
+            path_proposal = Proposal(path, None, proposal.drafter or name, evidence)
             for k in self._lengths(depth):
                 nodes = sum(1 for d in tree.depths if d <= k)
                 out.append(_Option(drafter, k, tree_tokens[k], self.step_ms(name, k, verified=nodes, drafting=False),
                                    proposal=proposal, shape=f"a {nodes}-node tree"))
                 out.append(_Option(drafter, k, path_tokens[k], self.step_ms(name, k, verified=k, drafting=False),
-                                   proposal=Proposal(path[:k], None, proposal.drafter or name)))
+                                   proposal=path_proposal))
             return out
         tokens = proposal.tokens
         depth = min(len(tokens), limit)
-        expected = self._expected_by_length(name, depth)
+        expected = self._expected_by_length(name, depth, evidence=proposal.evidence)
         for k in self._lengths(depth):
             out.append(_Option(drafter, k, expected[k], self.step_ms(name, k, verified=k, drafting=False),
-                               proposal=Proposal(tuple(tokens[:k]), None, proposal.drafter or name)))
+                               proposal=proposal))
         return out
 
     def _options(self, drafter: Drafter, limit: int, behind: int) -> list[_Option]:
@@ -643,7 +755,7 @@ class Controller:
 
     def _chosen(self, option: _Option, speedup: float, lookup_ms: float, reason: str) -> Decision:
         return Decision(option.drafter, option.draft_len, option.tokens, option.ms, speedup, reason,
-                        proposal=option.proposal, proposal_ms=lookup_ms, behind=option.behind)
+                        proposal=option.cut_proposal(), proposal_ms=lookup_ms, behind=option.behind)
 
     def _probe(self, history: Sequence[int], limit: int, chosen: Drafter | None, lookup_ms: float,
                t0: float) -> Decision | None:
@@ -715,6 +827,10 @@ class Controller:
                 self.costs.observe_draft(name, decision.draft_len, max(0.0, own_ms))
             state.acceptance.update(decision.draft_len, step.accepted,
                                     idle_steps=max(0, self._step - state.last_seen - 1))
+            evidence = decision.proposal.evidence if decision.proposal is not None else None
+            if evidence is not None:
+                state.evidence_acceptance(evidence).update(decision.draft_len, step.accepted)
+                state.calibrate(step.accepted, decision.expected_tokens - 1.0)
             if name not in self._asked:
                 extra = self._members[name].batch_extra_tokens if name in self._members else 0
                 candidates = max(0.0, step.batch_tokens - 1 - extra)
@@ -727,11 +843,12 @@ class Controller:
                 continue
             if other in self._asked:
                 drafter.verified(0)
-                self._unused.add(start, other, proposal_branches(self._asked[other]))
+                asked = self._asked[other]
+                self._unused.add(start, other, proposal_branches(asked), asked.evidence)
             drafter.accepted(history, 0)
         self._asked = {}
-        for other, branches, followed in self._unused.ready(history):
-            self.observe_shadow(other, branches, followed, deferred=True)
+        for other, branches, followed, evidence in self._unused.ready(history):
+            self.observe_shadow(other, branches, followed, deferred=True, evidence=evidence)
 
         # counters, the probe budget, probe outcomes
         stats = self.stats
@@ -773,7 +890,7 @@ class Controller:
         return speedup >= 1.0 + self.margin
 
     def observe_shadow(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
-                       deferred: bool = False) -> None:
+                       deferred: bool = False, evidence: Evidence | None = None) -> None:
         """Score a deterministic drafter's proposal that was not verified.
 
         ``branches``: its candidate continuations (one for a chain);
@@ -784,7 +901,8 @@ class Controller:
         is unknown and not counted. Not for sampled drafts (a draft model),
         whose acceptance is min(1, p/q), and not for the drafter the last step
         used (``observe`` counted it) unless ``deferred``: ``emitted`` is what
-        followed a proposal of some steps ago.
+        followed a proposal of some steps ago. ``evidence``: what the proposal
+        rested on; its class learns the outcome too.
         """
         state = self._states.get(name)
         depth = max((len(b) for b in branches), default=0)
@@ -792,10 +910,10 @@ class Controller:
             return
         matched = max(common_prefix(b, emitted) for b in branches)
         idle = max(0, self._step - state.last_seen - 1)
-        if matched >= len(emitted):
-            state.acceptance.update(matched, matched, idle_steps=idle)
-        else:
-            state.acceptance.update(depth, matched, idle_steps=idle)
+        reached = matched if matched >= len(emitted) else depth  # past the text's end: unknown
+        state.acceptance.update(reached, matched, idle_steps=idle)
+        if evidence is not None:
+            state.evidence_acceptance(evidence).update(reached, matched)
         state.last_seen = self._step
 
 

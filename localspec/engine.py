@@ -472,7 +472,8 @@ class _Tally:
             return None
         c = self.controller.stats.since(self.control_before)
         return ControlSummary(draft_steps=c.draft_steps, plain_steps=c.plain_steps, probes=c.probes,
-                              mean_k=c.mean_k, expected_gain=c.expected_gain, measured_gain=c.measured_gain,
+                              mean_draft_len=c.mean_draft_len, expected_gain=c.expected_gain,
+                              measured_gain=c.measured_gain,
                               last_reason=c.last_reason if c.steps else "")
 
 

@@ -90,7 +90,7 @@ class ControlSummary:
     draft_steps: int = 0
     plain_steps: int = 0
     probes: int = 0
-    mean_k: float = 0.0
+    mean_draft_len: float = 0.0
     expected_gain: float = 1.0
     measured_gain: float = 1.0
     last_reason: str = ""

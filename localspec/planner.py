@@ -231,7 +231,6 @@ def place(info: GGUFInfo, n_ctx: int, gpu_layers: int | None = None, output_on_g
     def kv(layers: range) -> int:
         return kv_cache_bytes(info, n_ctx, kv_type, layers=layers, swa_full=swa_full, n_ubatch=n_ubatch)
 
-    on_gpu = range(n - k, n)
     output_part = (info.output_bytes or info.token_embd_bytes) + info.other_bytes
     layers_gpu = sum(used[n - k:n])
     weights_gpu = layers_gpu + (output_part if output_on_gpu else 0)

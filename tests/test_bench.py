@@ -190,7 +190,7 @@ def test_bench_compares_configurations_with_plain(smollm2_path, smollm2_q4_0_pat
         if invariant:  # this build gives every position the same logits whatever the batch: exact
             assert r["same_as_plain"] is True, r
         if r["config"] == "draft@3":
-            assert r["drafted"] > 0 and 0 < r["control"]["mean_k"] <= 3
+            assert r["drafted"] > 0 and 0 < r["control"]["mean_draft_len"] <= 3
             assert r["predicted"] > 0
     for task in ("extraction", "prompt-1"):
         for config in ("ngram", "draft@3"):

@@ -51,7 +51,7 @@ def test_json_output_parses_and_is_consistent(smollm2_path, smollm2_q4_0_path):
     # What the controller decided: every step is a drafting, plain or probe step; k was fixed at 4.
     c = s["control"]
     assert c["draft_steps"] + c["plain_steps"] + c["probes"] == s["steps"]
-    assert 0 < c["mean_k"] <= 4 and "draft length fixed at 4" in c["last_reason"]  # shorter near max-tokens
+    assert 0 < c["mean_draft_len"] <= 4 and "draft length fixed at 4" in c["last_reason"]  # shorter near max-tokens
     assert c["expected_gain"] > 0 and c["measured_gain"] > 0
 
 

@@ -21,17 +21,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localspec.control import (
+    MATCH_CLASSES,
     Controller,
     ControllerStats,
     DecayingAcceptance,
     Decision,
     UnusedProposals,
     best_path,
+    evidence_class,
+    evidence_prior,
     proposal_branches,
     tree_confidence,
 )
 from localspec.costs import CostModel
-from localspec.drafting.base import DrafterBase, Proposal, TreeProposal
+from localspec.drafting.base import DrafterBase, Evidence, Proposal, TreeProposal
 from localspec.drafting.tree import build_tree
 from localspec.events import StepEvent
 
@@ -367,6 +370,82 @@ def test_a_drafter_proposing_after_planning_costs_its_learned_width() -> None:
     assert ms == pytest.approx(expected, rel=0.02)
 
 
+# --- a lookup's evidence -------------------------------------------------------------
+class EvidenceLookup(Named):
+    """A cheap lookup offering ``tokens`` resting on ``evidence`` (cut to the depth asked, like a real one)."""
+
+    def __init__(self, tokens: tuple[int, ...], evidence: Evidence) -> None:
+        super().__init__("ngram", cheap=True, tokens=tokens)
+        self.evidence = evidence
+
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
+        ev = self.evidence
+        return Proposal(self.tokens[:draft_len], None, self.name, Evidence(ev.match_len, ev.occurrences,
+                                                                           ev.support[:draft_len]))
+
+
+LONG_COPY = Evidence(20, 1, (1.0,) * 15)   # a 20-token match: a copy in progress
+ONE_TOKEN = Evidence(1, 6, (0.4,) * 15)    # one shared token, its six continuations split
+
+
+def test_evidence_classes_and_priors() -> None:
+    assert evidence_class(LONG_COPY) == (MATCH_CLASSES.index(16), 0)
+    assert evidence_class(ONE_TOKEN) == (0, 3)
+    assert evidence_class(Evidence(4, 3, (1.0, 0.5))) == (3, 1)
+    assert evidence_class(Evidence(9, 3, (0.6,))) == (MATCH_CLASSES.index(8), 2)
+    assert evidence_class(Evidence(1, 1, (1.0,), resumed=True)) == (MATCH_CLASSES.index(4), 4)  # a class apart
+    priors = [evidence_prior(c) for c in range(len(MATCH_CLASSES))]
+    assert priors == sorted(priors) and priors[0] == 0.5 and priors[-1] > 0.95
+
+
+def test_a_long_copy_drafts_long_and_a_weak_guess_not_at_all() -> None:
+    """The same 15 tokens offered on a CPU: resting on a 20-token match, nearly all of them are
+    verified; resting on one shared token whose continuations split, none (verifying even one
+    more token costs twice a plain step there)."""
+    tokens = tuple(range(1, 16))
+    long_copy = plan(Controller(CostModel(CPU), [EvidenceLookup(tokens, LONG_COPY)]))
+    weak = plan(Controller(CostModel(CPU), [EvidenceLookup(tokens, ONE_TOKEN)]))
+    assert long_copy.name == "ngram" and long_copy.draft_len >= 8
+    assert weak.plain and weak.reason.startswith("speculation off")
+
+
+def test_each_class_of_evidence_learns_its_acceptance_from_the_text() -> None:
+    """4-gram matches seen once that the text never follows, 20-token matches it always follows:
+    scored against the text on plain steps, each class learns its own rate, and the 4-gram's
+    offers stop being drafted while the long copy drafts its whole depth."""
+    four = Evidence(4, 1, (1.0,) * 8)
+    long_copy = Evidence(20, 1, (1.0,) * 8)
+    ctl = Controller(CostModel(CPU), [Named("ngram", cheap=True)])
+    before = ctl.expected_tokens("ngram", 8, evidence=four)
+    for _ in range(30):
+        ctl.observe_shadow("ngram", [(1, 2, 3, 4, 5, 6, 7, 8)], [9] * 8, deferred=True, evidence=four)
+        ctl.observe_shadow("ngram", [(1, 2, 3, 4, 5, 6, 7, 8)], [1, 2, 3, 4, 5, 6, 7, 8], deferred=True,
+                           evidence=long_copy)
+    assert ctl.expected_tokens("ngram", 8, evidence=four) < 1.25 < 3.0 < before
+    assert ctl.expected_tokens("ngram", 8, evidence=long_copy) > 8.0
+    tokens = tuple(range(1, 9))
+    four_offer = Controller(ctl.costs, [EvidenceLookup(tokens, four)])
+    four_offer._states = ctl._states
+    assert plan(four_offer).plain
+    long_offer = Controller(ctl.costs, [EvidenceLookup(tokens, long_copy)])
+    long_offer._states = ctl._states
+    assert plan(long_offer).draft_len == 8
+
+
+def test_verified_steps_teach_the_class_of_their_evidence() -> None:
+    """A long match whose drafts are all rejected: within a few dozen steps it is no longer drafted."""
+    ctl = Controller(CostModel(CPU), [EvidenceLookup(tuple(range(100, 115)), LONG_COPY)])
+    history = [0]
+    drafted = []
+    for _ in range(40):
+        decision = plan(ctl, history=history)
+        drafted.append(decision.draft_len)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), "ngram" if decision.draft_len else None, decision.draft_len, 0),
+                    history)
+    assert drafted[0] >= 8 and drafted[-1] == 0
+
+
 # --- following the text --------------------------------------------------------------
 def test_estimator_forgets_within_a_few_dozen_steps() -> None:
     est = DecayingAcceptance()
@@ -597,7 +676,7 @@ def test_stats_since_an_earlier_copy_count_one_generation() -> None:
     assert delta.steps == 100 == delta.plain_steps + delta.draft_steps + delta.probes
     assert sum(sum(ks.values()) for ks in delta.choices.values()) == 100
     drafted = [d.draft_len for d in sim.decisions[200:] if not d.plain]
-    assert delta.mean_k == pytest.approx(sum(drafted) / len(drafted))
+    assert delta.mean_draft_len == pytest.approx(sum(drafted) / len(drafted))
     assert delta.measured_gain > 2.0 and delta.last_reason == sim.ctl.stats.last_reason
     # The copy is independent: later steps did not change it.
     assert before.steps == 200 and sum(sum(ks.values()) for ks in before.choices.values()) == 200
@@ -606,7 +685,8 @@ def test_stats_since_an_earlier_copy_count_one_generation() -> None:
 def test_unused_proposals_wait_until_the_text_judges_every_position() -> None:
     book = UnusedProposals()
     history = [9, 9, 9]
-    book.add(3, "a", [(1, 2, 3, 4)])     # a chain of depth 4 for what follows history[:3]
+    long_match = Evidence(12, 1, (1.0,) * 4)
+    book.add(3, "a", [(1, 2, 3, 4)], long_match)  # a chain of depth 4 for what follows history[:3]
     book.add(3, "b", [(1, 2, 7), (5,)])  # a tree
     book.add(3, "c", [])                 # nothing proposed: nothing kept
     assert len(book) == 2
@@ -614,9 +694,9 @@ def test_unused_proposals_wait_until_the_text_judges_every_position() -> None:
     assert book.ready(history) == [] and len(book) == 2
     history.append(2)
     history.append(3)                    # the tree's (1, 2, 7) parted at its third position
-    assert book.ready(history) == [("b", ((1, 2, 7), (5,)), [1, 2, 3])]
+    assert book.ready(history) == [("b", ((1, 2, 7), (5,)), [1, 2, 3], None)]
     history.append(4)                    # the chain's depth is covered, every position matched
-    assert book.ready(history) == [("a", ((1, 2, 3, 4),), [1, 2, 3, 4])]
+    assert book.ready(history) == [("a", ((1, 2, 3, 4),), [1, 2, 3, 4], long_match)]
     assert len(book) == 0
     # Scored that way, deep positions learn: a lookup right 4 deep raises the rate at position 3.
     ctl = controller(CPU, "ngram")
@@ -683,3 +763,19 @@ def test_each_generation_earns_its_own_probe_budget() -> None:
     sim.ctl.start(list(sim.drafters.values()))
     assert sim.ctl.stats.probe_budget_ms == 0.0
     assert not sim.one().probe
+
+
+def test_steps_that_keep_less_than_their_evidence_promised_temper_every_class() -> None:
+    """Verified steps from one class keep nothing: the drafter's calibration falls, and a class
+    never observed (a 12-token match) is expected to keep less too."""
+    ctl = Controller(CostModel(GPU), [EvidenceLookup(tuple(range(100, 108)), Evidence(5, 1, (1.0,) * 8))])
+    fresh = Evidence(12, 1, (1.0,) * 8)
+    before = ctl.expected_tokens("ngram", 8, evidence=fresh)
+    history = [0]
+    for _ in range(10):
+        decision = plan(ctl, history=history)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), "ngram" if decision.draft_len else None, decision.draft_len, 0),
+                    history)
+    assert ctl._states["ngram"].calibration < 0.5
+    assert ctl.expected_tokens("ngram", 8, evidence=fresh) - 1 < 0.5 * (before - 1)

@@ -1,4 +1,4 @@
-"""The context n-gram index, the draft-length policy and the n-gram drafter."""
+"""The context n-gram index and the n-gram drafter (what it offers; the controller chooses the length)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localspec.drafting.base import Drafter, Proposal
+from localspec.drafting.base import Drafter, Evidence, Proposal, TreeProposal
 from localspec.drafting.ngram import (
     Candidate,
-    DraftPolicy,
     Lookup,
     NgramDrafter,
     NgramIndex,
-    draft_length,
+    proposal_from_lookup,
+    strongest,
 )
 
 tokens = st.lists(st.integers(0, 3), max_size=80)
@@ -178,40 +178,30 @@ def _lookup(match_len: int, considered: int, support: Sequence[float]) -> Lookup
     return Lookup(match_len, considered, considered, (Candidate(tuple(range(len(support))), 1, tuple(support)),))
 
 
-@pytest.mark.parametrize(
-    ("match_len", "considered", "support", "expected"),
-    [
-        (1, 1, [1.0] * 16, 1),  # one shared token, seen once: at most a token
-        (4, 1, [1.0] * 16, 8),
-        (4, 5, [1.0] * 16, 11),
-        (1, 4, [0.25] * 16, 0),  # four different continuations: nothing worth drafting
-        (4, 5, [1.0, 1.0, 0.2, 0.2], 2),  # agreement stops after two tokens
-        (8, 1, [1.0] * 16, 16),  # a copy in progress: one long match drafts to the cap
-        (8, 4, [0.25] * 16, 3),  # long matches that disagree: no copy in progress, the 6+-gram rule
-    ],
-)
-def test_policy_by_hand(match_len: int, considered: int, support: list[float], expected: int) -> None:
-    assert draft_length(_lookup(match_len, considered, support), 16) == expected
+def test_a_lookup_offers_all_it_found_up_to_the_limit_with_its_evidence() -> None:
+    """No length is decided here: a 1-gram guess and a long match are both offered as deep as asked."""
+    weak = proposal_from_lookup(_lookup(1, 4, [0.25] * 16), 10, 1, "ngram")
+    strong = proposal_from_lookup(_lookup(12, 1, [1.0] * 16), 10, 1, "ngram")
+    assert weak.tokens == strong.tokens == tuple(range(10))
+    assert weak.evidence == Evidence(1, 4, (0.25,) * 10)
+    assert strong.evidence == Evidence(12, 1, (1.0,) * 10)
+    assert proposal_from_lookup(None, 8, 1, "ngram") == Proposal(drafter="ngram")
+    assert proposal_from_lookup(_lookup(4, 5, [1.0] * 16), 0, 1, "ngram").tokens == ()
 
 
-def test_policy_edges() -> None:
-    assert draft_length(None, 8) == 0
-    assert draft_length(_lookup(4, 5, [1.0] * 16), 3) == 3
-    assert draft_length(_lookup(4, 5, [1.0] * 16), 16, DraftPolicy(max_draft=4)) == 4
-    assert draft_length(_lookup(4, 5, [1.0] * 16), 16, DraftPolicy(threshold=0.99)) == 0
+def test_agreement_is_the_conditional_share_by_depth() -> None:
+    ev = Evidence(2, 10, (0.8, 0.4, 0.4, 0.0))
+    assert ev.agreement(4) == pytest.approx((0.8, 0.5, 1.0, 0.0))
+    assert ev.agreement(2) == pytest.approx((0.8, 0.5))
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    n=st.integers(1, 8),
-    k=st.integers(1, 30),
-    support=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=10).map(lambda s: sorted(s, reverse=True)),
-)
-def test_more_evidence_never_drafts_less(n: int, k: int, support: list[float]) -> None:
-    base = draft_length(_lookup(n, k, support), 16)
-    assert draft_length(_lookup(n + 1, k, support), 16) >= base
-    assert draft_length(_lookup(n, k + 1, support), 16) >= base
-    assert draft_length(_lookup(n, k, [min(1.0, s * 1.5) for s in support]), 16) >= base
+def test_split_evidence_offers_a_trie_and_agreeing_evidence_a_chain() -> None:
+    split = Lookup(2, 3, 3, (Candidate((1, 2, 3), 2, (2 / 3,) * 3), Candidate((4, 5, 6), 1, (1 / 3,) * 3)))
+    tree = proposal_from_lookup(split, 2, 4, "ngram")
+    assert isinstance(tree, TreeProposal) and set(tree.tree.branches) == {(1, 2), (4, 5)}
+    assert tree.evidence == Evidence(2, 3, (2 / 3, 2 / 3))
+    chain = proposal_from_lookup(split, 2, 1, "ngram")
+    assert isinstance(chain, Proposal) and chain.tokens == (1, 2)
 
 
 def test_drafter_follows_the_protocol_and_drafts_a_repeat() -> None:
@@ -220,17 +210,20 @@ def test_drafter_follows_the_protocol_and_drafts_a_repeat() -> None:
     hist = [10, 11, 12, 13, 14, 15, 16, 17, 9, 10, 11, 12]
     proposal = drafter.propose(hist, 4)
     assert proposal == Proposal(tokens=(13, 14, 15, 16), probs=None, drafter="ngram")
+    assert proposal.evidence == Evidence(3, 1, (1.0,) * 4)  # 10, 11, 12 matched once
     assert drafter.propose([1, 2, 3], 4).tokens == ()  # nothing repeats
 
 
 def test_drafter_tree_has_bounded_branches() -> None:
-    drafter = NgramDrafter(max_match=4)  # longer matches would settle on one branch here
+    drafter = NgramDrafter(max_match=4, max_branches=2)  # longer matches would settle on one branch here
     hist = [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3, 4, 5, 1, 2, 3, 4]
-    tree = drafter.propose_tree(hist, 3, 2).tree
+    proposal = drafter.propose(hist, 3)
+    assert isinstance(proposal, TreeProposal)
+    tree = proposal.tree
     assert set(tree.branches) == {(5, 1, 2), (6, 1, 2)}
     first, second = (tree.path(leaf)[0] for leaf in tree.leaves)
     assert tree.probs[first] >= tree.probs[second]  # 5 followed twice, 6 once
-    assert drafter.propose_tree([1, 2, 3], 3, 2).tree.branches == ()
+    assert drafter.propose([1, 2, 3], 3).tokens == ()
 
 
 class _FixedSource:
@@ -250,6 +243,16 @@ def test_a_stronger_second_source_wins() -> None:
     assert strong.contexts[-1] == [1, 2, 3, 1]
     weak = NgramDrafter(sources=[_FixedSource(None)])
     assert weak.propose([1, 2, 3, 1, 2, 3, 1, 2], 1).tokens == (3,)
+    shorter = _FixedSource(Lookup(1, 9, 9, (Candidate((7, 7, 7), 9, (1.0, 1.0, 1.0)),)))
+    assert NgramDrafter(sources=[shorter]).propose([1, 2, 3, 1, 2], 2).tokens == (3, 1)  # the 2-gram match wins
+
+
+def test_strongest_prefers_the_longer_match_then_the_better_candidate() -> None:
+    short = Lookup(2, 5, 5, (Candidate((1,), 5, (1.0,)),))
+    long_ = Lookup(6, 1, 1, (Candidate((2,), 1, (1.0,)),))
+    split = Lookup(6, 2, 2, (Candidate((3,), 1, (0.5,)),))
+    assert strongest([short, long_, split]) is long_
+    assert strongest([None, Lookup(9, 1, 1, ())]) is None
 
 
 histories = st.lists(st.tuples(st.integers(0, 60), st.lists(st.integers(0, 3), max_size=15)), max_size=10)
@@ -290,3 +293,37 @@ def test_model_free_drafting_never_imports_llama_cpp() -> None:
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+def _copying(drafter: NgramDrafter, source: list[int], text: list[int]) -> list[Proposal]:
+    """Generate ``text`` after ``source`` one token per step (as plain steps do), proposing before each."""
+    history = list(source)
+    out = []
+    for token in text:
+        out.append(drafter.propose(history, 6))
+        history.append(token)
+        drafter.accepted(history, 0)
+    return out
+
+
+# What is copied (50..63), then a later 58 followed by something else, then where the copy begins (0).
+SOURCE = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 58, 70, 71, 0]
+# The copy: 50..55, then an edit (99 replaces 56, 57), then the source again from 58 on.
+COPY = [50, 51, 52, 53, 54, 55, 99, 58, 59, 60]
+
+
+def test_a_copy_is_resumed_after_an_edit_from_where_it_stopped() -> None:
+    proposals = _copying(NgramDrafter(resume_window=8), SOURCE, COPY)
+    after_edit = proposals[8]  # the history ends ..., 55, 99, 58: 58 is found just past where the copy parted
+    assert after_edit.tokens == (59, 60, 61, 62, 63, 58)
+    assert after_edit.evidence is not None and after_edit.evidence.resumed
+    assert not proposals[5].evidence.resumed  # while copying, the long match proposes
+
+
+def test_no_resuming_without_a_copy_or_with_the_window_closed() -> None:
+    off = _copying(NgramDrafter(resume_window=0), SOURCE, COPY)
+    assert all(p.evidence is None or not p.evidence.resumed for p in off)
+    assert off[8].tokens[:2] == (70, 71)  # the 1-gram 58: its most recent occurrence
+    # New text that never copied anything: nothing to resume.
+    fresh = _copying(NgramDrafter(resume_window=8), SOURCE, [90, 91, 58, 92])
+    assert all(p.evidence is None or not p.evidence.resumed for p in fresh)

@@ -61,7 +61,7 @@ def format_stats(stats: GenerationStats, finish_reason: str) -> str:
                  + " ".join(f"{a:.2f}" for a in stats.position_acceptance))
     c = stats.control
     if c is not None:
-        line += (f"\ncontroller: {c.draft_steps} drafting steps (mean k {c.mean_k:.1f}), {c.plain_steps} plain, "
+        line += (f"\ncontroller: {c.draft_steps} drafting steps (mean draft_len {c.mean_draft_len:.1f}), {c.plain_steps} plain, "
                  f"{c.probes} probes; drafting steps expected {c.expected_gain:.2f}× plain, measured "
                  f"{c.measured_gain:.2f}×; last decision: {c.last_reason}")
     total = stats.draft_ms + stats.verify_ms + stats.python_ms

@@ -9,6 +9,9 @@ index). ``reset`` forgets everything tied to the current sequence.
 Which drafter drafts, and how much, is decided elsewhere: the controller
 (``localspec.control``) plans each step from what every drafter declares
 here (``cheap``, ``batch_extra_tokens``, ``behind``) and the measured costs.
+A lookup decides no length: it offers its candidates as deep as it is asked,
+with the ``Evidence`` behind them (match length, occurrences, agreement), and
+the controller turns that evidence into expected acceptance.
 
 Proposals are a chain (``Proposal``) or a trie of candidates (``TreeProposal``).
 Chains come in two kinds:
@@ -34,17 +37,45 @@ from localspec.sampling import Sampler, sample
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """What a lookup's proposal rests on, for the controller to judge (a lookup decides no length).
+
+    ``match_len``: tokens of context matched; ``occurrences``: earlier
+    occurrences of that match; ``support[d]``: the share of the occurrences
+    considered whose continuation agrees with the proposal's most probable
+    path up to depth d + 1 (non-increasing, one entry per proposed depth).
+    ``resumed``: not a match of the context's end but the source a copy was
+    following before the text parted from it (an edit), picked up again.
+    """
+
+    match_len: int
+    occurrences: int
+    support: tuple[float, ...] = ()
+    resumed: bool = False
+
+    def agreement(self, depth: int) -> tuple[float, ...]:
+        """The evidence's own chance of depth d + 1 once right up to d, for d < ``depth``."""
+        out, prev = [], 1.0
+        for s in self.support[:depth]:
+            out.append(min(1.0, s / prev) if prev > 0 else 0.0)
+            prev = s
+        return tuple(out)
+
+
+@dataclass(frozen=True)
 class Proposal:
     """Tokens proposed to follow the history, in order.
 
     ``probs[i]`` is the full draft distribution q that ``tokens[i]`` was sampled
     from (float array over the vocabulary), or ``probs`` is None for
-    deterministic drafts.
+    deterministic drafts. ``evidence``: what a lookup's tokens rest on (None
+    for drafters that have none to offer).
     """
 
     tokens: tuple[int, ...] = ()
     probs: tuple[np.ndarray, ...] | None = None
     drafter: str = ""
+    evidence: Evidence | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.probs is not None and len(self.probs) != len(self.tokens):
@@ -88,6 +119,7 @@ class TreeProposal:
     tree: CandidateTree = field(default_factory=lambda: tree_from_branches(()))
     drafter: str = ""
     extra: BatchExtra | None = None
+    evidence: Evidence | None = field(default=None, compare=False)  # for the most probable path (see Proposal)
     probs = None  # deterministic: verified by sampling the target and following the match
 
     @property
@@ -125,7 +157,10 @@ class Drafter(Protocol):
     candidates (lookahead's Jacobi window)."""
 
     def propose(self, history: Sequence[int], draft_len: int) -> "Proposal | TreeProposal":
-        """Propose up to ``draft_len`` tokens (a tree: up to that depth) that continue ``history``."""
+        """Propose up to ``draft_len`` tokens (a tree: up to that depth) that continue ``history``.
+
+        A ``cheap`` drafter offers all it has up to ``draft_len``, with its ``evidence``:
+        the controller cuts the proposal to the length it chooses."""
         ...
 
     def behind(self, history: Sequence[int]) -> int:

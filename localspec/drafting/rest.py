@@ -13,7 +13,7 @@ import os
 from typing import Sequence
 
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal
-from localspec.drafting.ngram import DraftPolicy, proposal_from_lookup
+from localspec.drafting.ngram import proposal_from_lookup
 from localspec.drafting.suffix_array import Store, open_store
 
 # How much of the history is searched for a suffix match: matches longer than
@@ -22,15 +22,16 @@ CONTEXT_TAIL = 64
 
 
 class RestDrafter(DrafterBase):
-    """Drafts from a memory-mapped datastore; deterministic, stateless between steps."""
+    """Drafts from a memory-mapped datastore; deterministic, stateless between steps.
+
+    Like the n-gram drafter it offers what it found as deep as asked, with the
+    evidence; the controller chooses the length."""
 
     cheap = True  # a lookup: the controller may ask it before planning (see Drafter)
 
-    def __init__(self, store: Store, *, name: str = "rest", policy: DraftPolicy | None = None,
-                 max_branches: int = 4, max_candidates: int = 8) -> None:
+    def __init__(self, store: Store, *, name: str = "rest", max_branches: int = 4, max_candidates: int = 8) -> None:
         self.store = store
         self.name = name
-        self.policy = policy or DraftPolicy()
         self.max_branches = max_branches
         self.max_candidates = max_candidates
 
@@ -48,7 +49,7 @@ class RestDrafter(DrafterBase):
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal | TreeProposal:
         tail = list(history[-CONTEXT_TAIL:])
         lookup = self.store.lookup(tail, draft_len, self.max_candidates)
-        return proposal_from_lookup(lookup, draft_len, self.policy, self.max_branches, self.name)
+        return proposal_from_lookup(lookup, draft_len, self.max_branches, self.name)
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         pass
