@@ -101,7 +101,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from localspec.costs import CostModel
-from localspec.drafting.base import Drafter, Evidence, Proposal, TreeProposal
+from localspec.drafting.base import Drafter, Evidence, Proposal, TreeProposal, common_prefix
 from localspec.drafting.tree import ROOT, CandidateTree
 from localspec.events import StepEvent
 
@@ -915,12 +915,3 @@ class Controller:
         if evidence is not None:
             state.evidence_acceptance(evidence).update(reached, matched)
         state.last_seen = self._step
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

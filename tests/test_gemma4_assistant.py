@@ -25,6 +25,7 @@ from localspec.planner import plan
 from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
 from cli import localspec, one_error_line
+from stand_ins import HiddenRowSource
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MIX, LOGIT_SCALE = 0.1, 0.5
@@ -252,22 +253,6 @@ def test_a_one_token_prompt_drafts_nothing_until_the_target_holds_a_token(pair):
         spec.close()
 
 
-class _Rows:
-    """A stand-in for the target context's hidden rows (row i of a decode is ``block[i]``)."""
-
-    def __init__(self) -> None:
-        self.block = np.zeros((0, 4), dtype=np.float32)
-
-    def hidden_rows(self, n: int) -> np.ndarray:
-        return self.block[:n]
-
-    def add_decode_listener(self, listener) -> None:  # noqa: ANN001
-        pass
-
-    def remove_decode_listener(self, listener) -> None:  # noqa: ANN001
-        pass
-
-
 class _Head:
     """A stand-in assistant: predicts token + 1, returns hidden [100 + decodes], records its inputs."""
 
@@ -292,7 +277,7 @@ class _Head:
 def test_each_draft_step_reads_the_right_hidden_row_at_the_same_position():
     """The first step pairs the last token with the target's row before it; later steps with the
     assistant's own output; all at the last token's position. A tree's shared key is not trusted."""
-    rows, head = _Rows(), _Head()
+    rows, head = HiddenRowSource(), _Head()
     drafter = AssistantDrafter(head, rows, Sampler(SamplingParams(temperature=0.0)))  # type: ignore[arg-type]
     # a verification tree at positions 3..4 over history [10, 11, 12]: root 12 at 2, then 20 | 21 at 3
     rows.block = np.array([[2], [30], [31]], dtype=np.float32).repeat(4, 1)

@@ -24,6 +24,7 @@ from localspec.errors import UnsupportedModelError
 from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
 from cli import localspec, one_error_line
+from stand_ins import HiddenRowSource
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 LONG_PROMPT = " ".join(["Once upon a time there was a small village by the sea."] * 25)  # > the head's batch
@@ -310,29 +311,13 @@ def test_the_app_switch_offers_mtp(agreeing_path):
         engine.close()
 
 
-class _Rows:
-    """A stand-in for the target context's hidden rows: row i of a decode is [first position + i] * 4."""
-
-    def __init__(self) -> None:
-        self.block = np.zeros((0, 4), dtype=np.float32)
-
-    def hidden_rows(self, n: int) -> np.ndarray:
-        return self.block[:n]
-
-    def add_decode_listener(self, listener) -> None:  # noqa: ANN001
-        pass
-
-    def remove_decode_listener(self, listener) -> None:  # noqa: ANN001
-        pass
-
-
 class _Head:
     n_embd, n_batch, n_heads = 4, 8, 1
 
 
 def test_hidden_rows_are_found_by_position_and_token():
     """A tree batch: the accepted path's rows are found; a (position, token) two nodes share is not trusted."""
-    rows = _Rows()
+    rows = HiddenRowSource()
     drafter = MtpDrafter(_Head(), rows, Sampler(SamplingParams(temperature=0.0)))  # type: ignore[arg-type]
     # history [10, 11, 12] fed as a chain: positions 0..2
     rows.block = np.arange(3, dtype=np.float32)[:, None].repeat(4, 1)
@@ -363,7 +348,7 @@ def test_draft_mtp_parses_and_names_itself():
 # --- what keeping the head costs ------------------------------------------------------
 def test_hidden_rows_kept_for_a_catch_up_are_capped():
     """Kept off, the drafter keeps at most max_rows target rows: the newest; older positions read as zeros."""
-    rows = _Rows()
+    rows = HiddenRowSource()
     drafter = MtpDrafter(_Head(), rows, Sampler(SamplingParams(temperature=0.0)),  # type: ignore[arg-type]
                          max_row_bytes=10 * 4 * _Head.n_embd)
     assert drafter.rows.max_rows == 10

@@ -17,7 +17,7 @@ from typing import ClassVar, Protocol, Sequence
 
 import numpy as np
 
-from localspec.drafting.base import DrafterBase, Evidence, Proposal, TreeProposal
+from localspec.drafting.base import DrafterBase, Evidence, Proposal, TreeProposal, common_prefix
 from localspec.drafting.tree import CandidateTree, build_tree, tree_from_branches
 
 
@@ -414,7 +414,7 @@ class NgramDrafter(DrafterBase):
         if not new or source < 0 or source >= length:
             return
         followed = h[source : source + len(new)]
-        m = common_prefix_len(new, followed)
+        m = common_prefix(new, followed)
         if m < len(new):
             self._edit = (length + m, source + m)
             self._copy = None
@@ -444,15 +444,6 @@ class NgramDrafter(DrafterBase):
 
 # A match shorter than this (or one whose occurrences disagree) gives way to resuming a copy after an edit.
 RESUME_BELOW = 4
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # A continuation holding less than this share of the evidence makes no branch of a
