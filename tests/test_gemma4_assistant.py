@@ -26,6 +26,7 @@ from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
 from cli import localspec, one_error_line
 from stand_ins import HiddenRowSource
+from stats import assert_follows
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MIX, LOGIT_SCALE = 0.1, 0.5
@@ -118,14 +119,7 @@ def test_sampled_tokens_follow_the_target_distribution(pair):
         tctx.rollback_to(n0)
     assert 0 < accepted < drafted  # both branches of the rule ran
     assert set(counts) <= set(joint)  # never a pair the target cannot produce
-    big = [k for k, p in sorted(joint.items(), key=lambda kv: -kv[1]) if p * trials >= 5]
-    expected = [joint[k] * trials for k in big] + [trials * (1 - sum(joint[k] for k in big))]
-    observed = [counts[k] for k in big] + [trials - sum(counts[k] for k in big)]
-    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
-    df = len([e for e in expected if e > 0]) - 1
-    z = 3.090  # significance 0.001, Wilson-Hilferty
-    critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
-    assert chi2 < critical, (chi2, critical, df)
+    assert_follows(counts, joint, trials)
     drafter.close()
     head.close()
     tctx.close()
