@@ -341,6 +341,20 @@ class Model:
             pass
 
 
+def _set_threads(params: Any, n_threads: int | None) -> None:
+    """Context params: ``n_threads`` (default: every CPU we may use) for single tokens and batches alike."""
+    threads = n_threads or default_threads()
+    params.n_threads = threads
+    params.n_threads_batch = threads
+    params.no_perf = True
+
+
+def _cpu_exact_attention(params: Any) -> None:
+    """Flash attention off on a CPU build, as ``Context`` does (see there): it is batch-dependent there."""
+    if not llama_cpp.llama_supports_gpu_offload():
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+
 def _float_view(ptr: Any, shape: tuple[int, ...], missing: str) -> np.ndarray:
     """A read-only float32 view of llama.cpp's buffer at ``ptr``; ``missing``: the error when it is NULL."""
     if not ptr:
@@ -410,10 +424,7 @@ class Context(_OwnedContext):
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
                                   llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else
                                   llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        threads = n_threads or default_threads()
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        params.no_perf = True
+        _set_threads(params, n_threads)
         # Only the rows a caller asks for are ever computed (see decode).
         params.embeddings = False
         ctx = llama_cpp.llama_init_from_model(model._model, params)
@@ -743,12 +754,8 @@ class MtpContext(_ExtBatchContext):
         params.n_ubatch = n_batch
         params.n_seq_max = 1
         params.kv_unified = True
-        if not llama_cpp.llama_supports_gpu_offload():
-            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        threads = n_threads or default_threads()
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        params.no_perf = True
+        _cpu_exact_attention(params)
+        _set_threads(params, n_threads)
         ctx = llama_cpp.llama_init_from_model(model._model, params)
         if not ctx:
             reason = _last_error_line() or "llama.cpp refused the MTP context"
@@ -894,12 +901,8 @@ class AssistantContext(_ExtBatchContext):
         # The view reads the target's V cache in the layout llama.cpp fixes at creation from the flash
         # attention setting asked for (transposed only when disabled; "auto" counts as enabled there):
         # ask as Context does, so both layouts agree.
-        if not llama_cpp.llama_supports_gpu_offload():
-            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        threads = n_threads or default_threads()
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        params.no_perf = True
+        _cpu_exact_attention(params)
+        _set_threads(params, n_threads)
         _log_tail.clear()
         ctx = llama_cpp.llama_init_from_model(assistant._model, params)
         if not ctx:
