@@ -112,7 +112,8 @@ def test_a_turn_streams_and_the_dashboard_agrees_with_the_engine(engine: Engine,
                 f"reply {s.tokens_per_second:.1f} tok/s · plain {app.plain_tok_s:.1f} tok/s",
                 f"speedup {d.speedup:.2f}×", "Time per step", "draft ", "verify ", "python ",
                 "Name three colours.", "drafter draft", "GPU offload:", "Controller",
-                f"draft {c.draft_steps} · plain {c.plain_steps} · probes {c.probes}", "why    ",
+                f"draft {c.draft_steps} · plain {c.plain_steps} · probes {c.probes}",
+                    f"length {c.mean_draft_len:.1f} tokens drafted a step", "why    ",
             ):
                 assert expected in screen, (expected, screen)
             for a, n in zip(s.position_acceptance, s.position_drafted, strict=True):

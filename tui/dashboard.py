@@ -205,8 +205,8 @@ class Dashboard(VerticalScroll):
         if c is None:
             return "off (plain decoding)" if self.drafter == "off" else "waiting for a reply"
         return "\n".join([
-            f"steps  draft {c.draft_steps} (mean draft_len {c.mean_draft_len:.1f}) · plain {c.plain_steps}"
-            f" · probes {c.probes}",
+            f"steps  draft {c.draft_steps} · plain {c.plain_steps} · probes {c.probes}",
+            f"length {c.mean_draft_len:.1f} tokens drafted a step (mean)",
             f"gain   expected {c.expected_gain:4.2f}× · measured {c.measured_gain:4.2f}×",
             f"why    {c.last_reason or '…'}",
         ])
