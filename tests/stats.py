@@ -1,8 +1,11 @@
-"""The chi-square check the distribution tests share: do sampled outcomes follow exact probabilities?"""
+"""The distribution checks the tests share: do sampled outcomes follow the target's exact probabilities?"""
 
 from __future__ import annotations
 
-from typing import Hashable, Mapping
+from collections import Counter
+from typing import Callable, Hashable, Mapping
+
+from localspec.speculative import speculative_step
 
 
 def assert_follows(counts: Mapping[Hashable, int], probs: Mapping[Hashable, float], trials: int, *,
@@ -19,3 +22,25 @@ def assert_follows(counts: Mapping[Hashable, int], probs: Mapping[Hashable, floa
     z = 3.090
     critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
     assert chi2 < critical, (chi2, critical, df)
+
+
+def assert_first_two_follow(tctx, prompt: list[int], drafter, sampler, joint: Mapping[Hashable, float],  # noqa: ANN001
+                            restart: Callable[[], None], *, trials: int = 3000, draft_len: int = 3) -> None:
+    """Speculative steps from ``prompt`` until two tokens are out, ``trials`` times (``restart`` puts the
+    target's cache back between trials): both branches of the acceptance rule must run, and the pairs
+    must follow the target's own ``joint`` distribution of its next two tokens."""
+    counts: Counter[Hashable] = Counter()
+    accepted = drafted = 0
+    for _ in range(trials):
+        history = list(prompt)
+        emitted: list[int] = []
+        while len(emitted) < 2:
+            step = speculative_step(tctx, history, drafter, sampler, draft_len=draft_len)
+            emitted += step.tokens
+            accepted += step.accepted
+            drafted += step.drafted
+        counts[(emitted[0], emitted[1])] += 1
+        restart()
+    assert 0 < accepted < drafted  # both branches of the rule ran
+    assert set(counts) <= set(joint)  # never a pair the target cannot produce
+    assert_follows(counts, joint, trials)

@@ -9,7 +9,6 @@ never accepted). SmolLM2 stands for a model without MTP layers.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
 from cli import localspec, one_error_line
 from stand_ins import HiddenRowSource
-from stats import assert_follows
+from stats import assert_first_two_follow
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 LONG_PROMPT = " ".join(["Once upon a time there was a small village by the sea."] * 25)  # > the head's batch
@@ -135,22 +134,7 @@ def test_sampled_tokens_follow_the_target_distribution(model, agreeing_path, cha
             joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
     restart(prompt[:-1])
 
-    trials = 3000
-    counts: Counter[tuple[int, int]] = Counter()
-    accepted = drafted = 0
-    for _ in range(trials):
-        history = list(prompt)
-        emitted: list[int] = []
-        while len(emitted) < 2:
-            step = speculative_step(tctx, history, drafter, sampler, draft_len=3)
-            emitted += step.tokens
-            accepted += step.accepted
-            drafted += step.drafted
-        counts[(emitted[0], emitted[1])] += 1
-        restart(prompt[:-1])
-    assert 0 < accepted < drafted  # both branches of the rule ran
-    assert set(counts) <= set(joint)  # never a pair the target cannot produce
-    assert_follows(counts, joint, trials)
+    assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: restart(prompt[:-1]))
     drafter.close()
     head.close()
     tctx.close()
