@@ -117,6 +117,24 @@ MTP_SHAPES = {
 }
 
 
+def _start_writer(path: Path, arch: str, name: str | None, shape, d: int, ffn: int, n_layer: int):  # noqa: ANN001
+    """A GGUF writer on ``path``.partial with the attention hyperparameters every model here shares."""
+    import gguf
+
+    tmp = path.with_name(path.name + ".partial")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    writer.add_name(name or path.stem)
+    writer.add_context_length(8192)
+    writer.add_embedding_length(d)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_rope_freq_base(shape.rope_base)
+    writer.add_layer_norm_rms_eps(1e-5)
+    return tmp, writer
+
 def successor(token_type: list[int], seed: int) -> np.ndarray:
     """The hidden next-token map: a random permutation of the ordinary tokens (type 1);
     control tokens map to a random ordinary token (and nothing maps to them, so greedy
@@ -191,18 +209,7 @@ def write_model(path: Path, shape: Shape, tok: dict, *, qtype: str = "Q4_0", see
                  (p + "ffn_down.weight", d, ffn, "out_ffn")]
     plan += [("output_norm.weight", 1, d, "norm"), ("output.weight", n_vocab, d, "output")]
 
-    tmp = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    writer.add_name(name or path.stem)
-    writer.add_context_length(8192)
-    writer.add_embedding_length(d)
-    writer.add_block_count(shape.n_layer)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(shape.n_head)
-    writer.add_head_count_kv(shape.n_head_kv)
-    writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_rope_freq_base(shape.rope_base)
-    writer.add_layer_norm_rms_eps(1e-5)
+    tmp, writer = _start_writer(path, "llama", name, shape, d, ffn, shape.n_layer)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(_FILE_TYPE[qtype])
     writer.add_string("localspec.random_weights", f"seed={seed} succ_seed={succ_seed} "
@@ -277,20 +284,9 @@ def write_mtp_model(path: Path, mshape: MtpShape, tok: dict, *, qtype: str = "Q4
                      (p + "nextn.enorm.weight", (d,), "norm"), (p + "nextn.hnorm.weight", (d,), "norm")]
     plan += [("output_norm.weight", (d,), "norm"), ("output.weight", (n_vocab, d), "in")]
 
-    tmp = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(str(tmp), "glm4moe")
-    writer.add_name(name or path.stem)
-    writer.add_context_length(8192)
-    writer.add_embedding_length(d)
-    writer.add_block_count(shape.n_layer + 1)
+    tmp, writer = _start_writer(path, "glm4moe", name, shape, d, ffn, shape.n_layer + 1)
     writer.add_uint32("glm4moe.nextn_predict_layers", 1)
     writer.add_uint32("glm4moe.leading_dense_block_count", shape.n_layer)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(shape.n_head)
-    writer.add_head_count_kv(shape.n_head_kv)
-    writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_rope_freq_base(shape.rope_base)
-    writer.add_layer_norm_rms_eps(1e-5)
     writer.add_expert_count(n_exp)
     writer.add_expert_used_count(mshape.n_expert_used)
     writer.add_expert_shared_count(1)
