@@ -55,6 +55,9 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 # up to 2.2 apart), so greedy speculation could part from plain decoding at near-ties. Off unless the
 # user set it; a one-token decode never used it, so plain decoding does not change.
 _TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
+# Flash attention on the CPU: the switch scripts/llama.cpp-patches/ adds to ggml (a stock build ignores
+# it). Set, a query row takes the same kernel path alone and in a batch, so flash attention may be on.
+_FA_INVARIANT_ENV = "GGML_CPU_FA_BATCH_INVARIANT"
 
 
 def _ensure_init() -> None:
@@ -62,6 +65,7 @@ def _ensure_init() -> None:
     with _init_lock:
         if not _initialized:
             os.environ.setdefault(_TILED_MATMUL_ENV, "0")
+            os.environ.setdefault(_FA_INVARIANT_ENV, "1")
             llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _initialized = True
@@ -145,13 +149,27 @@ def batch_invariant() -> bool:
     """Whether a position's logits are the same whatever else shares its batch.
 
     True for a CPU build without llamafile's sgemm (scripts/setup.sh builds it
-    so): with flash attention off, ggml's tiled K-quant matmul off and weights
-    repacked only where that is exact (``Context``, ``_ensure_init``, ``Model``),
+    so): with flash attention off or batch-invariant (``cpu_flash_attention``),
+    ggml's tiled K-quant matmul off and weights repacked only where that is
+    exact (``Context``, ``_ensure_init``, ``Model``),
     greedy speculative decoding is then token-identical to plain greedy
     decoding, not merely equal up to near-ties. GPU builds are not assumed to be.
     ``localspec doctor`` checks it for a model by decoding (``selftest``).
     """
     return "LLAMAFILE = 1" not in system_info() and not gpu_offload_supported()
+
+
+def cpu_flash_attention() -> bool:
+    """Whether a CPU build's flash attention is batch-invariant, so contexts may turn it on.
+
+    ggml's CPU kernel splits a lone query's cells across threads once 512 are
+    cached and tiles 64 or more queries: a one-token decode and a verification
+    batch then sum in different orders (measured: logits up to 1.6 apart on
+    SmolLM2, 2.4 on Gemma 3). Our build (scripts/setup.sh) carries a switch that
+    keeps every row on one path, reported in the system info; a stock build has
+    none, and flash attention stays off there.
+    """
+    return "FA_BATCH_INVARIANT = 1" in system_info()
 
 
 # Weight types whose repacked CPU kernels (ggml-cpu's "extra buffer types": a gemv for a lone row, a
@@ -349,10 +367,16 @@ def _set_threads(params: Any, n_threads: int | None) -> None:
     params.no_perf = True
 
 
-def _cpu_exact_attention(params: Any) -> None:
-    """Flash attention off on a CPU build, as ``Context`` does (see there): it is batch-dependent there."""
-    if not llama_cpp.llama_supports_gpu_offload():
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+def _default_flash_attention() -> bool | None:
+    """Flash attention for a context not told otherwise: None ("auto") with a GPU build or where the CPU
+    kernel is batch-invariant (``cpu_flash_attention``), else False, so verification stays exact."""
+    return None if llama_cpp.llama_supports_gpu_offload() or cpu_flash_attention() else False
+
+
+def _flash_attention(params: Any, flash_attn: bool | None) -> None:
+    params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
+                              llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else
+                              llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
 
 
 def _float_view(ptr: Any, shape: tuple[int, ...], missing: str) -> np.ndarray:
@@ -413,17 +437,11 @@ class Context(_OwnedContext):
         # Candidate branches are extra sequences over ONE cell pool: each sees the
         # shared history through seq_cp without copying, and keeps the full window.
         params.kv_unified = True
-        # Flash attention: llama.cpp's CPU kernel splits a lone query's attention over the
-        # threads once the cache view reaches 512 cells (and tiles batches of 64+ queries), so
-        # a one-token decode and a verification batch sum in different orders (measured: logits
-        # up to 1.6 apart on SmolLM2, 2.4 on Gemma 3, past 512 cells; 0 below) and speculative
-        # and plain greedy decoding could part at near-ties. Off on the CPU (it buys 2-5% of
-        # plain decoding speed there); on "auto" with a GPU build (it saves memory and time).
-        if flash_attn is None:
-            flash_attn = None if llama_cpp.llama_supports_gpu_offload() else False
-        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
-                                  llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else
-                                  llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        # Flash attention: "auto" with a GPU build (it saves memory and time) and on a CPU build
+        # whose kernel is batch-invariant; off on any other CPU build (``cpu_flash_attention``).
+        self.flash_attn = _default_flash_attention() if flash_attn is None else flash_attn
+        """The flash attention setting asked for (None: llama.cpp's "auto"); contexts reading this one's cache ask the same."""
+        _flash_attention(params, self.flash_attn)
         _set_threads(params, n_threads)
         # Only the rows a caller asks for are ever computed (see decode).
         params.embeddings = False
@@ -754,7 +772,7 @@ class MtpContext(_ExtBatchContext):
         params.n_ubatch = n_batch
         params.n_seq_max = 1
         params.kv_unified = True
-        _cpu_exact_attention(params)
+        _flash_attention(params, target.flash_attn)
         _set_threads(params, n_threads)
         ctx = llama_cpp.llama_init_from_model(model._model, params)
         if not ctx:
@@ -900,8 +918,8 @@ class AssistantContext(_ExtBatchContext):
         params.n_rs_seq = 0
         # The view reads the target's V cache in the layout llama.cpp fixes at creation from the flash
         # attention setting asked for (transposed only when disabled; "auto" counts as enabled there):
-        # ask as Context does, so both layouts agree.
-        _cpu_exact_attention(params)
+        # ask as the target did, so both layouts agree.
+        _flash_attention(params, target.flash_attn)
         _set_threads(params, n_threads)
         _log_tail.clear()
         ctx = llama_cpp.llama_init_from_model(assistant._model, params)

@@ -26,8 +26,9 @@ import time
 # At least this many prompt tokens go into one batch: ggml takes its large-batch
 # matmul paths (and, on AMX CPUs built with it, the tile kernels) well below that.
 LONG_PROMPT = 512
-# Past 8 rows (ggml's tiled K-quant matmul) and 4 (the repacked gemm): every batch path a verification takes.
-VERIFY_ROWS = 9
+# Past 64 rows (flash attention's tiles), 8 (ggml's tiled K-quant matmul) and 4 (the repacked gemm): every
+# batch path a verification takes. After LONG_PROMPT cells, so a lone query takes flash attention's split path.
+VERIFY_ROWS = 65
 _TEXT = ("Speculative decoding lets a small draft propose several tokens that the target model then checks "
          "in a single batched forward pass; every accepted token saves one sequential step. ")
 
@@ -41,25 +42,29 @@ def build_info() -> dict[str, object]:
     return {
         "llama_cpp_python": backend.library_version(),
         "system_info": system,
-        "cpu_features": [f for f in flags if f not in ("LLAMAFILE", "OPENMP", "REPACK")],
+        "cpu_features": [f for f in flags if f not in ("LLAMAFILE", "OPENMP", "REPACK", "FA_BATCH_INVARIANT")],
         "amx": any(f.startswith("AMX") for f in flags),
         "llamafile_sgemm": "LLAMAFILE" in flags,
         "gpu_offload": backend.gpu_offload_supported(),
         "cuda": "CUDA" in system,
         "batch_invariant": backend.batch_invariant(),
+        "cpu_flash_attention": backend.cpu_flash_attention(),
         "gpus": [{"name": n, "free": free, "total": total} for n, free, total in backend.gpu_devices()],
     }
 
 
-def decode_test(model_path: str) -> dict[str, object]:
-    """Decode a long prompt in one batch, then a verification batch; return what was done."""
+def decode_test(model_path: str, *, flash_attn: bool | None = None) -> dict[str, object]:
+    """Decode a long prompt in one batch, then a verification batch; return what was done.
+
+    ``flash_attn``: as ``Context`` takes it (None: what a generation would use here).
+    """
     import numpy as np
 
     from localspec.backend import Context, Model
 
     model = Model(model_path, n_gpu_layers=0)
     n_batch = LONG_PROMPT + 64
-    ctx = Context(model, n_ctx=2 * n_batch, n_batch=n_batch, n_seq=1)
+    ctx = Context(model, n_ctx=2 * n_batch, n_batch=n_batch, n_seq=1, flash_attn=flash_attn)
     try:
         text = _TEXT
         tokens = model.tokenize(text, add_special=True)
@@ -89,7 +94,7 @@ def decode_test(model_path: str) -> dict[str, object]:
         ctx.rollback_to(pos0 + 1)
         return {"ok": True, "prompt_tokens": len(tokens), "one_batch": True, "verify_rows": len(draft),
                 "prefill_ms": round(prefill_s * 1e3, 1), "batch_invariant": diff == 0.0,
-                "max_logit_diff": diff, "repack": model.repack}
+                "max_logit_diff": diff, "repack": model.repack, "flash_attn": ctx.flash_attn}
     finally:
         ctx.close()
         model.close()

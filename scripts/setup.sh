@@ -20,6 +20,11 @@
 # home directory shared by several machines never hands one CPU's native build to
 # another (pip's own cache would hand back a default build).
 #
+# One patch is applied to the vendored llama.cpp first (scripts/llama.cpp-patches/): a switch that
+# keeps ggml's CPU flash attention batch-invariant, so localspec can turn flash attention on on the
+# CPU without greedy speculative output parting from plain output. It changes nothing unless the
+# switch is set (localspec sets it); LOCALSPEC_PATCH=off builds the sources as they are.
+#
 # After installing, a smoke test decodes a long prompt in one batch and a verification
 # batch in a subprocess; a build that dies there is removed, not left in place.
 # For a GPU, install the CUDA build afterwards (README: "GPU (CUDA)").
@@ -42,13 +47,19 @@ case "$(uname -m)" in
       *) echo "setup.sh: LOCALSPEC_AMX must be on or off, not '$LOCALSPEC_AMX'" >&2; exit 2 ;;
     esac ;;
 esac
+case "${LOCALSPEC_PATCH:-on}" in
+  on) PATCHES=(scripts/llama.cpp-patches/*.patch); WANT_PATCH=1 ;;
+  off) PATCHES=(); WANT_PATCH=0 ;;
+  *) echo "setup.sh: LOCALSPEC_PATCH must be on or off, not '$LOCALSPEC_PATCH'" >&2; exit 2 ;;
+esac
+PATCH_SUM=$(cat ${PATCHES[@]+"${PATCHES[@]}"} /dev/null | sha256sum | cut -c1-16)
 BUILD_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=$LLAMAFILE"
 [ -z "$CFLAGS_EXTRA" ] || BUILD_ARGS="$BUILD_ARGS -DCMAKE_C_FLAGS='$CFLAGS_EXTRA' -DCMAKE_CXX_FLAGS='$CFLAGS_EXTRA'"
 # What the native build will target here: every ISA extension the compiler enables for
 # -march=native with our flags (empty where the compiler cannot say; the options still key it).
 CPU_FEATURES=$(${CC:-cc} -march=native $CFLAGS_EXTRA -Q --help=target 2>/dev/null \
   | awk '$1 ~ /^-m[a-z0-9.-]+$/ && $2 == "[enabled]" {print $1}' | sort | tr '\n' ' ' || true)
-KEY=$(printf '%s\n' "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" | sha256sum | cut -c1-16)
+KEY=$(printf '%s\n' "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "$PATCH_SUM" | sha256sum | cut -c1-16)
 WHEELS="${LOCALSPEC_WHEEL_DIR:-$HOME/.cache/localspec/wheels/$KEY}"
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
@@ -56,13 +67,23 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check --quiet)
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $LLAMA_VERSION (llamafile $LLAMAFILE${CFLAGS_EXTRA:+, AMX off}; a few minutes, once)" >&2
   mkdir -p "$WHEELS"
+  SRC=$(mktemp -d)
+  trap 'rm -rf "$SRC"' EXIT
+  "${PIP[@]}" download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VERSION" -d "$SRC"
+  tar -xzf "$SRC/llama_cpp_python-$LLAMA_VERSION.tar.gz" -C "$SRC"
+  VENDOR="$SRC/llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp"
+  for p in ${PATCHES[@]+"${PATCHES[@]}"}; do
+    # patch(1) where installed, else git apply (outside any repository it patches files as they are)
+    if command -v patch >/dev/null; then patch -p1 -s -d "$VENDOR" < "$p"
+    else (cd "$VENDOR" && git apply -p1 "$OLDPWD/$p"); fi
+  done
   CMAKE_ARGS="$BUILD_ARGS" "${PIP[@]}" wheel --no-deps --no-cache-dir \
-    --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS"
-  printf 'llama-cpp-python %s\nCMAKE_ARGS=%s\narch=%s\ncpu features: %s\n' \
-    "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" > "$WHEELS/BUILD.txt"
+    "$SRC/llama_cpp_python-$LLAMA_VERSION" -w "$WHEELS"
+  printf 'llama-cpp-python %s\nCMAKE_ARGS=%s\narch=%s\ncpu features: %s\npatches: %s\n' \
+    "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "${PATCHES[*]:-none}" > "$WHEELS/BUILD.txt"
 fi
 INSTALLED_KEY=$(cat .venv/.localspec-wheel-key 2>/dev/null || true)
-if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, sys; sys.exit((b'LLAMAFILE = 1' in llama_cpp.llama_print_system_info()) != $WANT_SGEMM)" 2>/dev/null; then
+if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, sys; info = llama_cpp.llama_print_system_info(); sys.exit((b'LLAMAFILE = 1' in info) != $WANT_SGEMM or (b'FA_BATCH_INVARIANT' in info) != $WANT_PATCH)" 2>/dev/null; then
   "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
   echo "$KEY" > .venv/.localspec-wheel-key
 fi

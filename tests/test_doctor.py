@@ -77,6 +77,52 @@ def test_selftest_catches_a_batch_dependent_kernel(gemma_path: Path, monkeypatch
     assert test["batch_invariant"] is False and test["max_logit_diff"] > 0
 
 
+def _flash_attention_decode(model: Path, switch: str) -> dict:
+    """The self-test's decode with flash attention on, in a child whose ggml reads ``switch`` (read once)."""
+    code = ("import json, sys; from localspec.selftest import decode_test; "
+            "print(json.dumps(decode_test(sys.argv[1], flash_attn=True)))")
+    proc = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True, text=True,
+                          env={**os.environ, "GGML_CPU_FA_BATCH_INVARIANT": switch}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_flash_attention_on_the_cpu_is_batch_invariant_only_with_the_switch(smollm2_path: Path) -> None:
+    # scripts/setup.sh patches ggml (scripts/llama.cpp-patches/): with its switch set, a lone query
+    # past 512 cells and a batch of 65 queries take the same kernel path as a one-token decode.
+    from localspec import backend
+
+    if "FA_BATCH_INVARIANT" not in backend.system_info():
+        pytest.skip("this llama.cpp build lacks localspec's flash-attention switch (not built by scripts/setup.sh)")
+    if backend.gpu_offload_supported():
+        pytest.skip("a GPU build: flash attention runs on the GPU's kernels")
+    assert backend.cpu_flash_attention() is True  # the backend sets the switch unless the user did
+    plain = _flash_attention_decode(smollm2_path, "0")
+    assert plain["batch_invariant"] is False and plain["max_logit_diff"] > 0, plain
+    switched = _flash_attention_decode(smollm2_path, "1")
+    assert switched["batch_invariant"] is True and switched["max_logit_diff"] == 0.0, switched
+
+
+@pytest.mark.slow
+def test_contexts_turn_cpu_flash_attention_on_only_where_it_is_exact(smollm2_path: Path) -> None:
+    from localspec import backend
+
+    if backend.gpu_offload_supported():
+        pytest.skip("a GPU build: flash attention is on 'auto' there")
+    code = ("import json, sys; from localspec.backend import Context, Model; "
+            "ctx = Context(Model(sys.argv[1], n_gpu_layers=0), n_ctx=256); print(json.dumps(ctx.flash_attn))")
+    seen = {}
+    for switch in ("0", "1"):
+        proc = subprocess.run([sys.executable, "-c", code, str(smollm2_path)], capture_output=True, text=True,
+                              env={**os.environ, "GGML_CPU_FA_BATCH_INVARIANT": switch}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen[switch] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["0"] is False  # a batch-dependent kernel (as in a stock build): off, for exactness
+    patched = "FA_BATCH_INVARIANT" in backend.system_info()
+    assert seen["1"] is (None if patched else False)  # None: llama.cpp's "auto", on for these models
+
+
 @pytest.mark.slow
 def test_doctor_reports_build_folders_model_and_a_passing_selftest(smollm2_path: Path, tmp_path: Path) -> None:
     env = {**os.environ, "LOCALSPEC_CONFIG_DIR": str(tmp_path / "config")}
