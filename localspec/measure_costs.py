@@ -180,10 +180,36 @@ def cost_path(key: CostKey) -> Path:
 
 
 def save_costs(path: Path, key: CostKey, verify: Mapping[int, float]) -> None:
+    """Write the record, and drop the folder's records of model files that are gone or changed."""
     record = {"schema": SCHEMA, "key": key.__dict__, "measured_at": time.time(),
               "verify_ms": {str(k): float(v) for k, v in sorted(verify.items())}}
     with atomic_write(path) as fh:
         fh.write(json.dumps(record, indent=1).encode())
+    prune_costs(path.parent, keep=path)
+
+
+def prune_costs(folder: Path, *, keep: Path | None = None) -> int:
+    """Remove the records whose model file no longer exists or was rewritten since (its size or
+    mtime differs): no key can match them again, and the folder would otherwise grow with every
+    model ever measured (temporary ones included). ``keep`` is never removed. Returns how many went."""
+    removed = 0
+    for entry in folder.glob("*.json"):
+        if entry == keep:
+            continue
+        try:
+            key = json.loads(entry.read_text())["key"]
+            model = Path(str(key["model"]).split("#", 1)[0])  # "path#mtp": a head's costs
+            try:
+                st = model.stat()
+                gone = st.st_size != key["model_size"] or st.st_mtime_ns != key["model_mtime_ns"]
+            except FileNotFoundError:
+                gone = True
+            if gone:
+                entry.unlink()
+                removed += 1
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable or foreign: load_costs ignores it; leave it to whoever wrote it
+    return removed
 
 
 def load_costs(path: Path, key: CostKey, *, max_age_s: float | None = None) -> dict[int, float] | None:

@@ -204,6 +204,32 @@ def test_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert load_costs(path, k) is None
 
 
+def test_saving_drops_the_records_of_models_that_are_gone_or_rewritten(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    models = {}
+    for name in ("kept", "deleted", "rewritten"):
+        models[name] = tmp_path / f"{name}.gguf"
+        models[name].write_bytes(b"GGUF" + name.encode())
+
+    def real_key(name: str, suffix: str = "") -> CostKey:
+        st = models[name].stat()
+        return key(model=str(models[name]) + suffix, model_size=st.st_size, model_mtime_ns=st.st_mtime_ns)
+
+    keys = {"kept": real_key("kept"), "kept#mtp": real_key("kept", "#mtp"), "deleted": real_key("deleted"),
+            "rewritten": real_key("rewritten")}
+    for k in keys.values():
+        save_costs(measure_costs.cost_path(k), k, CPU)
+    (tmp_path / "cache" / "costs" / "foreign.json").write_text("not ours")
+    models["deleted"].unlink()
+    models["rewritten"].write_bytes(b"GGUF, longer now")
+    fresh = key(model=str(models["kept"]), n_threads=4, model_size=keys["kept"].model_size,
+                model_mtime_ns=keys["kept"].model_mtime_ns)
+    save_costs(measure_costs.cost_path(fresh), fresh, GPU)
+    left = {p.name for p in (tmp_path / "cache" / "costs").glob("*.json")}
+    assert left == {measure_costs.cost_path(k).name for k in (keys["kept"], keys["kept#mtp"], fresh)} | {"foreign.json"}
+
+
 def test_load_or_measure_measures_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
     calls: list[object] = []
