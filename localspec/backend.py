@@ -58,6 +58,10 @@ _TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
 # Flash attention on the CPU: the switch scripts/llama.cpp-patches/ adds to ggml (a stock build ignores
 # it). Set, a query row takes the same kernel path alone and in a batch, so flash attention may be on.
 _FA_INVARIANT_ENV = "GGML_CPU_FA_BATCH_INVARIANT"
+# With it, batches of this many queries or more still take the kernel's tiles (prefill speed); a
+# verification batch stays below that (``Context.max_verify_rows``), so every verified row is exact.
+_FA_TILES_ENV = "GGML_CPU_FA_TILES_FROM"
+FA_TILES_FROM = 256
 
 
 def _ensure_init() -> None:
@@ -66,6 +70,7 @@ def _ensure_init() -> None:
         if not _initialized:
             os.environ.setdefault(_TILED_MATMUL_ENV, "0")
             os.environ.setdefault(_FA_INVARIANT_ENV, "1")
+            os.environ.setdefault(_FA_TILES_ENV, str(FA_TILES_FROM))
             llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _initialized = True
@@ -367,6 +372,15 @@ def _set_threads(params: Any, n_threads: int | None) -> None:
     params.no_perf = True
 
 
+def _fa_tiles_from() -> int:
+    """Rows from which our build's batch-invariant flash attention takes tiles (its ``GGML_CPU_FA_TILES_FROM``)."""
+    try:
+        rows = int(os.environ.get(_FA_TILES_ENV, ""))
+    except ValueError:
+        rows = 0
+    return rows if rows > 0 else 2**31
+
+
 def _default_flash_attention() -> bool | None:
     """Flash attention for a context not told otherwise: None ("auto") with a GPU build or where the CPU
     kernel is batch-invariant (``cpu_flash_attention``), else False, so verification stays exact."""
@@ -457,6 +471,11 @@ class Context(_OwnedContext):
         # llama.cpp may round n_ctx up and clamp n_batch to it: use what it chose.
         self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
         self.n_batch: int = min(n_batch, llama_cpp.llama_n_batch(ctx))
+        self.max_verify_rows: int = self.n_batch
+        """The most rows one verification batch may hold and still match one-token decodes: fewer than
+        the rows from which batch-invariant CPU flash attention takes its tiles, where it is on."""
+        if self.flash_attn is not False and cpu_flash_attention() and not llama_cpp.llama_supports_gpu_offload():
+            self.max_verify_rows = min(self.n_batch, _fa_tiles_from() - 1)
         self.n_seq = n_seq
         # What llama.cpp granted: it sets n_rs_seq to 0 for an architecture it cannot snapshot.
         self.n_rs_seq: int = int(llama_cpp.llama_n_rs_seq(ctx))

@@ -79,7 +79,7 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     t1 = time.perf_counter()
     decode_before = target.decode_seconds
 
-    proposal = _fit_context(proposal, target.n_ctx - len(target.tokens))
+    proposal = _fit_batch(proposal, min(target.n_ctx - len(target.tokens), target.max_verify_rows))
 
     # verify + accept (a chain, or a tree of branches in one batch)
     if isinstance(proposal, TreeProposal) and (len(proposal.tree) or proposal.extra):
@@ -125,8 +125,9 @@ def _cut(proposal: Proposal | TreeProposal, depth: int) -> Proposal | TreePropos
     return Proposal(tuple(proposal.tokens[:depth]), probs, proposal.drafter)
 
 
-def _fit_context(proposal: Proposal | TreeProposal, free_cells: int) -> Proposal | TreeProposal:
-    """Shrink a proposal whose batch would not fit in the cache's free cells (near the context's end).
+def _fit_batch(proposal: Proposal | TreeProposal, free_cells: int) -> Proposal | TreeProposal:
+    """Shrink a proposal whose batch would take more than ``free_cells`` rows: the cache's free cells
+    near the context's end, or the rows a verification may hold and stay exact (``Context.max_verify_rows``).
 
     A verification batch takes one cell per token, ``last`` included. A tree
     first loses its extra tokens (lookahead's window), then falls back to its

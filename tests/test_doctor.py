@@ -77,12 +77,14 @@ def test_selftest_catches_a_batch_dependent_kernel(gemma_path: Path, monkeypatch
     assert test["batch_invariant"] is False and test["max_logit_diff"] > 0
 
 
-def _flash_attention_decode(model: Path, switch: str) -> dict:
-    """The self-test's decode with flash attention on, in a child whose ggml reads ``switch`` (read once)."""
+def _flash_attention_decode(model: Path, switch: str, tiles_from: str = "256") -> dict:
+    """The self-test's decode with flash attention on, in a child whose ggml reads ``switch`` and
+    ``tiles_from`` (once, at its first use)."""
     code = ("import json, sys; from localspec.selftest import decode_test; "
             "print(json.dumps(decode_test(sys.argv[1], flash_attn=True)))")
+    env = {**os.environ, "GGML_CPU_FA_BATCH_INVARIANT": switch, "GGML_CPU_FA_TILES_FROM": tiles_from}
     proc = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True, text=True,
-                          env={**os.environ, "GGML_CPU_FA_BATCH_INVARIANT": switch}, timeout=600)
+                          env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -102,6 +104,10 @@ def test_flash_attention_on_the_cpu_is_batch_invariant_only_with_the_switch(smol
     assert plain["batch_invariant"] is False and plain["max_logit_diff"] > 0, plain
     switched = _flash_attention_decode(smollm2_path, "1")
     assert switched["batch_invariant"] is True and switched["max_logit_diff"] == 0.0, switched
+    # Batches from GGML_CPU_FA_TILES_FROM queries on take the tiles again, which are batch-dependent:
+    # why a verification batch stays below it (Context.max_verify_rows).
+    tiled = _flash_attention_decode(smollm2_path, "1", tiles_from=str(switched["verify_rows"]))
+    assert tiled["batch_invariant"] is False and tiled["max_logit_diff"] > 0, tiled
 
 
 @pytest.mark.slow

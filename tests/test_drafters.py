@@ -118,18 +118,18 @@ def window(n: int) -> BatchExtra:
 
 
 def test_a_proposal_is_shrunk_to_the_free_cells_at_the_end_of_the_context():
-    from localspec.speculative import _fit_context
+    from localspec.speculative import _fit_batch
 
     tree = tree_from_branches([(1, 2, 3), (1, 4), (5,)])  # 5 nodes, depth 3
     full = TreeProposal(tree, "lookahead", window(6))
-    assert _fit_context(full, 1 + 5 + 6) is full
-    no_window = _fit_context(full, 1 + 5 + 5)
+    assert _fit_batch(full, 1 + 5 + 6) is full
+    no_window = _fit_batch(full, 1 + 5 + 5)
     assert isinstance(no_window, TreeProposal) and no_window.tree is tree and no_window.extra is None
-    chain = _fit_context(full, 3)  # `last` and two draft tokens fit
+    chain = _fit_batch(full, 3)  # `last` and two draft tokens fit
     assert isinstance(chain, Proposal) and chain.tokens == full.tokens[:2] and chain.drafter == "lookahead"
-    assert _fit_context(full, 1).tokens == ()
+    assert _fit_batch(full, 1).tokens == ()
     probs = tuple(np.full(4, 0.25) for _ in range(3))
-    cut = _fit_context(Proposal((1, 2, 3), probs, "draft"), 3)
+    cut = _fit_batch(Proposal((1, 2, 3), probs, "draft"), 3)
     assert cut.tokens == (1, 2) and len(cut.probs) == 2
 
 

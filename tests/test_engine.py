@@ -102,6 +102,23 @@ def test_target_as_its_own_draft_is_exact_and_always_accepted(self_engine, refer
     assert spec.stats.tokens_per_step > 4.0 or spec.finish_reason == "stop"
 
 
+def test_verification_batches_stay_below_flash_attentions_tiles(target, smollm2_path, monkeypatch):
+    # Our build's batch-invariant CPU flash attention still tiles batches of GGML_CPU_FA_TILES_FROM
+    # queries or more (prefill speed), and tiled rows differ from one-token decodes: every
+    # verification must stay below that, however long the draft asked for.
+    from localspec.backend import cpu_flash_attention, gpu_offload_supported
+
+    if not cpu_flash_attention() or gpu_offload_supported():
+        pytest.skip("flash attention is not our batch-invariant CPU kernel in this build")
+    monkeypatch.setenv("GGML_CPU_FA_TILES_FROM", "9")
+    engine = Engine(target, draft=Model(smollm2_path), n_ctx=1024)
+    assert engine.ctx.max_verify_rows == 8
+    events = list(engine.generate(PROMPTS[2], GenerateOptions(max_tokens=120, draft_len=16)))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert max(s.batch_tokens for s in steps) == 8  # 7 drafted + the last token, not 17
+    assert_matches_plain(events[-1].tokens, plain_greedy(target, target.tokenize(PROMPTS[2]), 120), strict=True)
+
+
 def test_events_carry_provenance_and_consistent_stats(q4_0_engine):
     events = list(q4_0_engine.generate(PROMPTS[3], GenerateOptions(max_tokens=60, draft_len=4)))
     tokens = [e for e in events if isinstance(e, TokenEvent)]
