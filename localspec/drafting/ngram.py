@@ -167,10 +167,12 @@ class NgramIndex:
         del h[max(length, 0) :]
 
     def query(self, max_tokens: int, max_candidates: int = 8) -> Lookup | None:
-        """Continue the indexed history itself: its longest suffix seen before."""
-        return self.lookup(self._tokens, max_tokens, max_candidates)
+        """Continue the indexed history itself: its longest suffix seen before (a continuation that
+        runs into the history's end carries on as the text repeats: see ``continuation``)."""
+        return self.lookup(self._tokens, max_tokens, max_candidates, repeats=True)
 
-    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8) -> Lookup | None:
+    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8, *,
+               repeats: bool = False) -> Lookup | None:
         """Find the longest suffix of ``context`` (n_max down to n_min tokens)
         that occurs in the index with a continuation, and rank what followed.
 
@@ -178,9 +180,11 @@ class NgramIndex:
         class notes for matches longer than n_max). Occurrences at the very
         end of the index (nothing follows yet) do not count, so querying the
         index with its own history finds *earlier* occurrences only.
+        ``repeats``: ``context`` is the index's own history, so a continuation
+        that reaches its end may carry on through it (``continuation``).
         """
         h, end = self._tokens, len(self._tokens)
-        tail = _as_list(context[-self.max_match :])
+        tail = _as_list(context[-(self.max_match + BEYOND_MATCH + 1) :])
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
             positions = self._index.get(tuple(tail[len(tail) - n :]))
             if positions is None:
@@ -196,7 +200,7 @@ class NgramIndex:
                 grown, recent = self._longest(tail, n, recent)
                 if grown > n:  # the evidence is now the occurrences of the longer match
                     n, occurrences = grown, len(recent)
-            conts = [h[p : p + max_tokens] for p in recent]
+            conts = [continuation(h, p, max_tokens) if repeats else h[p : p + max_tokens] for p in recent]
             if self._has_separators:
                 conts = [cut_at_separator(c) for c in conts]
             return rank_continuations(n, occurrences, conts, recent, self._weights, max_candidates)
@@ -205,8 +209,15 @@ class NgramIndex:
 
     def _longest(self, tail: list[int], n: int, recent: list[int]) -> tuple[int, list[int]]:
         """Grow the match of ``tail``'s last ``n`` tokens backwards at each occurrence (ending before
-        position p in ``recent``); the longest match length and the occurrences that reach it."""
-        h, limit = self._tokens, len(tail)
+        position p in ``recent``); the longest match length and the occurrences that reach it.
+
+        Where several occurrences reach a length past n, the ``BEYOND_MATCH`` tokens before the token that ended
+        the match pick among them: those that agree with the context there at the most positions.
+        A numbered list's rows differ in one token, the number, so the contiguous match stops at
+        it; the tokens before it still tell the row being followed from its look-alikes (a text
+        alternating two sentences continues the one that came after the same previous sentence,
+        not the most recent one)."""
+        h, limit = self._tokens, min(len(tail), self.max_match)
         lengths = []
         for p in recent:
             m = n
@@ -216,7 +227,39 @@ class NgramIndex:
         best = max(lengths)
         if best == n:
             return n, recent
+        if best < len(tail) - 1:
+            tied = [p for p, m in zip(recent, lengths) if m == best]
+            if len(tied) > 1:
+                agree = [sum(1 for j in range(best + 2, min(best + 2 + BEYOND_MATCH, len(tail) + 1, p + 1))
+                             if h[p - j] == tail[-j]) for p in tied]
+                top = max(agree)
+                if top > 0:
+                    return best, [p for p, a in zip(tied, agree) if a == top]
         return best, [p for p, m in zip(recent, lengths) if m == best]
+
+
+# How many tokens before the token that ended a match still choose among the occurrences that
+# reach the same match length (see NgramIndex._longest).
+BEYOND_MATCH = 8
+
+
+def continuation(tokens: list[int], start: int, max_tokens: int) -> list[int]:
+    """Up to ``max_tokens`` of what follows ``tokens[:start]``, if the text ending ``tokens`` copies it.
+
+    Where the copied span runs into the end of ``tokens`` (the match is itself
+    recent: the text repeats with period ``len(tokens) - start``), the copy is
+    carried on through what it has just produced, as the text will be if it
+    keeps repeating: a loop or a table's rows then draft as deep as asked, not
+    only up to the end of what is written so far.
+    """
+    end = len(tokens)
+    if start + max_tokens <= end or start >= end:
+        return tokens[start : start + max_tokens]
+    period = end - start
+    cont = tokens[start:end]
+    while len(cont) < max_tokens:
+        cont.append(cont[len(cont) - period])
+    return cont
 
 
 def cut_at_separator(tokens: list[int]) -> list[int]:
