@@ -184,7 +184,7 @@ class NgramIndex:
         that reaches its end may carry on through it (``continuation``).
         """
         h, end = self._tokens, len(self._tokens)
-        tail = _as_list(context[-(self.max_match + BEYOND_MATCH + 1) :])
+        tail = _as_list(context[-self.max_match :])
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
             positions = self._index.get(tuple(tail[len(tail) - n :]))
             if positions is None:
@@ -209,15 +209,8 @@ class NgramIndex:
 
     def _longest(self, tail: list[int], n: int, recent: list[int]) -> tuple[int, list[int]]:
         """Grow the match of ``tail``'s last ``n`` tokens backwards at each occurrence (ending before
-        position p in ``recent``); the longest match length and the occurrences that reach it.
-
-        Where several occurrences reach a length past n, the ``BEYOND_MATCH`` tokens before the token that ended
-        the match pick among them: those that agree with the context there at the most positions.
-        A numbered list's rows differ in one token, the number, so the contiguous match stops at
-        it; the tokens before it still tell the row being followed from its look-alikes (a text
-        alternating two sentences continues the one that came after the same previous sentence,
-        not the most recent one)."""
-        h, limit = self._tokens, min(len(tail), self.max_match)
+        position p in ``recent``); the longest match length and the occurrences that reach it."""
+        h, limit = self._tokens, len(tail)
         lengths = []
         for p in recent:
             m = n
@@ -227,20 +220,7 @@ class NgramIndex:
         best = max(lengths)
         if best == n:
             return n, recent
-        if best < len(tail) - 1:
-            tied = [p for p, m in zip(recent, lengths) if m == best]
-            if len(tied) > 1:
-                agree = [sum(1 for j in range(best + 2, min(best + 2 + BEYOND_MATCH, len(tail) + 1, p + 1))
-                             if h[p - j] == tail[-j]) for p in tied]
-                top = max(agree)
-                if top > 0:
-                    return best, [p for p, a in zip(tied, agree) if a == top]
         return best, [p for p, m in zip(recent, lengths) if m == best]
-
-
-# How many tokens before the token that ended a match still choose among the occurrences that
-# reach the same match length (see NgramIndex._longest).
-BEYOND_MATCH = 8
 
 
 def continuation(tokens: list[int], start: int, max_tokens: int) -> list[int]:
