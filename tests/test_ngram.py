@@ -26,16 +26,27 @@ from localspec.drafting.ngram import (
 tokens = st.lists(st.integers(0, 3), max_size=80)
 
 
+def repeated(hist: list[int], p: int, max_tokens: int) -> tuple[int, ...]:
+    """``hist[p:]`` continued as if ``hist`` went on copying from p (the text extended by its period)."""
+    text = list(hist)
+    while len(text) < p + max_tokens:
+        text.append(text[len(text) - (len(hist) - p)])
+    return tuple(text[p : p + max_tokens])
+
+
 def brute_lookup(hist: list[int], context: list[int], n_min: int, n_max: int, max_tokens: int, max_occ: int):
     """Longest suffix of ``context`` (n_max..n_min) ending before the end of
-    ``hist``; the most recent ``max_occ`` continuations of it."""
+    ``hist``; the most recent ``max_occ`` continuations of it (when ``context`` is
+    ``hist`` itself, a continuation reaching its end repeats as the text would)."""
     L = len(hist)
     for n in range(min(n_max, len(context)), n_min - 1, -1):
         pattern = context[len(context) - n :]
         ends = [p for p in range(n, L) if hist[p - n : p] == pattern]
         if ends:
             recent = ends[::-1][:max_occ]
-            return n, len(ends), recent, [tuple(hist[p : p + max_tokens]) for p in recent]
+            own = context is hist
+            return n, len(ends), recent, [repeated(hist, p, max_tokens) if own else tuple(hist[p : p + max_tokens])
+                                          for p in recent]
     return None
 
 
@@ -98,7 +109,9 @@ def brute_longest(hist: list[int], context: list[int], n_max: int, max_match: in
     if best == n_max:
         return found
     kept = [p for p in recent if length(p) == best]
-    return best, len(kept), kept, [tuple(hist[p : p + max_tokens]) for p in kept]
+    own = context is hist
+    return best, len(kept), kept, [repeated(hist, p, max_tokens) if own else tuple(hist[p : p + max_tokens])
+                                   for p in kept]
 
 
 @settings(max_examples=300, deadline=None)
@@ -109,7 +122,7 @@ def test_longer_matches_match_brute_force(hist: list[int], context: list[int], n
     index = NgramIndex(1, n_max, max_occurrences=max_occ, recency_decay=1.0, max_match=n_max + grow)
     index.extend(hist)
     for ctx in (context, hist):
-        found = index.lookup(ctx, max_tokens, max_candidates=100)
+        found = index.lookup(ctx, max_tokens, max_candidates=100, repeats=ctx is hist)
         check_against_brute(found, brute_longest(hist, ctx, n_max, n_max + grow, max_tokens, max_occ), max_tokens)
 
 
@@ -128,6 +141,18 @@ def test_a_longer_match_finds_the_place_being_copied() -> None:
     assert drafter.propose(hist, 1).tokens == (4,)
     with pytest.raises(ValueError, match="max_match"):
         NgramIndex(1, 4, max_match=3)
+
+
+def test_a_repeat_reaching_the_end_of_the_history_drafts_on_through_it() -> None:
+    # "1 2 3" repeats: the place being copied is 3 tokens back, so what follows it runs into the
+    # end after one "3 1 2"; the text repeating, the draft carries on as deep as asked.
+    hist = [5, 1, 2, 3, 1, 2, 3, 1, 2]
+    index = NgramIndex(1, 4, max_match=32)
+    index.extend(hist)
+    assert index.query(8).candidates[0].tokens == (3, 1, 2, 3, 1, 2, 3, 1)
+    # another context matching the index has no such end: its continuation stops where the index does
+    assert index.lookup([9, 1, 2, 3, 1, 2], 8).candidates[0].tokens == (3, 1, 2)
+    assert NgramDrafter().propose(hist, 5).tokens == (3, 1, 2, 3, 1)
 
 
 @settings(max_examples=200, deadline=None)

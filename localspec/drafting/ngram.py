@@ -167,10 +167,12 @@ class NgramIndex:
         del h[max(length, 0) :]
 
     def query(self, max_tokens: int, max_candidates: int = 8) -> Lookup | None:
-        """Continue the indexed history itself: its longest suffix seen before."""
-        return self.lookup(self._tokens, max_tokens, max_candidates)
+        """Continue the indexed history itself: its longest suffix seen before (a continuation that
+        runs into the history's end carries on as the text repeats: see ``continuation``)."""
+        return self.lookup(self._tokens, max_tokens, max_candidates, repeats=True)
 
-    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8) -> Lookup | None:
+    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8, *,
+               repeats: bool = False) -> Lookup | None:
         """Find the longest suffix of ``context`` (n_max down to n_min tokens)
         that occurs in the index with a continuation, and rank what followed.
 
@@ -178,6 +180,8 @@ class NgramIndex:
         class notes for matches longer than n_max). Occurrences at the very
         end of the index (nothing follows yet) do not count, so querying the
         index with its own history finds *earlier* occurrences only.
+        ``repeats``: ``context`` is the index's own history, so a continuation
+        that reaches its end may carry on through it (``continuation``).
         """
         h, end = self._tokens, len(self._tokens)
         tail = _as_list(context[-self.max_match :])
@@ -196,7 +200,7 @@ class NgramIndex:
                 grown, recent = self._longest(tail, n, recent)
                 if grown > n:  # the evidence is now the occurrences of the longer match
                     n, occurrences = grown, len(recent)
-            conts = [h[p : p + max_tokens] for p in recent]
+            conts = [continuation(h, p, max_tokens) if repeats else h[p : p + max_tokens] for p in recent]
             if self._has_separators:
                 conts = [cut_at_separator(c) for c in conts]
             return rank_continuations(n, occurrences, conts, recent, self._weights, max_candidates)
@@ -217,6 +221,25 @@ class NgramIndex:
         if best == n:
             return n, recent
         return best, [p for p, m in zip(recent, lengths) if m == best]
+
+
+def continuation(tokens: list[int], start: int, max_tokens: int) -> list[int]:
+    """Up to ``max_tokens`` of what follows ``tokens[:start]``, if the text ending ``tokens`` copies it.
+
+    Where the copied span runs into the end of ``tokens`` (the match is itself
+    recent: the text repeats with period ``len(tokens) - start``), the copy is
+    carried on through what it has just produced, as the text will be if it
+    keeps repeating: a loop or a table's rows then draft as deep as asked, not
+    only up to the end of what is written so far.
+    """
+    end = len(tokens)
+    if start + max_tokens <= end or start >= end:
+        return tokens[start : start + max_tokens]
+    period = end - start
+    cont = tokens[start:end]
+    while len(cont) < max_tokens:
+        cont.append(cont[len(cont) - period])
+    return cont
 
 
 def cut_at_separator(tokens: list[int]) -> list[int]:
