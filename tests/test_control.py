@@ -858,3 +858,21 @@ def test_guesses_the_text_never_takes_stay_within_the_probe_bound() -> None:
     assert sum(not d.plain for d in decisions) <= 10
     assert len(history) - 10 == len(decisions)  # every step emitted one token
     assert ms <= 1.025 * plain_ms * len(decisions)
+
+
+def test_the_calibration_ages_while_its_drafter_verifies_nothing() -> None:
+    """Learned only from verified steps, a calibration that fell would stay down while it keeps its
+    drafter from drafting: it ages on every step that verifies nothing of that drafter instead, and
+    returns toward 1 over a few dozen steps (its memory: ~30 steps)."""
+    ctl = controller(CPU, "ngram")
+    state = ctl._states["ngram"]
+    state.kept_tokens, state.expected_kept = 0.0, 12.0
+    history = [0]
+    seen = []
+    for _ in range(100):
+        plan(ctl, history=history)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+        seen.append(state.calibration)
+    assert seen == sorted(seen)
+    assert 0.6 < seen[39] < 0.8 and 0.9 < seen[-1] < 1.0
