@@ -110,6 +110,8 @@ from localspec.events import StepEvent
 DRAFT_LEN_CAP = 15
 # The longest fixed draft length accepted (a batch of 65 tokens).
 DRAFT_LEN_MAX = 64
+# A lookup's time teaches its cost estimate at most this many times the estimate (see Controller._look_up).
+LOOKUP_SURPRISE = 2.0
 
 
 # --- acceptance with forgetting ----------------------------------------------
@@ -720,7 +722,13 @@ class Controller:
             total += ms
             state = self._states[drafter.name]
             if state.lookups:  # the first lookup of a sequence indexes the whole prompt: not a step's cost
-                self.costs.observe_draft(drafter.name, limit, ms)
+                # A lookup takes tens of microseconds, so one caught by a garbage collection or a
+                # preemption (milliseconds) would lift its estimate past lookup_share for dozens of
+                # steps, and a lookup not asked is not timed again: the copy it would have drafted
+                # goes undrafted. Its time still counts in the step; its estimate moves by at most
+                # LOOKUP_SURPRISE x per lookup, so a lookup that really turned slow is still caught.
+                expected = self.costs.draft_ms(drafter.name, limit)
+                self.costs.observe_draft(drafter.name, limit, min(ms, LOOKUP_SURPRISE * expected))
             state.lookups += 1
             self._asked[drafter.name] = proposal
         return total

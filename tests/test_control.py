@@ -534,6 +534,37 @@ def test_a_lookup_that_turns_out_costly_is_no_longer_asked_before_planning() -> 
     assert sum(1 for d in sim.decisions if d.proposal is not None) == 0  # none was worth verifying
 
 
+class SpikyLookup(Named):
+    """A cheap lookup taking 0.03 ms of the simulated clock, except the ``spikes``-th calls, caught by a
+    garbage collection (4 ms)."""
+
+    def __init__(self, clock: Clock, spikes: set[int]) -> None:
+        super().__init__("ngram", cheap=True, tokens=(-1,) * 8)
+        self.clock, self.spikes, self.calls = clock, spikes, 0
+
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
+        self.calls += 1
+        self.clock.spend(4.0 if self.calls in self.spikes else 0.03)
+        return super().propose(history, draft_len)
+
+
+def test_a_lookup_caught_by_a_pause_is_still_asked_before_planning() -> None:
+    """A few lookups caught by a pause (milliseconds, where a lookup takes microseconds) must not lift
+    its estimate past a plain step's 2%: a lookup no longer asked is not timed again, and the copy it
+    would have offered goes undrafted (SmolLM2's rename reply, replayed with two such pauses: 85 -> 141
+    steps)."""
+    clock = Clock()
+    lookup = SpikyLookup(clock, {10, 11, 12, 30, 31})
+    ctl = Controller(CostModel(CPU), [lookup], clock=clock)
+    history = [0]
+    for _ in range(60):
+        plan(ctl, history=history)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    assert lookup.calls == 60  # asked at every step
+    assert ctl.costs.draft_ms("ngram", 8) < 0.02 * ctl.costs.plain_ms()
+
+
 def test_recovers_after_probes() -> None:
     """A drafter that was useless for 2000 steps turns good: it is drafting again within a bounded time."""
     sim = Sim(CPU, {"d": lambda t: 0.05 if t < 2000 else 0.95}, max_wait=512)
