@@ -38,7 +38,10 @@ asked before planning, while their lookups cost at most ``lookup_share`` of
 a plain step: the controller then plans with what they actually offer
 (depth, and for a tree its own confidence by depth and its node count, or
 only its most probable path), and scores the proposals it did not verify
-against the text that followed, for free.
+against the text that follows, position by position as it comes, for free.
+A lookup's measured time moves its cost estimate by at most
+``LOOKUP_SURPRISE`` x per lookup: one caught by a pause must not push it past
+``lookup_share``, since a lookup no longer asked is never timed again.
 
 A lookup decides no length: it offers its candidates as deep as the
 controller's limit, with their ``Evidence`` (match length, occurrences, how
@@ -49,7 +52,11 @@ offers, each class with its own ``DecayingAcceptance`` starting from a prior
 that grows with the match length (``evidence_prior``), and never trusts a
 depth more than the occurrences agree on it. As the classes are many and
 each is sparse, one calibration per drafter (accepted over expected draft
-tokens of its recent verified steps, at most 1) scales what they expect. So
+tokens of its recent verified steps, at most 1) tempers what their priors
+expect: it scales the share of a class's estimate that still comes from the
+prior (a class that has seen the text answers for itself), and it ages on
+every step that verifies nothing of the drafter, so a low value cannot keep
+the drafter out of a copy for good. So
 a long verbatim copy drafts long once its class has proved itself, and a
 1-gram guess whose continuations split drafts short or not at all, by the
 same cost rule as every other option.
