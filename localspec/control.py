@@ -38,7 +38,10 @@ asked before planning, while their lookups cost at most ``lookup_share`` of
 a plain step: the controller then plans with what they actually offer
 (depth, and for a tree its own confidence by depth and its node count, or
 only its most probable path), and scores the proposals it did not verify
-against the text that followed, for free.
+against the text that follows, position by position as it comes, for free.
+A lookup's measured time moves its cost estimate by at most
+``LOOKUP_SURPRISE`` x per lookup: one caught by a pause must not push it past
+``lookup_share``, since a lookup no longer asked is never timed again.
 
 A lookup decides no length: it offers its candidates as deep as the
 controller's limit, with their ``Evidence`` (match length, occurrences, how
@@ -49,7 +52,11 @@ offers, each class with its own ``DecayingAcceptance`` starting from a prior
 that grows with the match length (``evidence_prior``), and never trusts a
 depth more than the occurrences agree on it. As the classes are many and
 each is sparse, one calibration per drafter (accepted over expected draft
-tokens of its recent verified steps, at most 1) scales what they expect. So
+tokens of its recent verified steps, at most 1) tempers what their priors
+expect: it scales the share of a class's estimate that still comes from the
+prior (a class that has seen the text answers for itself), and it ages on
+every step that verifies nothing of the drafter, so a low value cannot keep
+the drafter out of a copy for good. So
 a long verbatim copy drafts long once its class has proved itself, and a
 1-gram guess whose continuations split drafts short or not at all, by the
 same cost rule as every other option.
@@ -110,6 +117,8 @@ from localspec.events import StepEvent
 DRAFT_LEN_CAP = 15
 # The longest fixed draft length accepted (a batch of 65 tokens).
 DRAFT_LEN_MAX = 64
+# A lookup's time teaches its cost estimate at most this many times the estimate (see Controller._look_up).
+LOOKUP_SURPRISE = 2.0
 
 
 # --- acceptance with forgetting ----------------------------------------------
@@ -157,19 +166,27 @@ class DecayingAcceptance:
             total += run
         return total
 
-    def update(self, drafted_depth: int, accepted: int, *, idle_steps: int = 0) -> None:
-        """One outcome: positions < min(depth, accepted + 1) were reached, the first ``accepted`` kept."""
+    def update(self, drafted_depth: int, accepted: int, *, idle_steps: int = 0, known: int = 0) -> None:
+        """One outcome: positions < min(depth, accepted + 1) were reached, the first ``accepted`` kept.
+
+        ``known``: positions of this same outcome already counted (an outcome learned in parts, as
+        the text reveals it): only the positions after them count now, and the evidence forgets
+        only with the first part (one outcome, one discount).
+        """
         if idle_steps > 0:
             self.forget(self.idle_decay ** idle_steps)
         reached = min(drafted_depth, accepted + 1)
+        if reached <= known:
+            return
         while len(self.reached) < reached:
             self.reached.append(0.0)
             self.kept.append(0.0)
         # Every position forgets, reached or not: after a drafter degrades, its deep
         # positions are rarely reached, and their old (good) evidence must not linger;
         # they fall back to the shallower positions' estimate instead.
-        self.forget(self.decay)
-        for i in range(reached):
+        if known == 0:
+            self.forget(self.decay)
+        for i in range(known, reached):
             self.reached[i] += 1.0
             self.kept[i] += 1.0 if i < accepted else 0.0
 
@@ -403,16 +420,35 @@ class _DrafterState:
     kept_tokens: float = 0.0
     expected_kept: float = 0.0
 
-    def calibrate(self, kept: float, expected: float) -> None:
-        """Learn from a proposal that kept ``kept`` draft tokens where ``expected`` (calibrated) were expected."""
-        raw = expected / self.calibration  # what the classes themselves expected
+    def calibrate(self, kept: float, expected: float, scale: float) -> None:
+        """Learn from a proposal that kept ``kept`` draft tokens where ``expected`` were expected (with
+        the class's ``scale``, see calibrated)."""
+        raw = expected / scale  # what the class itself expected
         self.kept_tokens = CALIBRATION_DECAY * self.kept_tokens + kept
         self.expected_kept = CALIBRATION_DECAY * self.expected_kept + raw
 
+    def age_calibration(self) -> None:
+        """A step that verified no proposal of this drafter: the calibration's evidence ages as if
+        observed. Learned only from the drafter's own verified steps, a low calibration would
+        otherwise lock it out for good: it keeps the drafter from drafting, so nothing corrects
+        it, while the classes (scored on every offer) show the text is being copied again."""
+        self.kept_tokens *= CALIBRATION_DECAY
+        self.expected_kept *= CALIBRATION_DECAY
+
     @property
     def calibration(self) -> float:
-        """The factor (at most 1) applied to the draft tokens evidence-based estimates expect."""
+        """Kept over expected draft tokens of the recent verified steps planned from evidence (at most 1)."""
         return min(1.0, (self.kept_tokens + CALIBRATION_PRIOR) / (self.expected_kept + CALIBRATION_PRIOR))
+
+    def calibrated(self, estimate: DecayingAcceptance) -> float:
+        """The factor applied to the draft tokens a class's ``estimate`` expects: the calibration, on
+        the share of the estimate its prior still makes (weight / (weight + observations) at the first
+        position). The calibration corrects the classes' priors while they are learning; a class
+        that has seen the text itself (every offer is scored) answers for its own estimate, so a
+        copy that has proved itself is not tempered by misses elsewhere."""
+        seen = estimate.reached[0] if estimate.reached else 0.0
+        cal = self.calibration
+        return cal + (1.0 - cal) * seen / (seen + estimate.weight)
 
     def evidence_acceptance(self, evidence: Evidence) -> DecayingAcceptance:
         """The acceptance estimate for proposals resting on evidence like ``evidence``."""
@@ -451,18 +487,21 @@ class _Option:
 
 
 class UnusedProposals:
-    """Proposals a step did not verify, kept until the text that followed them can judge them.
+    """Proposals a step did not verify, scored against the text that follows them as it comes.
 
-    A plain step emits one token, which would only ever judge a proposal's
-    first position; so an unused proposal waits until its depth is covered
-    (or it has parted from the text), and is then scored at every position
-    (``Controller.observe_shadow``), teaching the controller a lookup's
-    acceptance by position without paying for a verification.
+    A plain step emits one token, which judges only a proposal's first
+    position; so an unused proposal stays pending while the text follows it,
+    and each step reports the positions the text has newly judged (``known``:
+    how many were reported before), until its depth is covered or the text
+    parts from it (``Controller.observe_shadow``). The controller so learns a
+    lookup's acceptance by position without paying for a verification, and
+    learns it while the text is still copying: a proposal 15 tokens deep
+    teaches its first position one step after it was made, not 15.
     """
 
     def __init__(self) -> None:
-        # (history index, name, branches, evidence)
-        self._pending: list[tuple[int, str, tuple[tuple[int, ...], ...], Evidence | None]] = []
+        # [history index, name, branches, evidence, positions reported]
+        self._pending: list[list] = []
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -470,20 +509,23 @@ class UnusedProposals:
     def add(self, start: int, name: str, branches: Sequence[Sequence[int]], evidence: Evidence | None = None) -> None:
         """``name``'s proposal for the text from ``history[start]`` on (resting on ``evidence``)."""
         if any(branches):
-            self._pending.append((start, name, tuple(tuple(b) for b in branches if b), evidence))
+            self._pending.append([start, name, tuple(tuple(b) for b in branches if b), evidence, 0])
 
     def ready(self, history: Sequence[int]
-              ) -> list[tuple[str, tuple[tuple[int, ...], ...], list[int], Evidence | None]]:
-        """(name, branches, what followed up to their depth, evidence) of each proposal the history now judges."""
+              ) -> list[tuple[str, tuple[tuple[int, ...], ...], list[int], Evidence | None, int]]:
+        """(name, branches, what followed so far up to their depth, evidence, positions reported before)
+        of each proposal whose outcome the history has told more of since the last call."""
         out, pending = [], []
         for entry in self._pending:
-            start, name, branches, evidence = entry
+            start, name, branches, evidence, known = entry
             depth = max(len(b) for b in branches)
             followed = list(history[start : start + depth])
             matched = max(common_prefix(b, followed) for b in branches)
-            if len(followed) >= depth or matched < len(followed):
-                out.append((name, branches, followed, evidence))
-            else:
+            done = len(followed) >= depth or matched < len(followed)
+            if done or len(followed) > known:
+                out.append((name, branches, followed, evidence, known))
+                entry[4] = len(followed)
+            if not done:
                 pending.append(entry)
         self._pending = pending
         return out
@@ -588,7 +630,7 @@ class Controller:
         estimate = state.acceptance if evidence is None else state.evidence_acceptance(evidence)
         if evidence is not None and not confidence:
             confidence = evidence.agreement(limit)
-        scale = state.calibration if evidence is not None else 1.0
+        scale = state.calibrated(estimate) if evidence is not None else 1.0
         out, tokens, run = [1.0], 1.0, 1.0
         for i, a in enumerate(estimate.rates(limit)):
             run *= min(a, confidence[i]) if i < len(confidence) else a
@@ -687,7 +729,13 @@ class Controller:
             total += ms
             state = self._states[drafter.name]
             if state.lookups:  # the first lookup of a sequence indexes the whole prompt: not a step's cost
-                self.costs.observe_draft(drafter.name, limit, ms)
+                # A lookup takes tens of microseconds, so one caught by a garbage collection or a
+                # preemption (milliseconds) would lift its estimate past lookup_share for dozens of
+                # steps, and a lookup not asked is not timed again: the copy it would have drafted
+                # goes undrafted. Its time still counts in the step; its estimate moves by at most
+                # LOOKUP_SURPRISE x per lookup, so a lookup that really turned slow is still caught.
+                expected = self.costs.draft_ms(drafter.name, limit)
+                self.costs.observe_draft(drafter.name, limit, min(ms, LOOKUP_SURPRISE * expected))
             state.lookups += 1
             self._asked[drafter.name] = proposal
         return total
@@ -820,6 +868,7 @@ class Controller:
         # so expected tokens match what such steps really emit)
         name = decision.name
         self._last_used = name
+        calibrated = None
         if name is not None and name in self._states:
             state = self._states[name]
             if name not in self._asked and decision.behind <= 8:
@@ -829,14 +878,19 @@ class Controller:
                                     idle_steps=max(0, self._step - state.last_seen - 1))
             evidence = decision.proposal.evidence if decision.proposal is not None else None
             if evidence is not None:
-                state.evidence_acceptance(evidence).update(decision.draft_len, step.accepted)
-                state.calibrate(step.accepted, decision.expected_tokens - 1.0)
+                estimate = state.evidence_acceptance(evidence)
+                state.calibrate(step.accepted, decision.expected_tokens - 1.0, state.calibrated(estimate))
+                estimate.update(decision.draft_len, step.accepted)
+                calibrated = name
             if name not in self._asked:
                 extra = self._members[name].batch_extra_tokens if name in self._members else 0
                 candidates = max(0.0, step.batch_tokens - 1 - extra)
                 state.width += 0.1 * (candidates / decision.draft_len - state.width)
             state.last_seen = self._step
 
+        for other, other_state in self._states.items():
+            if other != calibrated:
+                other_state.age_calibration()
         # the drafters the step did not use follow the text; their unused lookups wait to be scored
         for other, drafter in self._members.items():
             if other == name:
@@ -847,8 +901,8 @@ class Controller:
                 self._unused.add(start, other, proposal_branches(asked), asked.evidence)
             drafter.accepted(history, 0)
         self._asked = {}
-        for other, branches, followed, evidence in self._unused.ready(history):
-            self.observe_shadow(other, branches, followed, deferred=True, evidence=evidence)
+        for other, branches, followed, evidence, known in self._unused.ready(history):
+            self.observe_shadow(other, branches, followed, deferred=True, evidence=evidence, known=known)
 
         # counters, the probe budget, probe outcomes
         stats = self.stats
@@ -890,7 +944,7 @@ class Controller:
         return speedup >= 1.0 + self.margin
 
     def observe_shadow(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
-                       deferred: bool = False, evidence: Evidence | None = None) -> None:
+                       deferred: bool = False, evidence: Evidence | None = None, known: int = 0) -> None:
         """Score a deterministic drafter's proposal that was not verified.
 
         ``branches``: its candidate continuations (one for a chain);
@@ -902,7 +956,8 @@ class Controller:
         whose acceptance is min(1, p/q), and not for the drafter the last step
         used (``observe`` counted it) unless ``deferred``: ``emitted`` is what
         followed a proposal of some steps ago. ``evidence``: what the proposal
-        rested on; its class learns the outcome too.
+        rested on; its class learns the outcome too. ``known``: positions of
+        this proposal scored before (see UnusedProposals); only the rest count.
         """
         state = self._states.get(name)
         depth = max((len(b) for b in branches), default=0)
@@ -911,7 +966,7 @@ class Controller:
         matched = max(common_prefix(b, emitted) for b in branches)
         idle = max(0, self._step - state.last_seen - 1)
         reached = matched if matched >= len(emitted) else depth  # past the text's end: unknown
-        state.acceptance.update(reached, matched, idle_steps=idle)
+        state.acceptance.update(reached, matched, idle_steps=idle, known=known)
         if evidence is not None:
-            state.evidence_acceptance(evidence).update(reached, matched)
+            state.evidence_acceptance(evidence).update(reached, matched, known=known)
         state.last_seen = self._step

@@ -534,6 +534,37 @@ def test_a_lookup_that_turns_out_costly_is_no_longer_asked_before_planning() -> 
     assert sum(1 for d in sim.decisions if d.proposal is not None) == 0  # none was worth verifying
 
 
+class SpikyLookup(Named):
+    """A cheap lookup taking 0.03 ms of the simulated clock, except the ``spikes``-th calls, caught by a
+    garbage collection (4 ms)."""
+
+    def __init__(self, clock: Clock, spikes: set[int]) -> None:
+        super().__init__("ngram", cheap=True, tokens=(-1,) * 8)
+        self.clock, self.spikes, self.calls = clock, spikes, 0
+
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
+        self.calls += 1
+        self.clock.spend(4.0 if self.calls in self.spikes else 0.03)
+        return super().propose(history, draft_len)
+
+
+def test_a_lookup_caught_by_a_pause_is_still_asked_before_planning() -> None:
+    """A few lookups caught by a pause (milliseconds, where a lookup takes microseconds) must not lift
+    its estimate past a plain step's 2%: a lookup no longer asked is not timed again, and the copy it
+    would have offered goes undrafted (SmolLM2's rename reply, replayed with two such pauses: 85 -> 141
+    steps)."""
+    clock = Clock()
+    lookup = SpikyLookup(clock, {10, 11, 12, 30, 31})
+    ctl = Controller(CostModel(CPU), [lookup], clock=clock)
+    history = [0]
+    for _ in range(60):
+        plan(ctl, history=history)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    assert lookup.calls == 60  # asked at every step
+    assert ctl.costs.draft_ms("ngram", 8) < 0.02 * ctl.costs.plain_ms()
+
+
 def test_recovers_after_probes() -> None:
     """A drafter that was useless for 2000 steps turns good: it is drafting again within a bounded time."""
     sim = Sim(CPU, {"d": lambda t: 0.05 if t < 2000 else 0.95}, max_wait=512)
@@ -682,7 +713,7 @@ def test_stats_since_an_earlier_copy_count_one_generation() -> None:
     assert before.steps == 200 and sum(sum(ks.values()) for ks in before.choices.values()) == 200
 
 
-def test_unused_proposals_wait_until_the_text_judges_every_position() -> None:
+def test_unused_proposals_are_scored_position_by_position_as_the_text_comes() -> None:
     book = UnusedProposals()
     history = [9, 9, 9]
     long_match = Evidence(12, 1, (1.0,) * 4)
@@ -690,14 +721,26 @@ def test_unused_proposals_wait_until_the_text_judges_every_position() -> None:
     book.add(3, "b", [(1, 2, 7), (5,)])  # a tree
     book.add(3, "c", [])                 # nothing proposed: nothing kept
     assert len(book) == 2
-    history.append(1)                    # a plain step emitted one token: both still match
-    assert book.ready(history) == [] and len(book) == 2
+    assert book.ready(history) == []     # nothing followed yet: nothing to tell
+    history.append(1)                    # a plain step emitted one token: both matched it, both still pending
+    assert book.ready(history) == [("a", ((1, 2, 3, 4),), [1], long_match, 0),
+                                   ("b", ((1, 2, 7), (5,)), [1], None, 0)]
+    assert len(book) == 2 and book.ready(history) == []  # told once: nothing new until the text moves
     history.append(2)
-    history.append(3)                    # the tree's (1, 2, 7) parted at its third position
-    assert book.ready(history) == [("b", ((1, 2, 7), (5,)), [1, 2, 3], None)]
-    history.append(4)                    # the chain's depth is covered, every position matched
-    assert book.ready(history) == [("a", ((1, 2, 3, 4),), [1, 2, 3, 4], long_match)]
+    history.append(3)                    # the tree's (1, 2, 7) parted at its third position: done
+    assert book.ready(history) == [("a", ((1, 2, 3, 4),), [1, 2, 3], long_match, 1),
+                                   ("b", ((1, 2, 7), (5,)), [1, 2, 3], None, 1)]
+    assert len(book) == 1
+    history.append(4)                    # the chain's depth is covered, every position matched: done
+    assert book.ready(history) == [("a", ((1, 2, 3, 4),), [1, 2, 3, 4], long_match, 3)]
     assert len(book) == 0
+    # Told in parts, an outcome counts each position once, and forgets once, like one told whole.
+    ctl, whole = controller(CPU, "a"), controller(CPU, "a")
+    for emitted, known in (([1], 0), ([1, 2, 3], 1), ([1, 2, 3, 4], 3)):
+        ctl.observe_shadow("a", [(1, 2, 3, 4)], emitted, deferred=True, known=known)
+    whole.observe_shadow("a", [(1, 2, 3, 4)], [1, 2, 3, 4], deferred=True)
+    assert ctl.acceptance("a").reached == pytest.approx(whole.acceptance("a").reached)
+    assert ctl.acceptance("a").kept == pytest.approx(whole.acceptance("a").kept)
     # Scored that way, deep positions learn: a lookup right 4 deep raises the rate at position 3.
     ctl = controller(CPU, "ngram")
     before = ctl.acceptance("ngram").rate(3)
@@ -779,3 +822,88 @@ def test_steps_that_keep_less_than_their_evidence_promised_temper_every_class() 
                     history)
     assert ctl._states["ngram"].calibration < 0.5
     assert ctl.expected_tokens("ngram", 8, evidence=fresh) - 1 < 0.5 * (before - 1)
+
+
+class ScriptedLookup(Named):
+    """A cheap lookup over the text whose token i is i: ``script(len(history))`` gives the evidence it
+    offers and whether its 8 tokens are the text's (a copy) or wrong (a guess the text does not take)."""
+
+    def __init__(self, script: Callable[[int], tuple[Evidence, bool]]) -> None:
+        super().__init__("ngram", cheap=True)
+        self.script = script
+
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
+        evidence, right = self.script(len(history))
+        n = min(draft_len, 8)
+        start = len(history)
+        tokens = tuple(range(start, start + n)) if right else (-1,) * n
+        return Proposal(tokens, None, self.name, Evidence(evidence.match_len, evidence.occurrences,
+                                                          evidence.support[:n]))
+
+
+def follow_text(ctl: Controller, steps: int, history: list[int]) -> list[Decision]:
+    """Run ``ctl`` over the text (token i at position i) with a greedy target: what it drafted and kept."""
+    decisions = []
+    for _ in range(steps):
+        decision = plan(ctl, history=history)
+        proposal = decision.proposal
+        drafted = tuple(proposal.tokens[: decision.draft_len]) if proposal is not None and not decision.plain else ()
+        kept = 0
+        while kept < len(drafted) and drafted[kept] == len(history) + kept:
+            kept += 1
+        tokens = tuple(range(len(history), len(history) + kept + 1))
+        history.extend(tokens)
+        ctl.observe(step_event(tokens, "ngram" if drafted else None, len(drafted), kept), history)
+        decisions.append(decision)
+    return decisions
+
+
+def test_a_copy_after_misses_is_drafted_again_within_a_few_steps() -> None:
+    """Verified drafts kept nothing (prose repeating a phrase of the prompt, then parting from it): the
+    calibration has fallen to 0.4, tempering every class. Then the text copies its source (an 8-token
+    match, growing, every offer right). The scored offers show the copy, and the calibration ages
+    while the drafter does not draft: drafting resumes within a few steps, deep. (Learned only from
+    verified steps, the calibration once stayed low for good, and the copy went undrafted.)"""
+    ctl = Controller(CostModel(CPU), [ScriptedLookup(lambda n: (Evidence(min(32, n - 2), 1, (1.0,) * 8), True))])
+    state = ctl._states["ngram"]
+    state.kept_tokens, state.expected_kept = 0.0, 12.0
+    assert state.calibration == pytest.approx(0.4)
+    history = list(range(10))
+    copy = follow_text(ctl, 30, history)
+    first = next(i for i, d in enumerate(copy) if not d.plain)
+    assert first <= 10
+    assert sum(d.draft_len for d in copy[first:]) >= 0.75 * 8 * (len(copy) - first)  # the copy, drafted deep
+
+
+def test_guesses_the_text_never_takes_stay_within_the_probe_bound() -> None:
+    """The other side: a lookup whose offers look confident (4- and 6-token matches seen once) but which
+    the text never takes, all reply long. However the calibration ages, the classes learn from every
+    scored offer: few are verified, and the reply runs within ~2.5% of plain decoding."""
+    ctl = Controller(CostModel(CPU), [ScriptedLookup(
+        lambda n: (Evidence(4 + 2 * (n % 2), 1, (1.0,) * 8), False))])
+    history = list(range(10))
+    decisions = follow_text(ctl, 300, history)
+    truth = CostModel(CPU)
+    plain_ms = truth.verify_ms(1) + truth.overhead_ms(0)
+    ms = sum(truth.verify_ms(1 + d.draft_len) + truth.overhead_ms(d.draft_len) for d in decisions)
+    assert sum(not d.plain for d in decisions) <= 10
+    assert len(history) - 10 == len(decisions)  # every step emitted one token
+    assert ms <= 1.025 * plain_ms * len(decisions)
+
+
+def test_the_calibration_ages_while_its_drafter_verifies_nothing() -> None:
+    """Learned only from verified steps, a calibration that fell would stay down while it keeps its
+    drafter from drafting: it ages on every step that verifies nothing of that drafter instead, and
+    returns toward 1 over a few dozen steps (its memory: ~30 steps)."""
+    ctl = controller(CPU, "ngram")
+    state = ctl._states["ngram"]
+    state.kept_tokens, state.expected_kept = 0.0, 12.0
+    history = [0]
+    seen = []
+    for _ in range(100):
+        plan(ctl, history=history)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+        seen.append(state.calibration)
+    assert seen == sorted(seen)
+    assert 0.6 < seen[39] < 0.8 and 0.9 < seen[-1] < 1.0
