@@ -41,7 +41,11 @@ only its most probable path), and scores the proposals it did not verify
 against the text that follows, position by position as it comes, for free.
 A lookup's measured time moves its cost estimate by at most
 ``LOOKUP_SURPRISE`` x per lookup: one caught by a pause must not push it past
-``lookup_share``, since a lookup no longer asked is never timed again.
+``lookup_share``. One whose estimate is past it anyway is still asked every
+``LOOKUP_RETIME`` steps: timed again, a lookup that was slow once (its first
+lookups after the prompt's indexing, on a cold start) is asked every step
+again as soon as it is fast; never re-timed, it stayed out for good, and the
+copy it would have drafted went plain.
 
 A lookup decides no length: it offers its candidates as deep as the
 controller's limit, with their ``Evidence`` (match length, occurrences, how
@@ -119,6 +123,8 @@ DRAFT_LEN_CAP = 15
 DRAFT_LEN_MAX = 64
 # A lookup's time teaches its cost estimate at most this many times the estimate (see Controller._look_up).
 LOOKUP_SURPRISE = 2.0
+# A lookup whose estimate is past ``lookup_share`` is still asked (and timed) every this many steps.
+LOOKUP_RETIME = 8
 
 
 # --- acceptance with forgetting ----------------------------------------------
@@ -412,6 +418,7 @@ class _DrafterState:
     last_seen: int = 0      # step of the last acceptance observation
     wait: int = 0           # unobserved steps before the next probe
     lookups: int = 0        # lookups since the drafter was reset (the first one indexes the prompt)
+    asked_at: int = -(1 << 30)  # step of the last lookup asked before planning
     by_evidence: dict[tuple[int, int], DecayingAcceptance] = field(default_factory=dict)  # see evidence_class
     # Accepted over expected draft tokens of the recent verified steps planned from evidence
     # (decaying sums, a prior of CALIBRATION_PRIOR tokens at 1): the classes are many and each
@@ -721,13 +728,19 @@ class Controller:
         self._asked = {}
         total = 0.0
         for drafter in self._members.values():
-            if not self._lookup_pays(drafter, limit):
+            state = self._states[drafter.name]
+            retime = not self._lookup_pays(drafter, limit)
+            if retime and not (drafter.cheap and self._step - state.asked_at >= LOOKUP_RETIME):
                 continue
+            state.asked_at = self._step
             t = self.clock()
             proposal = drafter.propose(history, limit)
             ms = (self.clock() - t) * 1e3
             total += ms
-            state = self._states[drafter.name]
+            if retime and ms <= self.lookup_share * self.costs.plain_ms():
+                # Timed again and fast: what kept it out (a cold start, a long pause) is past, and
+                # its old times would take hundreds of steps to outweigh.
+                self.costs.restart_draft(drafter.name)
             if state.lookups:  # the first lookup of a sequence indexes the whole prompt: not a step's cost
                 # A lookup takes tens of microseconds, so one caught by a garbage collection or a
                 # preemption (milliseconds) would lift its estimate past lookup_share for dozens of

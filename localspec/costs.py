@@ -189,6 +189,12 @@ class CostModel:
         """Declare drafter ``name``'s cost line (replaces what was learned about it)."""
         self._draft[name] = _Line(fixed_ms, per_token_ms)
 
+    def restart_draft(self, name: str) -> None:
+        """Drop what was learned about drafter ``name``'s cost: its line starts again from its prior."""
+        line = self._draft.get(name)
+        if line is not None:
+            self._draft[name] = _Line(*line.prior)
+
     def set_model_drafter(self, name: str, draft_model: "CostModel", *, passes: int = 1) -> None:
         """A draft model drafting n tokens: a catch-up decode (the last target token, or
         the last draft token and the bonus: ~2 tokens) then n - 1 one-token decodes,

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localspec.control import (
+    LOOKUP_RETIME,
     MATCH_CLASSES,
     Controller,
     ControllerStats,
@@ -530,7 +531,8 @@ def test_a_lookup_that_turns_out_costly_is_no_longer_asked_before_planning() -> 
     sim.ctl.costs.set_draft_cost("ngram", 0.01, 0.0)  # the controller first believes it cheap
     sim.run(100)
     asked = sim.drafters["ngram"].proposals
-    assert 2 <= asked <= 12  # the first lookup (indexing the prompt) is not judged; a few more are
+    # the first lookup (indexing the prompt) is not judged; a few more are, then one every LOOKUP_RETIME steps
+    assert 2 <= asked <= 12 + 100 // LOOKUP_RETIME
     assert sum(1 for d in sim.decisions if d.proposal is not None) == 0  # none was worth verifying
 
 
@@ -562,6 +564,40 @@ def test_a_lookup_caught_by_a_pause_is_still_asked_before_planning() -> None:
         history.append(len(history))
         ctl.observe(step_event((history[-1],), None, 0, 0), history)
     assert lookup.calls == 60  # asked at every step
+    assert ctl.costs.draft_ms("ngram", 8) < 0.02 * ctl.costs.plain_ms()
+
+
+class ColdLookup(Named):
+    """A cheap lookup whose first ``slow`` calls take 0.5 ms of the simulated clock (cold caches after
+    the prompt's indexing), every later one 0.03 ms."""
+
+    def __init__(self, clock: Clock, slow: int) -> None:
+        super().__init__("ngram", cheap=True, tokens=(-1,) * 8)
+        self.clock, self.slow, self.calls = clock, slow, 0
+
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
+        self.calls += 1
+        self.clock.spend(0.5 if self.calls <= self.slow else 0.03)
+        return super().propose(history, draft_len)
+
+
+def test_a_lookup_slow_at_first_is_timed_again_and_asked_every_step_once_fast() -> None:
+    """A cold start: SmolLM2's extract reply copied 50 tokens of the minutes undrafted because its first
+    timed lookups were slow, the estimate passed 2% of a plain step, and a lookup not asked was never
+    timed again ("speculation off ... probing again in 58 steps")."""
+    clock = Clock()
+    lookup = ColdLookup(clock, slow=3)
+    ctl = Controller(CostModel(CPU), [lookup], clock=clock)
+    history = [0]
+    asked = []
+    for _ in range(100):
+        before = lookup.calls
+        plan(ctl, history=history)
+        asked.append(lookup.calls > before)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    assert not all(asked[:40])  # the slow start did take it out of planning for a while (what is tested)
+    assert all(asked[-40:])  # and, timed again, it is back to every step
     assert ctl.costs.draft_ms("ngram", 8) < 0.02 * ctl.costs.plain_ms()
 
 
