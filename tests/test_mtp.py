@@ -9,7 +9,9 @@ never accepted). SmolLM2 stands for a model without MTP layers.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -97,6 +99,25 @@ def test_greedy_with_mtp_is_plain_greedy(model, drafters, agreeing_path, random_
         spec.close()
 
 
+@contextmanager
+def mtp_setup(path: Path, sampler: Sampler, *,
+              n_ctx: int = 256) -> Iterator[tuple[Model, Context, MtpContext, MtpDrafter]]:
+    """A target with its MTP head and a drafter over them, all closed afterwards. One thread: on a
+    machine shared by many jobs, spinning worker threads cost more than they give."""
+    target = Model(path, load_mtp=True)
+    tctx = Context(target, n_ctx=n_ctx, n_threads=1)
+    tctx.enable_hidden_rows()
+    head = MtpContext(tctx, n_threads=1)
+    drafter = MtpDrafter(head, tctx, sampler)
+    try:
+        yield target, tctx, head, drafter
+    finally:
+        drafter.close()
+        head.close()
+        tctx.close()
+        target.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["agreeing", "chained", "hybrid"])
 def test_sampled_tokens_follow_the_target_distribution(model, agreeing_path, chained_path, hybrid_path):
@@ -106,39 +127,31 @@ def test_sampled_tokens_follow_the_target_distribution(model, agreeing_path, cha
     a wrong q (or a verifier that only matched) would skew the counts. With chained
     heads, the second draft token comes from the second head.
     """
-    target = Model({"agreeing": agreeing_path, "chained": chained_path, "hybrid": hybrid_path}[model], load_mtp=True)
-    # One thread: on a machine shared by many jobs, spinning worker threads cost more than they give.
-    tctx = Context(target, n_ctx=256, n_threads=1)
-    tctx.enable_hidden_rows()
-    head = MtpContext(tctx, n_threads=1)
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=7))
-    drafter = MtpDrafter(head, tctx, sampler)
-    prompt = target.tokenize(PROMPT)
+    path = {"agreeing": agreeing_path, "chained": chained_path, "hybrid": hybrid_path}[model]
+    with mtp_setup(path, sampler) as (target, tctx, head, drafter):
+        prompt = target.tokenize(PROMPT)
 
-    def restart(tokens: list[int]) -> None:
-        # A snapshot-rolled state (the hybrid) takes back only what its last batch allows: start afresh.
-        if target.rollback == "snapshots":
-            tctx.clear()
-        else:
-            tctx.rollback_to(0)
-        tctx.append(tokens)
+        def restart(tokens: list[int]) -> None:
+            # A snapshot-rolled state (the hybrid) takes back only what its last batch allows: start afresh.
+            if target.rollback == "snapshots":
+                tctx.clear()
+            else:
+                tctx.rollback_to(0)
+            tctx.append(tokens)
 
-    # The target's own joint distribution of the next two tokens: p1(x1) p2(x2 | x1).
-    restart(prompt)
-    p1 = sampler.distribution(tctx.logits(-1)).copy()
-    joint: dict[tuple[int, int], float] = {}
-    for x1 in np.flatnonzero(p1):
-        restart([*prompt, int(x1)])
-        p2 = sampler.distribution(tctx.logits(-1))
-        for x2 in np.flatnonzero(p2):
-            joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
-    restart(prompt[:-1])
+        # The target's own joint distribution of the next two tokens: p1(x1) p2(x2 | x1).
+        restart(prompt)
+        p1 = sampler.distribution(tctx.logits(-1)).copy()
+        joint: dict[tuple[int, int], float] = {}
+        for x1 in np.flatnonzero(p1):
+            restart([*prompt, int(x1)])
+            p2 = sampler.distribution(tctx.logits(-1))
+            for x2 in np.flatnonzero(p2):
+                joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
+        restart(prompt[:-1])
 
-    assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: restart(prompt[:-1]))
-    drafter.close()
-    head.close()
-    tctx.close()
-    target.close()
+        assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: restart(prompt[:-1]))
 
 
 @pytest.mark.slow
@@ -153,13 +166,8 @@ def test_each_draft_depth_uses_its_own_head(tmp_path):
 
     a, b = 100, 200
     path = write_step35_model(tmp_path / "step35-marked.gguf", mix=0.05, marked=(a, b))
-    target = Model(path, load_mtp=True)
-    tctx = Context(target, n_ctx=256, n_threads=1)
-    tctx.enable_hidden_rows()
-    head = MtpContext(tctx, n_threads=1)
-    assert head.n_heads == 2
-    drafter = MtpDrafter(head, tctx, Sampler(SamplingParams(temperature=0.0)))
-    try:
+    with mtp_setup(path, Sampler(SamplingParams(temperature=0.0))) as (target, tctx, head, drafter):
+        assert head.n_heads == 2
         agree = 0
         for prompt in (PROMPT, "Once upon a time", "1, 2, 3, 4, 5,"):
             history = target.tokenize(prompt)
@@ -175,11 +183,6 @@ def test_each_draft_depth_uses_its_own_head(tmp_path):
             # ...and a one-token draft never runs the second head.
             assert drafter.propose(history, 1).tokens == (draft[0],)
         assert agree >= 2
-    finally:
-        drafter.close()
-        head.close()
-        tctx.close()
-        target.close()
 
 
 @pytest.mark.slow
@@ -364,12 +367,7 @@ def test_the_controller_charges_the_heads_catch_up(agreeing_path):
     gpu = {1: 10.0, 2: 10.1, 4: 10.3, 8: 10.8, 16: 12.0}
     cheap = CostModel({1: 0.5, 2: 0.5, 4: 0.6, 64: 1.5, 256: 4.0})
     dear = CostModel({1: 0.5, 2: 0.5, 4: 2.0, 64: 600.0, 256: 2400.0})
-    target = Model(agreeing_path, load_mtp=True)
-    tctx = Context(target, n_ctx=512, n_threads=1)
-    tctx.enable_hidden_rows()
-    head = MtpContext(tctx, n_threads=1)
-    drafter = MtpDrafter(head, tctx, Sampler(SamplingParams(temperature=0.0)))
-    try:
+    with mtp_setup(agreeing_path, Sampler(SamplingParams(temperature=0.0)), n_ctx=512) as (target, tctx, head, drafter):
         history = target.tokenize(LONG_PROMPT)[:150]
         tctx.append(history[:-1])
         assert drafter.behind(history) == 150
@@ -386,11 +384,6 @@ def test_the_controller_charges_the_heads_catch_up(agreeing_path):
         drafter.propose(history, 1)  # the catch-up, paid
         assert drafter.behind(history) == 1
         assert plan(dear).name == "mtp"
-    finally:
-        drafter.close()
-        head.close()
-        tctx.close()
-        target.close()
 
 
 @pytest.mark.slow
