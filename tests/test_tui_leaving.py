@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 from textual.widgets import Input
 
-from localspec.engine import Engine, GenerateOptions
+from localspec.engine import Engine, GenerateOptions, Generation
+from localspec.events import Event, StepEvent, TokenEvent
 from localspec.history import Session, SessionMessage, latest_session, list_sessions, load_session, save_session
 from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard
@@ -58,8 +60,43 @@ def assert_saved_mid_reply(history_dir: Path, session_id: str, shown: str, finis
     return reply.content
 
 
-async def in_the_middle_of_a_reply(pilot, app: LocalspecApp) -> str:  # type: ignore[no-untyped-def]
-    """Ask for a long reply; what is on screen once its first words show."""
+class HeldGeneration:
+    """A real generation that, once a step has produced text, waits until the app starts leaving.
+
+    Without it "mid-reply" is a race: on a loaded machine the whole reply can be generated before the
+    UI has shown its first words. The app's own stop (its shutdown event, then ``should_stop`` on the
+    next event) is what releases it, so leaving is tested exactly as it happens.
+    """
+
+    def __init__(self, generation: Generation, leaving: threading.Event) -> None:
+        self._generation = generation
+        self._leaving = leaving
+        self._events = self._held()
+
+    def _held(self) -> Iterator[Event]:
+        seen_text = False
+        for event in self._generation:
+            seen_text = seen_text or (isinstance(event, TokenEvent) and bool(event.text))
+            yield event
+            if seen_text and isinstance(event, StepEvent):
+                assert self._leaving.wait(timeout=120), "the app never began to leave"
+
+    def __iter__(self) -> "HeldGeneration":
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._events)
+
+    def __getattr__(self, name: str) -> object:  # cancel(), stats(), interrupted(): the real generation's
+        return getattr(self._generation, name)
+
+
+async def in_the_middle_of_a_reply(pilot, app: LocalspecApp,  # type: ignore[no-untyped-def]
+                                   monkeypatch: pytest.MonkeyPatch) -> str:
+    """Ask for a long reply; what is on screen once its first words show (the reply held there)."""
+    generate = app.engine.generate
+    monkeypatch.setattr(app.engine, "generate",
+                        lambda *a, **kw: HeldGeneration(generate(*a, **kw), app._shutting_down))
     await send(pilot, STORY)
     await wait_until(pilot, lambda: bool(reply_text(app)), what="the first words")
     assert app.reply_running
@@ -67,14 +104,15 @@ async def in_the_middle_of_a_reply(pilot, app: LocalspecApp) -> str:  # type: ig
 
 
 @pytest.mark.parametrize("how", ["ctrl+q", "SIGTERM", "SIGHUP"])
-def test_leaving_mid_reply_saves_the_partial_reply(engine: Engine, tmp_path: Path, how: str) -> None:
+def test_leaving_mid_reply_saves_the_partial_reply(engine: Engine, tmp_path: Path, how: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     shown = ""
 
     async def go() -> LocalspecApp:
         nonlocal shown
         app = make_app(engine, tmp_path)
         async with app.run_test(size=SIZE) as pilot:
-            shown = await in_the_middle_of_a_reply(pilot, app)
+            shown = await in_the_middle_of_a_reply(pilot, app, monkeypatch)
             if how == "ctrl+q":
                 await pilot.press("ctrl+q")
             else:
