@@ -89,6 +89,22 @@ def test_dashboard_shows_the_engine_numbers_and_a_screenshot_has_them() -> None:
         assert expected in screen, (expected, screen)
 
 
+def test_a_new_draft_length_alone_redraws_the_drafter_line() -> None:
+    async def go() -> tuple[str, str]:
+        app = DashboardApp()
+        async with app.run_test(size=(60, 50)) as pilot:
+            d = app.query_one(Dashboard)
+            d.drafter = "draft"
+            await pilot.pause()
+            before = svg_text(app.export_screenshot())
+            d.draft_len = 7
+            await pilot.pause()
+            return before, svg_text(app.export_screenshot())
+
+    before, after = asyncio.run(go())
+    assert "drafter draft  γ 5" in before and "drafter draft  γ 7" in after, after
+
+
 def test_dashboard_before_any_reply_shows_placeholders() -> None:
     async def go() -> str:
         app = DashboardApp()

@@ -162,7 +162,7 @@ class Dashboard(VerticalScroll):
     def watch_drafter(self) -> None:
         self._render_all()
 
-    def watch_draft_max(self) -> None:
+    def watch_draft_len(self) -> None:
         self._render_all()
 
     def _render_all(self) -> None:
