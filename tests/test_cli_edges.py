@@ -201,6 +201,16 @@ def test_a_misspelt_model_still_gets_model_names(smollm2_path: Path) -> None:
     assert_one_error_line(proc, 2, "unknown model", "qwen3-0.6b")
 
 
+@pytest.mark.parametrize("model", [("Rewrite this module.\n\nimport csv\n" * 400), "see https://x.org/" + "a" * 5000])
+def test_a_prompt_given_as_the_model_is_one_short_line(model: str) -> None:
+    """A prompt passed where MODEL goes (no -p): once too long for a file name, looking it up as a path
+    raised ENAMETOOLONG with a traceback; now one line, the text cut to its start and its length."""
+    proc = localspec("generate", model, "--offline")
+    line = assert_one_error_line(proc, 2, f"({len(model.strip()):,} characters)")
+    assert len(line) < 250 and ("unknown model 'Rewrite this module.\\n\\nimport csv" in line
+                                or "model file not found: 'see https://x.org/aaa" in line), line
+
+
 @pytest.mark.parametrize("word", ["off", "OFF", "none"])
 def test_generate_draft_off_is_plain_decoding(smollm2_path: Path, word: str) -> None:
     proc = localspec("generate", str(smollm2_path), "--draft", word, "-p", "The sky is", "--max-tokens", "8", "--json")

@@ -146,6 +146,7 @@ def check_engine_options(args: argparse.Namespace) -> None:
 
 def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
     """``text`` resolved through the registry, its notice on stderr; a bare path must exist."""
+    from localspec.models.registry import shown
     from localspec.models.registry_file import load_registry
 
     resolved = (registry or load_registry()).resolve(text)
@@ -153,8 +154,13 @@ def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
         print(f"localspec: {resolved.notice}", file=sys.stderr)
     if resolved.spec is None:
         assert resolved.path is not None
-        if not resolved.path.exists():  # a directory or a non-GGUF file gets gguf_info's own message
-            raise ModelFileError(f"model file not found: {text}; check the path or use a name from `localspec models`")
+        try:
+            exists = resolved.path.exists()
+        except OSError:  # not even a possible path (a name too long): a prompt given as MODEL, say
+            exists = False
+        if not exists:  # a directory or a non-GGUF file gets gguf_info's own message
+            raise ModelFileError(f"model file not found: {shown(text)}; check the path or use a name from "
+                                 "`localspec models`")
     return resolved
 
 

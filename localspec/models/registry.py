@@ -175,7 +175,7 @@ class Registry:
         if name is not None:
             spec = self._models[name]
             return Resolved(raw, spec, spec.path)
-        if Path(raw).expanduser().is_file():
+        if is_existing_file(Path(raw).expanduser()):
             return Resolved(raw, None, Path(raw).expanduser())
         sized = self._resolve_size(raw)
         if sized is not None:
@@ -252,10 +252,28 @@ class Registry:
         suggestions = self._suggestions(raw)
         if suggestions:
             return (
-                f"unknown model '{raw}'; did you mean: {', '.join(suggestions)}? "
+                f"unknown model {shown(raw)}; did you mean: {', '.join(suggestions)}? "
                 "(`localspec models` lists them all)"
             )
-        return f"unknown model '{raw}'; `localspec models` lists the known ones, and a path to a .gguf file works too"
+        return (f"unknown model {shown(raw)}; `localspec models` lists the known ones, and a path to a .gguf "
+                "file works too")
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """``text`` quoted for a one-line message: control characters escaped, and cut (with its length
+    said) when longer than ``limit`` (a prompt passed where a model was expected)."""
+    quoted = repr(text)[1:-1] if any(c < " " for c in text) else text
+    if len(quoted) <= limit:
+        return f"'{quoted}'"
+    return f"'{quoted[:limit]}…' ({len(text):,} characters)"
+
+
+def is_existing_file(path: Path) -> bool:
+    """``path.is_file()``, False where the system cannot even look it up (a name too long for a path)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _looks_like_path(text: str) -> bool:
