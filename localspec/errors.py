@@ -8,6 +8,15 @@ nothing below the CLI prints or exits on its own.
 from __future__ import annotations
 
 
+def shown(text: str, limit: int = 60, *, quote: str = "'") -> str:
+    """``text`` for a one-line message, in ``quote``s: control characters escaped, and cut (with its
+    length said) when longer than ``limit`` (a prompt passed where a model or a path was expected)."""
+    escaped = repr(text)[1:-1] if any(c < " " for c in text) else text
+    if len(escaped) <= limit:
+        return f"{quote}{escaped}{quote}"
+    return f"{quote}{escaped[:limit]}…{quote} ({len(text):,} characters)"
+
+
 class LocalspecError(Exception):
     """A failure the user can act on. ``str(err)`` is the whole one-line message."""
 

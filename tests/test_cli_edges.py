@@ -208,7 +208,19 @@ def test_a_prompt_given_as_the_model_is_one_short_line(model: str) -> None:
     proc = localspec("generate", model, "--offline")
     line = assert_one_error_line(proc, 2, f"({len(model.strip()):,} characters)")
     assert len(line) < 250 and ("unknown model 'Rewrite this module.\\n\\nimport csv" in line
-                                or "model file not found: 'see https://x.org/aaa" in line), line
+                                or "model file not found: see https://x.org/aaa" in line), line
+
+
+def test_paths_too_long_to_look_up_are_one_short_line(smollm2_path: Path, tmp_path: Path) -> None:
+    long = "a" * 5000
+    (tmp_path / "in.txt").write_text("some text\n")
+    rest = localspec("generate", str(smollm2_path), "-p", "x", "--draft", f"rest:{long}")
+    assert len(assert_one_error_line(rest, 2, "REST store not found: aaa", "(5,000 characters)")) < 250
+    out = localspec("index", "--model", str(smollm2_path), "-o", str(tmp_path / f"{long}.lsstore"),
+                    str(tmp_path / "in.txt"))
+    assert len(assert_one_error_line(out, 2, "is not a usable path", "characters)")) < 250
+    src = localspec("index", "--model", str(smollm2_path), "-o", str(tmp_path / "o.lsstore"), str(tmp_path / long))
+    assert len(assert_one_error_line(src, 2, "no such file or folder", "characters)")) < 250
 
 
 @pytest.mark.parametrize("word", ["off", "OFF", "none"])

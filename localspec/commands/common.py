@@ -14,7 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, BinaryIO
 
-from localspec.errors import InvalidOptionError, LocalspecError, ModelFileError, RegistryError, StoreError
+from localspec.errors import InvalidOptionError, LocalspecError, ModelFileError, RegistryError, StoreError, shown
 
 if TYPE_CHECKING:
     from localspec.drafting.specs import DrafterSpec
@@ -146,7 +146,6 @@ def check_engine_options(args: argparse.Namespace) -> None:
 
 def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
     """``text`` resolved through the registry, its notice on stderr; a bare path must exist."""
-    from localspec.models.registry import shown
     from localspec.models.registry_file import load_registry
 
     resolved = (registry or load_registry()).resolve(text)
@@ -159,7 +158,7 @@ def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
         except OSError:  # not even a possible path (a name too long): a prompt given as MODEL, say
             exists = False
         if not exists:  # a directory or a non-GGUF file gets gguf_info's own message
-            raise ModelFileError(f"model file not found: {shown(text)}; check the path or use a name from "
+            raise ModelFileError(f"model file not found: {shown(text, quote='')}; check the path or use a name from "
                                  "`localspec models`")
     return resolved
 
@@ -387,9 +386,11 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
         return DraftRefs(None, [])
     specs = parse_draft(text)
     model = next((s for s in specs if s.kind == "model"), None)
+    from localspec.paths import is_existing_file
+
     for spec in specs:
-        if spec.kind == "rest" and not Path(spec.arg or "").expanduser().is_file():
-            raise StoreError(f"REST store not found: {spec.arg}; build one with `localspec index`")
+        if spec.kind == "rest" and not is_existing_file(Path(spec.arg or "").expanduser()):
+            raise StoreError(f"REST store not found: {shown(spec.arg or '', quote='')}; build one with `localspec index`")
     ref = None
     if model is not None:
         try:

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localspec.errors import InvalidOptionError
+from localspec.errors import InvalidOptionError, shown
 
 
 def register(subparsers: Any) -> None:
@@ -61,11 +61,15 @@ def check_output(path: Path) -> None:
     overwrite a file that is not a store."""
     from localspec.drafting.suffix_array import MAGIC
 
-    if path.is_dir():
+    try:
+        is_dir, folder_exists, exists = path.is_dir(), path.parent.is_dir(), path.exists()
+    except OSError as err:  # not even a possible path (a name too long)
+        raise InvalidOptionError(f"-o {shown(str(path), quote='')} is not a usable path: {err.strerror or err}") from None
+    if is_dir:
         raise InvalidOptionError(f"-o {path} is a folder; name the store file, e.g. {path / 'corpus.lsstore'}")
-    if not path.parent.is_dir():
+    if not folder_exists:
         raise InvalidOptionError(f"-o {path}: the folder {path.parent} does not exist; create it first")
-    if path.exists():
+    if exists:
         try:
             with open(path, "rb") as f:
                 head = f.read(len(MAGIC))

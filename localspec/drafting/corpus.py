@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from localspec.drafting.suffix_array import write_store
-from localspec.errors import InvalidOptionError, StoreError
+from localspec.errors import InvalidOptionError, StoreError, shown
 
 CHUNK_BYTES = 1 << 20  # what is decoded (and tokenized) at once
 
@@ -87,7 +87,7 @@ def _expand(paths: Sequence[str]) -> Iterator[str]:
         elif any(c in p for c in "*?[") and (hits := sorted(glob.glob(p, recursive=True))):
             resolved.append(hits)
         else:
-            raise InvalidOptionError(f"no such file or folder: {p}")
+            raise InvalidOptionError(f"no such file or folder: {shown(p, quote='')}")
     for hits in resolved:
         for hit in hits:
             if os.path.isdir(hit):

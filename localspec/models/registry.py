@@ -16,8 +16,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.errors import RegistryError
+from localspec.errors import RegistryError, shown
 from localspec.models.pypi_models import PypiChunk
+from localspec.paths import is_existing_file
 
 _PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmbt])", re.IGNORECASE)
 # A name of the form PREFIX-SIZE: "qwen3-0.5b", "llama3.2:1b", "gemma3-270m".
@@ -257,23 +258,6 @@ class Registry:
             )
         return (f"unknown model {shown(raw)}; `localspec models` lists the known ones, and a path to a .gguf "
                 "file works too")
-
-
-def shown(text: str, limit: int = 60) -> str:
-    """``text`` quoted for a one-line message: control characters escaped, and cut (with its length
-    said) when longer than ``limit`` (a prompt passed where a model was expected)."""
-    quoted = repr(text)[1:-1] if any(c < " " for c in text) else text
-    if len(quoted) <= limit:
-        return f"'{quoted}'"
-    return f"'{quoted[:limit]}…' ({len(text):,} characters)"
-
-
-def is_existing_file(path: Path) -> bool:
-    """``path.is_file()``, False where the system cannot even look it up (a name too long for a path)."""
-    try:
-        return path.is_file()
-    except OSError:
-        return False
 
 
 def _looks_like_path(text: str) -> bool:
