@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.paths import atomic_write, data_dir
-from localspec.errors import LocalspecError
+from localspec.errors import LocalspecError, shown
 from localspec.events import GenerationStats
 
 FORMAT = 1
@@ -174,7 +174,7 @@ class SessionInfo:
 
 def session_path(session_id: str, directory: Path | None = None) -> Path:
     if not _ID_RE.match(session_id):
-        raise SessionError(f"{session_id!r} is not a session id; ids look like 20250131-142502-3fa2c1")
+        raise SessionError(f"{shown(session_id)} is not a session id; ids look like 20250131-142502-3fa2c1")
     return (directory or sessions_dir()) / f"{session_id}.json"
 
 

@@ -152,6 +152,9 @@ def test_missing_session_lists_what_exists(tmp_path: Path) -> None:
         load_session("nope", tmp_path)
     with pytest.raises(SessionError, match="not a session id"):
         load_session("../etc/passwd", tmp_path)
+    with pytest.raises(SessionError) as info:  # a long text (a prompt typed after --resume) is cut
+        load_session("x" * 3000, tmp_path)
+    assert "(3,000 characters) is not a session id" in str(info.value) and len(str(info.value)) < 200
 
 
 def test_listing_and_latest(tmp_path: Path) -> None:
