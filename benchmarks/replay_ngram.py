@@ -18,10 +18,11 @@ the speedup that gives. On such a CPU many decisions are close calls (a batch
 of 2 costs nearly two plain steps), so the replay is run again with every
 batch of more than one token 10% dearer, as the machine measures them on a
 busier day ("+10%": steps and × plain): a policy that only drafts while its
-estimates clear the bar by a hair shows there as many more steps. "oracle" is the same drafter under a controller that knows
-the reply (each step verifies the most tokens-per-ms prefix of what the lookup
-got right; ``oracle``): the bound on what any controller reaches with these
-lookups, so the gap to it is the controller's caution. It compares the drafter's defaults with a trie of up
+estimates clear the bar by a hair shows there as many more steps. "oracle" is
+the same drafter under a controller that knows the reply (each step verifies
+the most tokens-per-ms prefix of what the lookup got right; ``oracle``): the
+bound on what any controller reaches with these lookups, so the gap to it is
+the controller's caution. It compares the drafter's defaults with a trie of up
 to 4 continuations, with matches that cannot grow past n_max
 (``max_match=4``) and with copies resumed after an edit (``resume_window=8``).
 """

@@ -15,6 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, BinaryIO
 
 from localspec.errors import InvalidOptionError, LocalspecError, ModelFileError, RegistryError, StoreError, shown
+from localspec.paths import is_existing_file
 
 if TYPE_CHECKING:
     from localspec.drafting.specs import DrafterSpec
@@ -386,11 +387,10 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
         return DraftRefs(None, [])
     specs = parse_draft(text)
     model = next((s for s in specs if s.kind == "model"), None)
-    from localspec.paths import is_existing_file
-
     for spec in specs:
         if spec.kind == "rest" and not is_existing_file(Path(spec.arg or "").expanduser()):
-            raise StoreError(f"REST store not found: {shown(spec.arg or '', quote='')}; build one with `localspec index`")
+            raise StoreError(f"REST store not found: {shown(spec.arg or '', quote='')}; "
+                             "build one with `localspec index`")
     ref = None
     if model is not None:
         try:

@@ -64,7 +64,8 @@ def check_output(path: Path) -> None:
     try:
         is_dir, folder_exists, exists = path.is_dir(), path.parent.is_dir(), path.exists()
     except OSError as err:  # not even a possible path (a name too long)
-        raise InvalidOptionError(f"-o {shown(str(path), quote='')} is not a usable path: {err.strerror or err}") from None
+        raise InvalidOptionError(f"-o {shown(str(path), quote='')} is not a usable path: "
+                                 f"{err.strerror or err}") from None
     if is_dir:
         raise InvalidOptionError(f"-o {path} is a folder; name the store file, e.g. {path / 'corpus.lsstore'}")
     if not folder_exists:
