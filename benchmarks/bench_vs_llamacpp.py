@@ -314,13 +314,17 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
     measured = engine.cost_model().measured
     costs = CostModel(measured)
     branches = 4 if engine.ctx.n_seq > 1 else 1  # as the engine builds its ngram drafter
+
+    def replayed(prompt: str, reply: list[int]) -> dict[str, float]:
+        return replay(NgramDrafter(max_branches=branches), prompt_tokens[prompt], reply, measured)
+
     out = []
     for run in runs:
         if run.model != label or run.round != 0:
             continue
         if run.system == "localspec ngram":  # the replay checked against a real run: the same steps?
             reply = engine.target.tokenize(run.text, add_special=False, parse_special=True)
-            ours = replay(NgramDrafter(max_branches=branches), prompt_tokens[run.prompt], reply, measured)
+            ours = replayed(run.prompt, reply)
             out.append(SameReply(label, run.prompt, run.system, None, len(reply), ours["steps"], ours["speedup"],
                                  run.extra["steps"], run.tokens / run.extra["steps"]))
             continue
@@ -331,7 +335,7 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
         reply = engine.target.tokenize(plain_reply(run.text), add_special=False, parse_special=True)
         if not reply:
             continue
-        ours = replay(NgramDrafter(max_branches=branches), prompt_tokens[run.prompt], reply, measured)
+        ours = replayed(run.prompt, reply)
         k = int(run.system.split("@")[1])
         steps = run.tokens - run.extra["accepted"]
         drafts = min(steps, math.ceil(run.extra["drafted"] / k))

@@ -154,15 +154,17 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
             "speedup": plain_ms / ms}
 
 
-def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], cap: int = 15) -> dict[str, float]:
+def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], cap: int | None = None
+           ) -> dict[str, float]:
     """The same reply with a controller that knows the future: each step ``drafter``'s chain (its most
-    probable path, ``cap`` deep) is verified to the length k <= its correct prefix that gives the most
+    probable path, ``cap`` deep: the controller's own cap by default) is verified to the length k <= its correct prefix that gives the most
     tokens per ms (``(k + 1) / T(k)``). No policy that only sees the history drafts better from these
     lookups, so ``speedup`` bounds what the controller can reach with them at ``costs``."""
-    from localspec.control import best_path
+    from localspec.control import DRAFT_LEN_CAP, best_path
     from localspec.costs import CostModel
     from localspec.drafting.base import TreeProposal
 
+    cap = DRAFT_LEN_CAP if cap is None else cap
     truth = CostModel(costs)
 
     def step_ms(k: int) -> float:

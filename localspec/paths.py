@@ -57,11 +57,3 @@ def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644) -> Iterator
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-
-
-def is_existing_file(path: Path) -> bool:
-    """``path.is_file()``, False where the system cannot even look it up (a name too long for a path)."""
-    try:
-        return path.is_file()
-    except OSError:
-        return False

@@ -15,7 +15,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, BinaryIO
 
 from localspec.errors import InvalidOptionError, LocalspecError, ModelFileError, RegistryError, StoreError, shown
-from localspec.paths import is_existing_file
 
 if TYPE_CHECKING:
     from localspec.drafting.specs import DrafterSpec
@@ -154,11 +153,8 @@ def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
         print(f"localspec: {resolved.notice}", file=sys.stderr)
     if resolved.spec is None:
         assert resolved.path is not None
-        try:
-            exists = resolved.path.exists()
-        except OSError:  # not even a possible path (a name too long): a prompt given as MODEL, say
-            exists = False
-        if not exists:  # a directory or a non-GGUF file gets gguf_info's own message
+        # os.path.exists: False, not OSError, for a name too long to be a path (a prompt given as MODEL).
+        if not os.path.exists(resolved.path):  # a directory or a non-GGUF file gets gguf_info's own message
             raise ModelFileError(f"model file not found: {shown(text, quote='')}; check the path or use a name from "
                                  "`localspec models`")
     return resolved
@@ -388,7 +384,7 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
     specs = parse_draft(text)
     model = next((s for s in specs if s.kind == "model"), None)
     for spec in specs:
-        if spec.kind == "rest" and not is_existing_file(Path(spec.arg or "").expanduser()):
+        if spec.kind == "rest" and not os.path.isfile(Path(spec.arg or "").expanduser()):
             raise StoreError(f"REST store not found: {shown(spec.arg or '', quote='')}; "
                              "build one with `localspec index`")
     ref = None

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"special paths {accel}")
         out.append(f"exactness     {'batch-invariant (greedy speculation is token-identical)' if build['batch_invariant'] else 'not batch-invariant (greedy speculation may part at near-ties)'}")
         if not build["gpu_offload"]:
-            out.append("flash attn    " + ("on (batch-invariant CPU kernel)" if build.get("cpu_flash_attention") else
+            out.append("flash attn    " + ("on (batch-invariant CPU kernel)" if build["cpu_flash_attention"] else
                                           "off (this build's CPU kernel is batch-dependent; scripts/setup.sh builds one that is not)"))
         gpus = build["gpus"]
         if gpus:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from localspec.errors import RegistryError, shown
 from localspec.models.pypi_models import PypiChunk
-from localspec.paths import is_existing_file
 
 _PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmbt])", re.IGNORECASE)
 # A name of the form PREFIX-SIZE: "qwen3-0.5b", "llama3.2:1b", "gemma3-270m".
@@ -176,7 +175,7 @@ class Registry:
         if name is not None:
             spec = self._models[name]
             return Resolved(raw, spec, spec.path)
-        if is_existing_file(Path(raw).expanduser()):
+        if os.path.isfile(Path(raw).expanduser()):  # False, not OSError, for a name too long to be a path
             return Resolved(raw, None, Path(raw).expanduser())
         sized = self._resolve_size(raw)
         if sized is not None:
