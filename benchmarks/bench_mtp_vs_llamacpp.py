@@ -121,16 +121,8 @@ def run_draft_mtp(tool: Path, model: Path, prompt_file: Path, n: int, threads: i
 
 def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int,
                    flash_attn: str) -> tuple[int, float, str, dict]:
-    """Plain greedy ``llama-completion``, timed as ``bench_vs_llamacpp`` times it, with ``-fa flash_attn``."""
-    proc = subprocess.run([str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "--temp", "0",
-                           "-t", str(threads), "-c", "4096", "-fa", flash_attn, "-no-cnv", "--no-display-prompt",
-                           "--no-warmup"], capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise RuntimeError(f"llama-completion failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    eval_ms = base._number(r"(?<!prompt) eval time =\s*([\d.]+) ms", proc.stderr)
-    runs = int(base._number(r"(?<!prompt) eval time =\s*[\d.]+ ms /\s*(\d+) runs", proc.stderr))
-    sample_ms = base._number(r"samplers time =\s*([\d.]+) ms", proc.stderr)
-    return runs + 1, (eval_ms + sample_ms) / 1e3, proc.stdout, {"steps": runs + 1}
+    """Plain greedy ``llama-completion`` (``bench_vs_llamacpp.run_completion``) with ``-fa flash_attn``."""
+    return base.run_completion(tool, model, prompt_file, n, threads, ["-fa", flash_attn])
 
 
 # --- localspec -------------------------------------------------------------------------------------

@@ -33,7 +33,13 @@ says whether the best llama-lookup setting produced localspec's reply, and a
 second table replays localspec's drafter and controller on that setting's own
 reply (``replay_ngram.replay``: the same steps a real run takes, no model run)
 beside llama-lookup's measured steps on it, both priced at this machine's
-measured verify costs: the comparison on the same text.
+measured verify costs: the comparison on the same text. Beside it stand the
+same lookups under a controller that knows the reply (``replay_ngram.oracle``)
+and what any drafter reaches at these costs with every proposal right
+(``replay_ngram.ceiling``): how much of a gap a better controller could close,
+and how much only better drafts or cheaper verification could. Plain decoding's
+time is split into the llama_decode call and the rest of localspec's step
+(Python), beside llama-completion's eval time per decode.
 
 The tools are built once from the vendored llama.cpp of llama-cpp-python's
 sdist with the options our wheel uses (no llamafile sgemm, AMX off on x86)
@@ -215,12 +221,13 @@ def _number(pattern: str, text: str) -> float:
 
 
 def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int,
-                   extra: Sequence[str] = ()) -> tuple[int, float, str]:
-    """Plain greedy decoding with llama-completion: (tokens, generation seconds, text)."""
+                   extra: Sequence[str] = ()) -> tuple[int, float, str, dict]:
+    """Plain greedy decoding with llama-completion: (tokens, generation seconds, text, {"steps",
+    "decode_ms": its mean eval time per decode})."""
     proc = subprocess.run([str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "--temp", "0",
                            "-t", str(threads), "-c", "4096", "-no-cnv", "--no-display-prompt", "--no-warmup",
                            *extra],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise RuntimeError(f"llama-completion failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     eval_ms = _number(r"(?<!prompt) eval time =\s*([\d.]+) ms", proc.stderr)
@@ -228,7 +235,8 @@ def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: 
     sample_ms = _number(r"samplers time =\s*([\d.]+) ms", proc.stderr)
     # n_eval counts decodes after the prompt; the first token comes from the prompt's logits. localspec
     # decodes the prompt's last token inside its generation: add one mean decode to compare like with like.
-    return runs + 1, (eval_ms * (runs + 1) / max(runs, 1) + sample_ms) / 1e3, proc.stdout
+    decode_ms = eval_ms / max(runs, 1)
+    return runs + 1, (eval_ms + decode_ms + sample_ms) / 1e3, proc.stdout, {"steps": runs + 1, "decode_ms": decode_ms}
 
 
 def run_lookup(tool: Path, model: Path, prompt_file: Path, n: int, threads: int, draft_max: int) -> tuple[int, float, str, dict]:
@@ -298,6 +306,8 @@ class SameReply:
     localspec_speedup: float  # × plain at the measured verify costs
     lookup_steps: int
     lookup_speedup: float     # × plain at the same costs, its drafts taken as n_max tokens each
+    oracle_speedup: float = float("nan")  # × plain of a controller that knows the reply (``replay_ngram.oracle``)
+    ceiling: float = float("nan")  # × plain with every proposal right (``replay_ngram.ceiling``)
 
 
 def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_tokens: dict[str, list[int]]
@@ -309,11 +319,12 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
 
     from localspec.costs import CostModel
     from localspec.drafting.ngram import NgramDrafter
-    from replay_ngram import replay
+    from replay_ngram import ceiling, oracle, replay
 
     measured = engine.cost_model().measured
     costs = CostModel(measured)
     branches = 4 if engine.ctx.n_seq > 1 else 1  # as the engine builds its ngram drafter
+    most = ceiling(measured)
 
     def replayed(prompt: str, reply: list[int]) -> dict[str, float]:
         return replay(NgramDrafter(max_branches=branches), prompt_tokens[prompt], reply, measured)
@@ -336,12 +347,13 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
         if not reply:
             continue
         ours = replayed(run.prompt, reply)
+        bound = oracle(NgramDrafter(max_branches=1), prompt_tokens[run.prompt], reply, measured)["speedup"]
         k = int(run.system.split("@")[1])
         steps = run.tokens - run.extra["accepted"]
         drafts = min(steps, math.ceil(run.extra["drafted"] / k))
         lookup_ms = drafts * costs.verify_ms(1 + k) + (steps - drafts) * costs.verify_ms(1)
         out.append(SameReply(label, run.prompt, run.system, parts_at(run.text, own), len(reply), ours["steps"],
-                             ours["speedup"], steps, run.tokens * costs.verify_ms(1) / lookup_ms))
+                             ours["speedup"], steps, run.tokens * costs.verify_ms(1) / lookup_ms, bound, most))
     return out
 
 
@@ -369,7 +381,9 @@ def run_localspec(engine, text: str, n: int, draft: bool) -> tuple[int, float, s
     opts = GenerateOptions(max_tokens=n, speculative=draft, drafter="ngram" if draft else None)
     done = engine.generate(tokens, opts).run()
     s = done.stats
-    extra = {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
+    # decode_ms: the mean time of a step's llama_decode call; the rest of a step is Python's
+    extra = {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps,
+             "decode_ms": s.verify_ms / s.steps if s.steps else 0.0}
     if s.control is not None:
         extra["draft_steps"] = s.control.draft_steps
     return s.tokens, s.elapsed_s, done.text, extra
@@ -402,8 +416,9 @@ def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> t
                     if system.startswith("localspec"):
                         n, sec, out, extra = run_localspec(engine, text, args.max_tokens, system.endswith("ngram"))
                     elif system == "llama-completion":
-                        n, sec, out = run_completion(tools[system], model_path, prompt_file, args.max_tokens,
-                                                     args.threads, args.completion_args.split())
+                        n, sec, out, extra = run_completion(tools[system], model_path, prompt_file,
+                                                            args.max_tokens, args.threads,
+                                                            args.completion_args.split())
                     else:
                         k = int(system.split("@")[1])
                         n, sec, out, extra = run_lookup(tools["llama-lookup"], model_path, prompt_file,
@@ -465,19 +480,21 @@ def report(runs: list[Run], same: list[SameReply], models: list[str], prompts: l
                 f"| {ngram_vs:.2f}× | {reply} |")
         lines += ["", f"median over prompts: plain {_median(summary['plain']):.2f}× llama-completion, "
                       f"ngram {_median(summary['ngram']):.2f}× the best llama-lookup setting", ""]
+        lines += plain_time_table(runs, model, prompts)
         if replayed:
             lines += ["On the best llama-lookup setting's own reply: localspec's drafter and controller replayed "
                       "(steps exact, no model run), llama-lookup as measured; × plain for both from this "
                       "machine's measured verify costs (llama-lookup's drafts counted as n_max tokens each):", "",
                       "| prompt | setting | reply | tokens | localspec steps (× plain) "
-                      "| llama-lookup steps (× plain) | localspec vs lookup |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| llama-lookup steps (× plain) | localspec vs lookup | knowing the reply: × plain, vs lookup |",
+                      "|---|---|---|---|---|---|---|---|"]
             for r in replayed:
                 lines.append(f"| {r.prompt} | {r.system.split('@')[1]} | "
                              f"{'the same' if r.parts_at is None else 'its own'} | {r.tokens} "
                              f"| {r.localspec_steps} ({r.localspec_speedup:.2f}×) "
                              f"| {r.lookup_steps} ({r.lookup_speedup:.2f}×) "
-                             f"| {r.localspec_speedup / r.lookup_speedup:.2f}× |")
+                             f"| {r.localspec_speedup / r.lookup_speedup:.2f}× "
+                             f"| {r.oracle_speedup:.2f}×, {r.oracle_speedup / r.lookup_speedup:.2f}× |")
             every = [r.localspec_speedup / r.lookup_speedup for r in same
                      if r.model == model and r.system.startswith("llama-lookup@")]
             check = [r for r in same if r.model == model and r.system == "localspec ngram"]
@@ -485,12 +502,38 @@ def report(runs: list[Run], same: list[SameReply], models: list[str], prompts: l
                 lines += ["", "the replay checked on localspec's own reply (steps replayed / measured): " + ", ".join(
                     f"{r.prompt} {r.localspec_steps}/{r.lookup_steps}" for r in check)]
             lines += ["", f"on every llama-lookup setting's reply: localspec {min(every):.2f}–{max(every):.2f}× "
-                          f"llama-lookup (median {_median(every):.2f}×)", ""]
+                          f"llama-lookup (median {_median(every):.2f}×)",
+                      "", "knowing the reply: the same lookups, each verified to the length that gives the most "
+                          "tokens per ms (replay_ngram.oracle): the most any controller reaches with them. "
+                          f"With every proposal right no drafter passes {replayed[0].ceiling:.2f}× plain at "
+                          "these costs (replay_ngram.ceiling).", ""]
         lines.append("llama-lookup by --spec-draft-n-max (tok/s, median over rounds and prompts): " + ", ".join(
             f"{k}: {_median(r.tokens_per_second for r in runs if r.model == model and r.system == f'llama-lookup@{k}'):.1f}"
             for k in lookups))
         lines.append("")
     return "\n".join(lines)
+
+
+def plain_time_table(runs: list[Run], model: str, prompts: list[str]) -> list[str]:
+    """Where plain decoding's time goes, per prompt (medians over rounds, ms per token): localspec's
+    step, the llama_decode call inside it, llama-completion's eval time per decode."""
+    def med(system: str, prompt: str, value) -> float:
+        return _median(value(r) for r in runs if (r.model, r.prompt, r.system) == (model, prompt, system)
+                       and r.tokens > 0 and "decode_ms" in r.extra)
+
+    rows = []
+    for prompt in prompts:
+        step = med("localspec plain", prompt, lambda r: 1e3 * r.seconds / r.tokens)
+        ours = med("localspec plain", prompt, lambda r: r.extra["decode_ms"])
+        theirs = med("llama-completion", prompt, lambda r: r.extra["decode_ms"])
+        if step == step and theirs == theirs:  # both measured (not NaN)
+            rows.append(f"| {prompt} | {step:.2f} | {ours:.2f} | {step - ours:.2f} | {theirs:.2f} "
+                        f"| {theirs / ours:.2f}× |")
+    if not rows:
+        return []
+    return ["Plain decoding's time, ms per token (medians over rounds):", "",
+            "| prompt | localspec step | its llama_decode | the rest (Python) | llama-completion decode "
+            "| decode vs decode |", "|---|---|---|---|---|---|", *rows, ""]
 
 
 MODELS = {"smollm2": "SMOLLM2_135M", "gemma3": "GEMMA3_270M"}

@@ -24,3 +24,17 @@ def test_replies_part_where_they_first_differ_not_where_one_stops() -> None:
     assert vs.parts_at("import csv\nimport os<end_of_turn>", "import csv\nimport os") is None
     assert vs.parts_at("import csv\nimport os", "import csv\nfrom os") == 11
     assert vs.parts_at("a", "b") == 0
+
+
+def test_plain_time_is_split_into_llama_decode_and_the_rest() -> None:
+    def run(system: str, rnd: int, seconds: float, decode_ms: float) -> vs.Run:
+        return vs.Run("m", "p", system, rnd, 100, seconds, extra={"decode_ms": decode_ms})
+
+    runs = [run("localspec plain", 0, 1.2, 11.0), run("localspec plain", 1, 1.0, 9.5), run("localspec plain", 2, 1.1, 10.0),
+            run("llama-completion", 0, 1.0, 9.0), run("llama-completion", 1, 1.2, 11.0),
+            run("llama-completion", 2, 1.0, 10.0)]
+    table = vs.plain_time_table(runs, "m", ["p", "not run"])
+    # localspec: 11 ms a step (median), 10 of them in llama_decode; llama-completion 10 ms a decode
+    assert "| p | 11.00 | 10.00 | 1.00 | 10.00 | 1.00× |" in table
+    assert not any("not run" in line for line in table)
+    assert vs.plain_time_table(runs, "other model", ["p"]) == []

@@ -1,0 +1,48 @@
+"""benchmarks/replay_ngram.py: the bounds it reports (ceiling, oracle) hold on hand-built replies and costs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import replay_ngram as rp  # noqa: E402
+from localspec.drafting.ngram import NgramDrafter  # noqa: E402
+
+FLAT = {1: 10.0, 16: 10.0}                    # a batch costs what one token costs (memory-bound)
+LINEAR = {1: 10.0, 2: 20.0, 4: 40.0, 16: 160.0}  # a batch costs its tokens decoded one by one
+
+
+def test_no_drafter_pays_where_a_batch_costs_its_tokens() -> None:
+    assert rp.ceiling(LINEAR) < 1.05
+
+
+def test_where_batches_are_free_the_ceiling_is_the_longest_draft() -> None:
+    assert 15.0 < rp.ceiling(FLAT) <= 16.0       # DRAFT_LEN_CAP = 15 draft tokens and the bonus token
+    assert 3.0 < rp.ceiling(FLAT, cap=3) <= 4.0
+
+
+def _copying_case() -> tuple[list[int], list[int]]:
+    """A prompt of 60 distinct tokens and a reply that copies 40 of them, with two edits."""
+    prompt = list(range(100, 160))
+    reply = prompt[5:25] + [7] + prompt[25:40] + [8] + prompt[40:45]
+    return prompt, reply
+
+
+def test_the_oracle_bounds_the_controller_and_the_ceiling_bounds_both() -> None:
+    prompt, reply = _copying_case()
+    for costs in (FLAT, {1: 10.0, 2: 14.0, 4: 20.0, 16: 60.0}):
+        ours = rp.replay(NgramDrafter(max_branches=1), prompt, reply, costs)
+        best = rp.oracle(NgramDrafter(max_branches=1), prompt, reply, costs)
+        assert ours["tokens"] == best["tokens"] == len(reply)
+        assert best["steps"] <= ours["steps"]
+        assert ours["speedup"] <= best["speedup"] + 1e-9 <= rp.ceiling(costs) + 1e-9
+
+
+def test_the_oracle_drafts_nothing_where_drafting_cannot_pay() -> None:
+    prompt, reply = _copying_case()
+    dearer = {k: ms * 1.2 if k > 1 else ms for k, ms in LINEAR.items()}  # a batch dearer than its tokens
+    best = rp.oracle(NgramDrafter(max_branches=1), prompt, reply, dearer)
+    assert best["steps"] == len(reply)
+    assert rp.ceiling(dearer) == 1.0
