@@ -24,7 +24,8 @@ the most tokens-per-ms prefix of what the lookup got right; ``oracle``): the
 bound on what any controller reaches with these lookups, so the gap to it is
 the controller's caution. It compares the drafter's defaults with a trie of up
 to 4 continuations, with matches that cannot grow past n_max
-(``max_match=4``) and with copies resumed after an edit (``resume_window=8``).
+(``max_match=4``), with copies resumed after an edit (``resume_window=8``) and
+without matches that step over one substituted token (``gapped_min=0``).
 """
 
 from __future__ import annotations
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "trie of 4": lambda: NgramDrafter(max_branches=4),
         "max_match=4": lambda: NgramDrafter(max_branches=1, max_match=4),
         "resume_window=8": lambda: NgramDrafter(max_branches=1, resume_window=8),
+        "gapped_min=0": lambda: NgramDrafter(max_branches=1, gapped_min=0),
     }
     print(f"{'model':<10}{'reply':<17}{'drafter':<14}{'tokens':>7}{'steps':>7}{'empty':>7}{'α':>7}{'τ':>7}"
           f"{'× plain':>9}{'+10%':>12}{'oracle':>13}")

@@ -217,8 +217,9 @@ def expected_tokens_per_step(alpha: float, gamma: float) -> float:
 # learned per class of evidence: match lengths 1, 2, 3, 4, 5-7, 8-15, 16-31, 32+ ...
 MATCH_CLASSES = (1, 2, 3, 4, 5, 8, 16, 32)
 # ... times how the occurrences agree on the first token: seen once, several agreeing,
-# a majority, split (below half); or a copy resumed after an edit (``Evidence.resumed``).
-AGREEMENT_CLASSES = ("once", "unanimous", "majority", "split", "resumed")
+# a majority, split (below half); or a copy resumed after an edit (``Evidence.resumed``); or, whatever
+# its agreement, a match with one token substituted (``Evidence.gapped``): learned apart from exact ones.
+AGREEMENT_CLASSES = ("once", "unanimous", "majority", "split", "resumed", "gapped")
 # A resumed copy's prior counts as a match of this many tokens (a token found where the copy
 # left off is as telling as a 4-gram found anywhere); then it learns like any class.
 RESUMED_PRIOR_MATCH = 4
@@ -238,6 +239,8 @@ def evidence_class(evidence: Evidence) -> tuple[int, int]:
     if evidence.resumed:
         return MATCH_CLASSES.index(RESUMED_PRIOR_MATCH), AGREEMENT_CLASSES.index("resumed")
     match = max(0, bisect.bisect_right(MATCH_CLASSES, evidence.match_len) - 1)
+    if evidence.gapped:
+        return match, AGREEMENT_CLASSES.index("gapped")
     first = evidence.support[0] if evidence.support else 0.0
     if evidence.occurrences <= 1:
         agreement = 0

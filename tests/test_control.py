@@ -395,6 +395,9 @@ def test_evidence_classes_and_priors() -> None:
     assert evidence_class(Evidence(4, 3, (1.0, 0.5))) == (3, 1)
     assert evidence_class(Evidence(9, 3, (0.6,))) == (MATCH_CLASSES.index(8), 2)
     assert evidence_class(Evidence(1, 1, (1.0,), resumed=True)) == (MATCH_CLASSES.index(4), 4)  # a class apart
+    # a match but for one token, however its occurrences agree: a class apart for each match length
+    assert evidence_class(Evidence(9, 3, (0.6,), gapped=True)) == (MATCH_CLASSES.index(8), 5)
+    assert evidence_class(Evidence(20, 1, (1.0,), gapped=True)) == (MATCH_CLASSES.index(16), 5)
     priors = [evidence_prior(c) for c in range(len(MATCH_CLASSES))]
     assert priors == sorted(priors) and priors[0] == 0.5 and priors[-1] > 0.95
 

@@ -352,3 +352,63 @@ def test_no_resuming_without_a_copy_or_with_the_window_closed() -> None:
     # New text that never copied anything: nothing to resume.
     fresh = _copying(NgramDrafter(resume_window=8), SOURCE, [90, 91, 58, 92])
     assert all(p.evidence is None or not p.evidence.resumed for p in fresh)
+
+
+def brute_gapped(hist: list[int], max_match: int, max_occ: int) -> tuple[int, list[int]]:
+    """The longest match of ``hist``'s end with exactly one token substituted (never the last), by trying
+    every window: (tokens matched besides the substituted one, the occurrences reaching it)."""
+    end = len(hist)
+    ends = [p for p in range(1, end) if hist[p - 1] == hist[-1]][::-1][:max_occ]
+    best, found = 0, []
+    for p in ends:
+        windows = [w for w in range(2, min(max_match, p) + 1)
+                   if sum(a != b for a, b in zip(hist[end - w :], hist[p - w : p])) == 1]
+        matched = max(windows) - 1 if windows else 0
+        if matched > best:
+            best, found = matched, [p]
+        elif matched == best and matched:
+            found.append(p)
+    return best, found
+
+
+@settings(max_examples=300, deadline=None)
+@given(hist=st.lists(st.integers(0, 3), min_size=2, max_size=80), max_match=st.integers(4, 12),
+       max_occ=st.integers(1, 8), min_match=st.integers(1, 4))
+def test_gapped_matches_match_brute_force(hist: list[int], max_match: int, max_occ: int, min_match: int) -> None:
+    index = NgramIndex(1, 4, max_occurrences=max_occ, max_match=max_match)
+    index.extend(hist)
+    found = index.gapped(5, 8, min_match=min_match)
+    best, ends = brute_gapped(hist, max_match, max_occ)
+    if best < min_match:
+        assert found is None
+        return
+    assert found is not None and found.gapped
+    assert (found.match_len, found.occurrences) == (best, len(ends))
+    assert {c.tokens: c.count for c in found.candidates} == Counter(repeated(hist, p, 5) for p in ends)
+
+
+# A numbered list: "<n> . w1 w2 w3 w4 w5 w6 \n" for n = 1..6, then the seventh item's number and dot.
+ITEMS = [tok for n in range(1, 7) for tok in (100 + n, 1, 20, 21, 22, 23, 24, 25, 2)]
+
+
+def test_a_list_item_is_continued_from_the_last_one_but_for_its_number() -> None:
+    """After "7 ." the exact match is the one token "." (followed by the words and by line ends alike);
+    the last item matches "7 ." but for its number, and what followed it is offered, marked gapped."""
+    history = ITEMS + [107, 1]
+    proposal = NgramDrafter().propose(history, 8)
+    assert proposal.tokens == (20, 21, 22, 23, 24, 25, 2, 107)
+    assert proposal.evidence.gapped and proposal.evidence.match_len >= 8
+    plain = NgramDrafter(gapped_min=0).propose(history, 8)
+    assert not plain.evidence.gapped and plain.evidence.match_len == 1
+    # a copy in progress (a long exact match) is never replaced by a gapped one
+    copying = NgramDrafter().propose(ITEMS + [107, 1, 20, 21, 22, 23], 4)
+    assert not copying.evidence.gapped and copying.tokens == (24, 25, 2, 107)
+
+
+def test_a_gapped_match_needs_its_length() -> None:
+    """One shared token before the substitution and one after is no evidence of a copy."""
+    index = NgramIndex(1, 4, max_match=32)
+    index.extend([5, 6, 7, 8, 9, 30, 7, 40, 9])  # "7 40 9" matches "7 8 9" but for one token: 2 matched
+    assert index.gapped(3, min_match=3) is None
+    found = index.gapped(3, min_match=2)
+    assert found.match_len == 2 and found.candidates[0].tokens == (30, 7, 40)

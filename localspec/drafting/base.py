@@ -46,12 +46,15 @@ class Evidence:
     path up to depth d + 1 (non-increasing, one entry per proposed depth).
     ``resumed``: not a match of the context's end but the source a copy was
     following before the text parted from it (an edit), picked up again.
+    ``gapped``: the match has one token substituted (``match_len`` counts the
+    others), as a list's next item matches the last one but for its number.
     """
 
     match_len: int
     occurrences: int
     support: tuple[float, ...] = ()
     resumed: bool = False
+    gapped: bool = False
 
     def agreement(self, depth: int) -> tuple[float, ...]:
         """The evidence's own chance of depth d + 1 once right up to d, for d < ``depth``."""

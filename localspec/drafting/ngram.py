@@ -12,6 +12,7 @@ All of this is pure Python on token lists: no model, no llama_cpp.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, Sequence
 
@@ -50,13 +51,15 @@ class Lookup:
     ``match_len``: tokens of context matched. ``occurrences``: earlier
     occurrences of the match in the source. ``considered``: how many of them
     (the most recent ones, or a sample) the candidates were gathered from.
-    ``candidates`` are ranked best first (score, then recency).
+    ``candidates`` are ranked best first (score, then recency). ``gapped``: the
+    match has one token substituted (``NgramIndex.gapped``).
     """
 
     match_len: int
     occurrences: int
     considered: int
     candidates: tuple[Candidate, ...]
+    gapped: bool = False
 
 
 class NgramSource(Protocol):
@@ -207,6 +210,42 @@ class NgramIndex:
         return None
 
 
+    def gapped(self, max_tokens: int, max_candidates: int = 8, *, min_match: int = 6) -> Lookup | None:
+        """Continue the indexed history from the place its end copies but for one token: the longest
+        suffix that occurred before with exactly one token substituted (never the last one), at least
+        ``min_match`` tokens matched besides it. A numbered list's next line (``7.`` after ``6.``) or a
+        copied line after a renamed identifier matches so, where its exact match is a token or two.
+        Returns the occurrences with the longest such match (``Lookup.match_len``: its matched tokens)."""
+        h, end = self._tokens, len(self._tokens)
+        if end < 2:
+            return None
+        positions = self._index.get((h[-1],)) if self.n_min <= 1 else None
+        if not positions:
+            return None
+        recent = [p for p in positions[-self.max_occurrences - 1 :][::-1] if p < end][: self.max_occurrences]
+        limit = self.max_match
+        best, found = 0, []
+        for p in recent:
+            # h[p - 1] == h[-1] (the key): walk back to the first difference, step over it, walk on.
+            # (Allowing a token inserted or dropped there too was tried: more look-alike places then
+            # match, and replayed replies drafted worse.)
+            k = _run_back(h, end - 1, p - 1, limit)
+            if k >= limit or k >= p:
+                continue  # an exact match: the exact lookup's
+            t, q = end - 1 - k, p - 1 - k
+            matched = k + _run_back(h, t - 1, q - 1, limit - k - 1)
+            if matched > best:
+                best, found = matched, [p]
+            elif matched == best and matched:
+                found.append(p)
+        if best < min_match:
+            return None
+        conts = [continuation(h, p, max_tokens) for p in found]
+        if self._has_separators:
+            conts = [cut_at_separator(c) for c in conts]
+        return dataclasses.replace(rank_continuations(best, len(found), conts, found, self._weights, max_candidates),
+                                   gapped=True)
+
     def _longest(self, tail: list[int], n: int, recent: list[int]) -> tuple[int, list[int]]:
         """Grow the match of ``tail``'s last ``n`` tokens backwards at each occurrence (ending before
         position p in ``recent``); the longest match length and the occurrences that reach it."""
@@ -221,6 +260,17 @@ class NgramIndex:
         if best == n:
             return n, recent
         return best, [p for p, m in zip(recent, lengths) if m == best]
+
+
+def _run_back(h: list[int], t: int, q: int, limit: int) -> int:
+    """How many tokens ending at h[t] and at h[q] agree, walking back, at most ``limit`` (0 unless q < t:
+    a span is never matched against itself)."""
+    if q >= t:
+        return 0
+    n = 0
+    while n < limit and q - n >= 0 and h[t - n] == h[q - n]:
+        n += 1
+    return n
 
 
 def continuation(tokens: list[int], start: int, max_tokens: int) -> list[int]:
@@ -312,7 +362,7 @@ def rank_continuations(
 def evidence(lookup: Lookup, depth: int) -> Evidence:
     """The evidence behind ``lookup``'s best candidate, to ``depth`` tokens."""
     best = lookup.candidates[0]
-    return Evidence(lookup.match_len, lookup.occurrences, best.support[:depth])
+    return Evidence(lookup.match_len, lookup.occurrences, best.support[:depth], gapped=lookup.gapped)
 
 
 def strongest(lookups: Sequence[Lookup | None]) -> Lookup | None:
@@ -330,6 +380,10 @@ class DrafterStats:
     proposals: int = 0
     drafted: int = 0
     accepted: int = 0
+
+
+# The tokens a match with one substituted token needs besides it to be offered (NgramDrafter.gapped_min).
+GAPPED_MIN = 6
 
 
 @dataclass
@@ -360,6 +414,18 @@ class NgramDrafter(DrafterBase):
     after it is offered, its evidence marked ``resumed`` (a class the
     controller learns apart). Off by default: end to end it lost Gemma 3's
     rename (1.64x -> 1.40x plain) while gaining little elsewhere.
+
+    A match with one token substituted: where the context's own match is
+    short or split (no copy in progress), the history's end is also matched
+    allowing one substituted token (``NgramIndex.gapped``); with at least
+    ``gapped_min`` tokens matched besides it, and more than the exact match,
+    what followed that place is offered, its evidence marked ``gapped`` (a
+    class the controller learns apart). A numbered list's next item (``7.``
+    where the last line began ``6.``) or a copied line after a renamed
+    identifier is continued so at once, where the exact match is one token
+    (``.``) whose continuations split. Replayed on 32 replies of the test
+    models: +1.3% geometric mean, up to +6% (rewrites, numbered lines), with
+    ``gapped_min`` 6 (4: +1.6%, but a loss of 3% on one reply).
     """
 
     n_min: int = 1
@@ -370,6 +436,7 @@ class NgramDrafter(DrafterBase):
     sync_check: int = 16
     max_branches: int = 1  # > 1: propose a trie of continuations when the evidence splits
     resume_window: int = 0  # see the class notes: 0 (the default) turns resuming off
+    gapped_min: int = GAPPED_MIN  # see the class notes: 0 turns matches with a substituted token off
     name: str = "ngram"
     stats: DrafterStats = field(default_factory=DrafterStats)
     cheap: ClassVar[bool] = True  # a lookup: the controller may ask it before planning (see Drafter)
@@ -415,6 +482,10 @@ class NgramDrafter(DrafterBase):
         copying = (lookup is not None and lookup.match_len >= RESUME_BELOW
                    and lookup.candidates[0].support[0] >= 0.999)
         proposal = None if copying else self._resume(draft_len)
+        if proposal is None and not copying and self.gapped_min > 0:
+            gapped = self._index.gapped(draft_len, self.max_candidates, min_match=self.gapped_min)
+            if gapped is not None and gapped.candidates and (lookup is None or gapped.match_len > lookup.match_len):
+                proposal = proposal_from_lookup(gapped, draft_len, self.max_branches, self.name)
         if proposal is None:
             proposal = proposal_from_lookup(lookup, draft_len, self.max_branches, self.name)
             if copying and lookup is self._last_own:  # a copy in progress: remember its source
@@ -465,7 +536,8 @@ class NgramDrafter(DrafterBase):
         return None
 
 
-# A match shorter than this (or one whose occurrences disagree) gives way to resuming a copy after an edit.
+# A match shorter than this (or one whose occurrences disagree) gives way to resuming a copy after an edit
+# and to a match with one token substituted.
 RESUME_BELOW = 4
 
 
