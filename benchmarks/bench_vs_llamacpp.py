@@ -308,6 +308,21 @@ class SameReply:
     lookup_speedup: float     # × plain at the same costs, its drafts taken as n_max tokens each
     oracle_speedup: float = float("nan")  # × plain of a controller that knows the reply (``replay_ngram.oracle``)
     ceiling: float = float("nan")  # × plain with every proposal right (``replay_ngram.ceiling``)
+    # llama-lookup's measured time over what its steps cost at localspec's costs, the machine's drift
+    # taken out (by llama-completion's decode in the same round against the costs' one-token decode):
+    # below 1, llama.cpp's verification batches are cheaper than localspec's
+    lookup_cost_ratio: float = float("nan")
+
+
+def lookup_steps_ms(costs, tokens: int, accepted: int, drafted: int, n_max: int) -> float:
+    """What llama-lookup's steps for ``tokens`` (``accepted`` of its ``drafted`` tokens kept) cost at
+    ``costs`` (a CostModel): a step per token not accepted, the fewest that could hold its drafts drafting
+    ``n_max`` tokens each, the others plain."""
+    import math
+
+    steps = tokens - accepted
+    drafts = min(steps, math.ceil(drafted / n_max))
+    return drafts * costs.verify_ms(1 + n_max) + (steps - drafts) * costs.verify_ms(1)
 
 
 def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_tokens: dict[str, list[int]]
@@ -315,8 +330,6 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
     """For each llama-lookup setting and prompt (its first round), the steps localspec's ngram drafter
     and controller take to produce that reply (replayed, no model run) and an estimate of llama-lookup's
     own speedup on it, both at this machine's measured verify costs (``engine.cost_model()``)."""
-    import math
-
     from localspec.costs import CostModel
     from localspec.drafting.ngram import NgramDrafter
     from replay_ngram import ceiling, oracle, replay
@@ -350,10 +363,13 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
         bound = oracle(NgramDrafter(max_branches=1), prompt_tokens[run.prompt], reply, measured)["speedup"]
         k = int(run.system.split("@")[1])
         steps = run.tokens - run.extra["accepted"]
-        drafts = min(steps, math.ceil(run.extra["drafted"] / k))
-        lookup_ms = drafts * costs.verify_ms(1 + k) + (steps - drafts) * costs.verify_ms(1)
+        lookup_ms = lookup_steps_ms(costs, run.tokens, run.extra["accepted"], run.extra["drafted"], k)
+        plain = next((r for r in runs if (r.model, r.prompt, r.system, r.round)
+                      == (label, run.prompt, "llama-completion", 0)), None)
+        drift = plain.extra["decode_ms"] / costs.verify_ms(1) if plain is not None else float("nan")
         out.append(SameReply(label, run.prompt, run.system, parts_at(run.text, own), len(reply), ours["steps"],
-                             ours["speedup"], steps, run.tokens * costs.verify_ms(1) / lookup_ms, bound, most))
+                             ours["speedup"], steps, run.tokens * costs.verify_ms(1) / lookup_ms, bound, most,
+                             1e3 * run.seconds / (lookup_ms * drift)))
     return out
 
 
@@ -486,15 +502,17 @@ def report(runs: list[Run], same: list[SameReply], models: list[str], prompts: l
                       "(steps exact, no model run), llama-lookup as measured; × plain for both from this "
                       "machine's measured verify costs (llama-lookup's drafts counted as n_max tokens each):", "",
                       "| prompt | setting | reply | tokens | localspec steps (× plain) "
-                      "| llama-lookup steps (× plain) | localspec vs lookup | knowing the reply: × plain, vs lookup |",
-                      "|---|---|---|---|---|---|---|---|"]
+                      "| llama-lookup steps (× plain) | localspec vs lookup | knowing the reply: × plain, vs lookup "
+                      "| lookup's time / at our costs |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             for r in replayed:
                 lines.append(f"| {r.prompt} | {r.system.split('@')[1]} | "
                              f"{'the same' if r.parts_at is None else 'its own'} | {r.tokens} "
                              f"| {r.localspec_steps} ({r.localspec_speedup:.2f}×) "
                              f"| {r.lookup_steps} ({r.lookup_speedup:.2f}×) "
                              f"| {r.localspec_speedup / r.lookup_speedup:.2f}× "
-                             f"| {r.oracle_speedup:.2f}×, {r.oracle_speedup / r.lookup_speedup:.2f}× |")
+                             f"| {r.oracle_speedup:.2f}×, {r.oracle_speedup / r.lookup_speedup:.2f}× "
+                             f"| {r.lookup_cost_ratio:.2f} |")
             every = [r.localspec_speedup / r.lookup_speedup for r in same
                      if r.model == model and r.system.startswith("llama-lookup@")]
             check = [r for r in same if r.model == model and r.system == "localspec ngram"]
@@ -506,7 +524,10 @@ def report(runs: list[Run], same: list[SameReply], models: list[str], prompts: l
                       "", "knowing the reply: the same lookups, each verified to the length that gives the most "
                           "tokens per ms (replay_ngram.oracle): the most any controller reaches with them. "
                           f"With every proposal right no drafter passes {replayed[0].ceiling:.2f}× plain at "
-                          "these costs (replay_ngram.ceiling).", ""]
+                          "these costs (replay_ngram.ceiling). The last column: llama-lookup's measured time over "
+                          "its steps priced at localspec's costs, the machine's drift taken out by llama-completion's "
+                          "decode in the same round; below 1 its verification batches cost less than localspec's, "
+                          "and the comparison above flatters localspec by that much.", ""]
         lines.append("llama-lookup by --spec-draft-n-max (tok/s, median over rounds and prompts): " + ", ".join(
             f"{k}: {_median(r.tokens_per_second for r in runs if r.model == model and r.system == f'llama-lookup@{k}'):.1f}"
             for k in lookups))

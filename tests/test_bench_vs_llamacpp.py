@@ -38,3 +38,13 @@ def test_plain_time_is_split_into_llama_decode_and_the_rest() -> None:
     assert "| p | 11.00 | 10.00 | 1.00 | 10.00 | 1.00× |" in table
     assert not any("not run" in line for line in table)
     assert vs.plain_time_table(runs, "other model", ["p"]) == []
+
+
+def test_llama_lookups_steps_are_priced_as_full_drafts_and_plain_steps() -> None:
+    from localspec.costs import CostModel
+
+    costs = CostModel({1: 10.0, 5: 30.0, 16: 80.0})
+    # 10 tokens, 6 of 8 drafted kept at n_max 4: 4 steps, 2 of them drafts of 4 (batches of 5), 2 plain
+    assert vs.lookup_steps_ms(costs, 10, 6, 8, 4) == 2 * 30.0 + 2 * 10.0
+    assert vs.lookup_steps_ms(costs, 10, 0, 0, 4) == 10 * 10.0  # nothing drafted: plain decoding
+    assert vs.lookup_steps_ms(costs, 5, 4, 40, 4) == 30.0  # more drafted than steps: every step drafts
