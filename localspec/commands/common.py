@@ -89,7 +89,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when this text appears (repeatable)")
     s = p.add_argument_group("speculation")
-    s.add_argument("--draft-max", type=int, default=None, metavar="G",
+    s.add_argument("--draft-max", dest="draft_len", type=int, default=None, metavar="G",
                    help="draft exactly up to G tokens per step (0 turns speculation off); by default an "
                         "adaptive controller picks the length each step from measured costs and acceptance, "
                         "and drafts nothing where speculation would be slower than plain decoding")
@@ -111,7 +111,7 @@ def generate_options(args: argparse.Namespace):
     from localspec.engine import GenerateOptions
 
     opts = GenerateOptions(max_tokens=args.max_tokens, sampling=sampling_params(args), stop=tuple(args.stop),
-                           draft_len=args.draft_max, p_min=args.p_min)
+                           draft_len=args.draft_len, p_min=args.p_min)
     opts.validate()
     return opts
 
