@@ -209,7 +209,6 @@ class NgramIndex:
             return rank_continuations(n, occurrences, conts, recent, self._weights, max_candidates)
         return None
 
-
     def gapped(self, max_tokens: int, max_candidates: int = 8, *, min_match: int = 6) -> Lookup | None:
         """Continue the indexed history from the place its end copies but for one token: the longest
         suffix that occurred before with exactly one token substituted (never the last one), at least
