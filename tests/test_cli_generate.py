@@ -125,8 +125,8 @@ def test_out_of_range_options(smollm2_path, option, value, name):
 # Runs ``python -m localspec`` with Ctrl-C raising KeyboardInterrupt even where this test itself was started
 # with SIGINT ignored (a background job of a non-interactive shell, nohup): Python keeps an inherited
 # SIG_IGN, and the child would then ignore the interrupt as its parent does.
-_WITH_CTRL_C = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                "sys.argv[0] = 'localspec'; runpy.run_module('localspec', run_name='__main__', alter_sys=True)")
+_WITH_CTRL_C = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "runpy.run_module('localspec', run_name='__main__', alter_sys=True)")
 
 
 def test_ctrl_c_stops_cleanly_and_prints_stats(smollm2_path, smollm2_q4_0_path):
