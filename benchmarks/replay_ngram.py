@@ -150,7 +150,7 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
         drafted += depth
         accepted += n
         i += n + 1
-    plain_ms = len(reply) * (truth.verify_ms(1) + truth.overhead_ms(0))
+    plain_ms = len(reply) * _step_ms(truth, 0)
     return {"tokens": len(reply), "steps": steps, "empty": empty, "drafted": drafted, "accepted": accepted,
             "speedup": plain_ms / ms}
 
@@ -158,18 +158,16 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
 def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], cap: int | None = None
            ) -> dict[str, float]:
     """The same reply with a controller that knows the future: each step ``drafter``'s chain (its most
-    probable path, ``cap`` deep: the controller's own cap by default) is verified to the length k <= its correct prefix that gives the most
-    tokens per ms (``(k + 1) / T(k)``). No policy that only sees the history drafts better from these
-    lookups, so ``speedup`` bounds what the controller can reach with them at ``costs``."""
+    probable path, ``cap`` deep: the controller's own cap by default) is verified to the length k <= its
+    correct prefix that gives the most tokens per ms (``(k + 1) / T(k)``). No policy that only sees the
+    history drafts better from these lookups, so ``speedup`` bounds what the controller can reach with them
+    at ``costs``."""
     from localspec.control import DRAFT_LEN_CAP, best_path
     from localspec.costs import CostModel
     from localspec.drafting.base import TreeProposal
 
     cap = DRAFT_LEN_CAP if cap is None else cap
     truth = CostModel(costs)
-
-    def step_ms(k: int) -> float:
-        return truth.verify_ms(1 + k) + truth.overhead_ms(k)
 
     history, i, steps, ms = list(prompt), 0, 0, 0.0
     while i < len(reply):
@@ -179,14 +177,14 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
             tokens = best_path(proposal.tree)[0] if isinstance(proposal, TreeProposal) else proposal.tokens
             while right < len(tokens) and tokens[right] == reply[i + right]:
                 right += 1
-        k = max(range(right + 1), key=lambda n: (n + 1) / step_ms(n))
+        k = max(range(right + 1), key=lambda n: (n + 1) / _step_ms(truth, n))
         history.extend(reply[i : i + k + 1])
         drafter.verified(k)
         drafter.accepted(history, k)
-        ms += step_ms(k)
+        ms += _step_ms(truth, k)
         i += k + 1
         steps += 1
-    return {"tokens": len(reply), "steps": steps, "speedup": len(reply) * step_ms(0) / ms}
+    return {"tokens": len(reply), "steps": steps, "speedup": len(reply) * _step_ms(truth, 0) / ms}
 
 
 def ceiling(costs: dict[int, float], cap: int | None = None) -> float:
@@ -196,9 +194,13 @@ def ceiling(costs: dict[int, float], cap: int | None = None) -> float:
     from localspec.costs import CostModel
 
     truth = CostModel(costs)
-    plain = truth.verify_ms(1) + truth.overhead_ms(0)
-    return max((k + 1) * plain / (truth.verify_ms(1 + k) + truth.overhead_ms(k))
-               for k in range(1 + (DRAFT_LEN_CAP if cap is None else cap)))
+    cap = DRAFT_LEN_CAP if cap is None else cap
+    return max((k + 1) * _step_ms(truth, 0) / _step_ms(truth, k) for k in range(cap + 1))
+
+
+def _step_ms(truth, k: int) -> float:
+    """A step verifying ``k`` draft tokens at the costs ``truth`` (a CostModel): the batch and its Python work."""
+    return truth.verify_ms(1 + k) + truth.overhead_ms(k)
 
 
 def model_replies(label: str, ref, max_tokens: int) -> dict[str, tuple[list[int], list[int]]]:
