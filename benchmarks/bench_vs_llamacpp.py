@@ -42,7 +42,7 @@ time is split into the llama_decode call and the rest of localspec's step
 (Python), beside llama-completion's eval time per decode.
 
 The tools are built once from the vendored llama.cpp of llama-cpp-python's
-sdist with the options our wheel uses (no llamafile sgemm, AMX off on x86)
+sdist with the options our wheel uses (llamafile's sgemm on, AMX off on x86)
 into ~/.cache/localspec/llama-tools/<key>; without cmake and a C++ compiler
 the benchmark says so in one line and exits.
 
@@ -154,8 +154,9 @@ PROMPTS = {
 
 # --- building llama.cpp's tools ------------------------------------------------------------------
 def build_args() -> list[str]:
-    """The cmake options: those of our llama-cpp-python wheel (scripts/setup.sh), tools only."""
-    args = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_LLAMAFILE=OFF",
+    """The cmake options: those of our llama-cpp-python wheel (scripts/setup.sh), tools only. The tools
+    build the sources as they are (without our patches, whose switches they would not set anyway)."""
+    args = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_LLAMAFILE=ON",
             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
             "-DLLAMA_USE_PREBUILT_UI=OFF"]
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):

@@ -62,6 +62,10 @@ _FA_INVARIANT_ENV = "GGML_CPU_FA_BATCH_INVARIANT"
 # verification batch stays below that (``Context.max_verify_rows``), so every verified row is exact.
 _FA_TILES_ENV = "GGML_CPU_FA_TILES_FROM"
 FA_TILES_FROM = 256
+# llamafile's sgemm (batches of 2+ rows): the switch scripts/llama.cpp-patches/ adds keeps it to the
+# kernels that sum a row exactly as a one-token decode's vec_dot does (Q4_0/Q5_0/Q8_0 on x86); the
+# others fall back to ggml's own matmul. A stock build with sgemm ignores it and is not batch-invariant.
+_SGEMM_INVARIANT_ENV = "GGML_CPU_SGEMM_BATCH_INVARIANT"
 
 
 def _ensure_init() -> None:
@@ -71,6 +75,7 @@ def _ensure_init() -> None:
             os.environ.setdefault(_TILED_MATMUL_ENV, "0")
             os.environ.setdefault(_FA_INVARIANT_ENV, "1")
             os.environ.setdefault(_FA_TILES_ENV, str(FA_TILES_FROM))
+            os.environ.setdefault(_SGEMM_INVARIANT_ENV, "1")
             llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _initialized = True
@@ -153,15 +158,18 @@ def system_info() -> str:
 def batch_invariant() -> bool:
     """Whether a position's logits are the same whatever else shares its batch.
 
-    True for a CPU build without llamafile's sgemm (scripts/setup.sh builds it
-    so): with flash attention off or batch-invariant (``cpu_flash_attention``),
-    ggml's tiled K-quant matmul off and weights repacked only where that is
-    exact (``Context``, ``_ensure_init``, ``Model``),
-    greedy speculative decoding is then token-identical to plain greedy
-    decoding, not merely equal up to near-ties. GPU builds are not assumed to be.
-    ``localspec doctor`` checks it for a model by decoding (``selftest``).
+    True for a CPU build without llamafile's sgemm, or with it kept to its exact
+    kernels by our patch's switch (scripts/setup.sh builds so): with flash
+    attention off or batch-invariant (``cpu_flash_attention``), ggml's tiled
+    K-quant matmul off and weights repacked only where that is exact
+    (``Context``, ``_ensure_init``, ``Model``), greedy speculative decoding is
+    then token-identical to plain greedy decoding, not merely equal up to
+    near-ties. GPU builds are not assumed to be. ``localspec doctor`` checks it
+    for a model by decoding (``selftest``).
     """
-    return "LLAMAFILE = 1" not in system_info() and not gpu_offload_supported()
+    info = system_info()
+    sgemm_exact = "LLAMAFILE = 1" not in info or "SGEMM_BATCH_INVARIANT = 1" in info
+    return sgemm_exact and not gpu_offload_supported()
 
 
 def cpu_flash_attention() -> bool:
@@ -179,11 +187,24 @@ def cpu_flash_attention() -> bool:
 
 # Weight types whose repacked CPU kernels (ggml-cpu's "extra buffer types": a gemv for a lone row, a
 # gemm for groups of 4 rows) give the same logits for a row alone and inside a batch; measured here,
-# bitwise, over 1..9-row batches (SmolLM2 Q4_0). Repacked Q4_K is not (Gemma 3 270M Q4_K_M: logits up
-# to 3.3 apart); the other repackable types (Q2_K, Q5_K, Q6_K, Q8_0, IQ4_NL, MXFP4...) are not known to
-# be, so a file holding any of them loads without repacking on a CPU build.
+# bitwise, over 1..9-row batches (SmolLM2 Q4_0). Stock repacked Q4_K is not (Gemma 3 270M Q4_K_M:
+# logits up to 3.3 apart): its x86 gemv rounds differently from its gemm until our patch
+# (scripts/llama.cpp-patches/matmul-batch-invariant.patch) makes it sum in the gemm's order; the
+# build then says REPACK_Q4_K_INVARIANT, which it does only on x86 with AVX2, where ggml repacks just
+# Q4_0, Q4_K, IQ4_NL, MXFP4 and (with AVX-512) Q2_K. Elsewhere any repackable type but Q4_0 (Q2_K,
+# Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, MXFP4...) is not known to be exact, so a file holding one loads
+# without repacking on a CPU build.
 _REPACK_EXACT_TYPES = frozenset({2})  # GGML_TYPE_Q4_0
 _REPACKABLE_TYPES = frozenset({2, 8, 10, 12, 13, 14, 20, 39, 41})  # Q4_0 Q8_0 Q2_K Q4_K Q5_K Q6_K IQ4_NL MXFP4 Q1_0
+_X86_REPACKED_TYPES = frozenset({2, 10, 12, 20, 39})  # Q4_0 Q2_K Q4_K IQ4_NL MXFP4
+_X86_REPACK_EXACT_WITH_PATCH = frozenset({2, 12})  # Q4_0 Q4_K
+
+
+def repack_inexact_types() -> frozenset[int]:
+    """The ggml weight types this build may repack in a batch-dependent way (see above)."""
+    if "REPACK_Q4_K_INVARIANT = 1" in system_info():
+        return _X86_REPACKED_TYPES - _X86_REPACK_EXACT_WITH_PATCH
+    return _REPACKABLE_TYPES - _REPACK_EXACT_TYPES
 
 
 def repack_is_exact(path: str | os.PathLike[str]) -> bool:
@@ -199,8 +220,8 @@ def repack_is_exact(path: str | os.PathLike[str]) -> bool:
         tensors = read_header(path).tensors
     except Exception:
         return False
-    return all(t.ggml_type in _REPACK_EXACT_TYPES for t in tensors
-               if t.ggml_type in _REPACKABLE_TYPES and t.name != "token_embd.weight")
+    inexact = repack_inexact_types()
+    return not any(t.ggml_type in inexact for t in tensors if t.name != "token_embd.weight")
 
 
 def default_threads() -> int:

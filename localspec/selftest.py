@@ -33,6 +33,11 @@ _TEXT = ("Speculative decoding lets a small draft propose several tokens that th
          "in a single batched forward pass; every accepted token saves one sequential step. ")
 
 
+# Flags in llama.cpp's system line that say how it was built, not what the CPU offers.
+_BUILD_FLAGS = ("LLAMAFILE", "OPENMP", "REPACK", "FA_BATCH_INVARIANT", "SGEMM_BATCH_INVARIANT",
+                "REPACK_Q4_K_INVARIANT")
+
+
 def build_info() -> dict[str, object]:
     """What the loaded llama.cpp was built with, from its own system line."""
     from localspec import backend
@@ -42,7 +47,7 @@ def build_info() -> dict[str, object]:
     return {
         "llama_cpp_python": backend.library_version(),
         "system_info": system,
-        "cpu_features": [f for f in flags if f not in ("LLAMAFILE", "OPENMP", "REPACK", "FA_BATCH_INVARIANT")],
+        "cpu_features": [f for f in flags if f not in _BUILD_FLAGS],
         "amx": any(f.startswith("AMX") for f in flags),
         "llamafile_sgemm": "LLAMAFILE" in flags,
         "gpu_offload": backend.gpu_offload_supported(),

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Creates .venv and installs localspec (with the extras named in $1, e.g. "test").
 #
-# llama-cpp-python is built from source with llamafile's sgemm turned off: with it,
-# a one-token decode and a multi-token verification batch run different matmul code,
-# so the same position gets slightly different logits and greedy speculative output
-# could part from plain greedy output at near-ties. Without it, CPU decoding is
-# batch-invariant and the two are token-identical. The price is prefill speed on the
-# CPU (README: "Exactness and floating point"); LOCALSPEC_LLAMAFILE=on builds with
-# llamafile's sgemm instead.
+# llama-cpp-python is built from source, with two patches to the vendored llama.cpp
+# (scripts/llama.cpp-patches/) so a row's logits are the same bits alone (a one-token decode)
+# and inside a verification batch; greedy speculative output then equals plain greedy output
+# token for token, not merely up to near-ties:
+#  - fa-batch-invariant.patch: a switch that keeps ggml's CPU flash attention on one path for
+#    every query row, so localspec can turn flash attention on on the CPU;
+#  - matmul-batch-invariant.patch: the repacked Q4_K gemv sums as the gemm does (so Q4_K weights
+#    may be repacked), and a switch that keeps llamafile's sgemm (batch matmuls) to the kernels
+#    that sum a row exactly as the one-row vec_dot does (Q4_0, Q5_0, Q8_0 on x86), the rest
+#    falling back to ggml's own matmul.
+# Both switches change nothing unless set (localspec sets them). LOCALSPEC_PATCH=off builds the
+# sources as they are, and then without llamafile's sgemm (its batch kernels would round
+# differently from a one-token decode); LOCALSPEC_LLAMAFILE=on|off overrides that choice.
 #
 # AMX is turned off on x86 (LOCALSPEC_AMX=on turns it back on): ggml's AMX matmul runs
 # tile instructions in OpenMP worker threads that never loaded a tile config, so on a
@@ -20,11 +26,6 @@
 # home directory shared by several machines never hands one CPU's native build to
 # another (pip's own cache would hand back a default build).
 #
-# One patch is applied to the vendored llama.cpp first (scripts/llama.cpp-patches/): a switch that
-# keeps ggml's CPU flash attention batch-invariant, so localspec can turn flash attention on on the
-# CPU without greedy speculative output parting from plain output. It changes nothing unless the
-# switch is set (localspec sets it); LOCALSPEC_PATCH=off builds the sources as they are.
-#
 # After installing, a smoke test decodes a long prompt in one batch and a verification
 # batch in a subprocess; a build that dies there is removed, not left in place.
 # For a GPU, install the CUDA build afterwards (README: "GPU (CUDA)").
@@ -33,11 +34,6 @@ cd "$(dirname "$0")/.."
 EXTRAS="${1:-}"
 PYTHON="${PYTHON:-python3}"
 LLAMA_VERSION="0.3.36"
-case "${LOCALSPEC_LLAMAFILE:-off}" in
-  on) LLAMAFILE=ON; WANT_SGEMM=1 ;;
-  off) LLAMAFILE=OFF; WANT_SGEMM=0 ;;
-  *) echo "setup.sh: LOCALSPEC_LLAMAFILE must be on or off, not '$LOCALSPEC_LLAMAFILE'" >&2; exit 2 ;;
-esac
 CFLAGS_EXTRA=""
 case "$(uname -m)" in
   x86_64|amd64|i?86)
@@ -51,6 +47,12 @@ case "${LOCALSPEC_PATCH:-on}" in
   on) PATCHES=(scripts/llama.cpp-patches/*.patch); WANT_PATCH=1 ;;
   off) PATCHES=(); WANT_PATCH=0 ;;
   *) echo "setup.sh: LOCALSPEC_PATCH must be on or off, not '$LOCALSPEC_PATCH'" >&2; exit 2 ;;
+esac
+# llamafile's sgemm: on where the patch's switch keeps it exact, off on unpatched sources.
+case "${LOCALSPEC_LLAMAFILE:-$([ "$WANT_PATCH" = 1 ] && echo on || echo off)}" in
+  on) LLAMAFILE=ON; WANT_SGEMM=1 ;;
+  off) LLAMAFILE=OFF; WANT_SGEMM=0 ;;
+  *) echo "setup.sh: LOCALSPEC_LLAMAFILE must be on or off, not '$LOCALSPEC_LLAMAFILE'" >&2; exit 2 ;;
 esac
 PATCH_SUM=$(cat ${PATCHES[@]+"${PATCHES[@]}"} /dev/null | sha256sum | cut -c1-16)
 BUILD_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=$LLAMAFILE"

@@ -77,16 +77,21 @@ def test_selftest_catches_a_batch_dependent_kernel(gemma_path: Path, monkeypatch
     assert test["batch_invariant"] is False and test["max_logit_diff"] > 0
 
 
+def _decode_in_child(model: Path, env: dict[str, str], flash_attn: bool | None) -> dict:
+    """The self-test's decode in a child whose ggml reads ``env`` (once, at its first use)."""
+    code = ("import json, sys; from localspec.selftest import decode_test; "
+            f"print(json.dumps(decode_test(sys.argv[1], flash_attn={flash_attn!r})))")
+    proc = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _flash_attention_decode(model: Path, switch: str, tiles_from: str = "256") -> dict:
     """The self-test's decode with flash attention on, in a child whose ggml reads ``switch`` and
     ``tiles_from`` (once, at its first use)."""
-    code = ("import json, sys; from localspec.selftest import decode_test; "
-            "print(json.dumps(decode_test(sys.argv[1], flash_attn=True)))")
-    env = {**os.environ, "GGML_CPU_FA_BATCH_INVARIANT": switch, "GGML_CPU_FA_TILES_FROM": tiles_from}
-    proc = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True, text=True,
-                          env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _decode_in_child(model, {"GGML_CPU_FA_BATCH_INVARIANT": switch, "GGML_CPU_FA_TILES_FROM": tiles_from},
+                            flash_attn=True)
 
 
 @pytest.mark.slow
@@ -108,6 +113,38 @@ def test_flash_attention_on_the_cpu_is_batch_invariant_only_with_the_switch(smol
     # why a verification batch stays below it (Context.max_verify_rows).
     tiled = _flash_attention_decode(smollm2_path, "1", tiles_from=str(switched["verify_rows"]))
     assert tiled["batch_invariant"] is False and tiled["max_logit_diff"] > 0, tiled
+
+
+@pytest.mark.slow
+def test_llamafile_sgemm_is_batch_invariant_only_with_the_switch(smollm2_path: Path) -> None:
+    # scripts/setup.sh builds with llamafile's sgemm and patches in a switch that keeps it to the
+    # kernels that sum a row as a one-token decode does. With flash attention off, attention's
+    # float matmuls take sgemm for a batch: without the switch a 65-row batch rounds differently.
+    from localspec import backend
+
+    if "SGEMM_BATCH_INVARIANT" not in backend.system_info():
+        pytest.skip("this llama.cpp build lacks llamafile's sgemm or localspec's switch for it")
+    if backend.gpu_offload_supported():
+        pytest.skip("a GPU build: the matmuls run on the GPU's kernels")
+    assert backend.batch_invariant() is True  # the backend sets the switch unless the user did
+    stock = _decode_in_child(smollm2_path, {"GGML_CPU_SGEMM_BATCH_INVARIANT": "0"}, flash_attn=False)
+    assert stock["batch_invariant"] is False and stock["max_logit_diff"] > 0, stock
+    switched = _decode_in_child(smollm2_path, {"GGML_CPU_SGEMM_BATCH_INVARIANT": "1"}, flash_attn=False)
+    assert switched["batch_invariant"] is True and switched["max_logit_diff"] == 0.0, switched
+
+
+@pytest.mark.slow
+def test_gemma_repacked_q4_k_is_batch_invariant_with_the_patch(gemma_path: Path) -> None:
+    # Upstream's repacked Q4_K gemv (one row) rounds differently from its gemm (4-row groups); the
+    # patch makes them agree, the build says so, and Gemma 3's Q4_K weights are then repacked.
+    from localspec import backend
+
+    if "REPACK_Q4_K_INVARIANT = 1" not in backend.system_info():
+        pytest.skip("this llama.cpp build lacks localspec's repacked-Q4_K fix (x86 with AVX2, scripts/setup.sh)")
+    assert backend.repack_is_exact(gemma_path) is True
+    result = _decode_in_child(gemma_path, {}, flash_attn=None)
+    assert result["repack"] is True
+    assert result["batch_invariant"] is True and result["max_logit_diff"] == 0.0, result
 
 
 @pytest.mark.slow

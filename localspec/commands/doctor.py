@@ -116,5 +116,5 @@ def _model_exactness(test: dict[str, Any]) -> str:
         return (f"yes: {test['verify_rows']} rows decoded in one batch and one at a time gave bit-identical "
                 "logits (greedy speculation is token-identical to plain decoding)")
     return (f"no: a batch's logits differ from one-token decodes by up to {test['max_logit_diff']:.3g} "
-            "(greedy speculation may part from plain decoding at near-ties; a build from scripts/setup.sh "
-            "without LOCALSPEC_LLAMAFILE=on is batch-invariant for the models it knows)")
+            "(greedy speculation may part from plain decoding at near-ties; a build from scripts/setup.sh, "
+            "with its patches, is batch-invariant for the models it knows)")

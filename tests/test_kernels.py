@@ -1,0 +1,109 @@
+"""ggml's repacked Q4_K kernels, called directly: a row's result is the same bits from the gemv
+(a lone row) and from the gemm (groups of 4 rows).
+
+Upstream, the x86 gemv multiplied a whole super block's integer sum by its scales once while the
+gemm does it per pair of sub blocks, so the float sums rounded differently (up to 3.3 logits apart
+on Gemma 3 270M Q4_K_M). scripts/llama.cpp-patches/matmul-batch-invariant.patch makes the gemv sum
+in the gemm's order, and localspec then lets Q4_K weights be repacked (``backend.repack_is_exact``).
+Random weight blocks and activations of several scales, every gemm path: 4-row groups, 16-row
+blocks, column counts that leave an 8-column remainder past the 16-wide AVX-512 tiles.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec import backend
+
+QK_K = 256
+Q8_K_BYTES = 4 + QK_K + 2 * QK_K // 16  # block_q8_K: d, qs, bsums
+Q8_KX4_BYTES = 4 * Q8_K_BYTES  # block_q8_Kx4: four rows interleaved
+Q4_KX8_BYTES = 8 * 2 + 8 * 2 + 96 + 8 * QK_K // 2  # block_q4_Kx8: d[8], dmin[8], scales, qs
+
+
+def _libggml_cpu() -> ctypes.CDLL:
+    spec = importlib.util.find_spec("llama_cpp")
+    assert spec is not None and spec.origin is not None
+    lib_dir = Path(spec.origin).parent / "lib"
+    backend.system_info()  # loads llama.cpp's libraries (libggml-base first), so this one resolves
+    return ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
+
+
+@pytest.fixture(scope="module")
+def ggml_cpu() -> ctypes.CDLL:
+    if "REPACK_Q4_K_INVARIANT = 1" not in backend.system_info():
+        pytest.skip("this llama.cpp build lacks localspec's repacked-Q4_K fix (x86 with AVX2, scripts/setup.sh)")
+    return _libggml_cpu()
+
+
+def _q4_kx8_blocks(rng: np.random.Generator, n_cols: int, n_blocks: int) -> ctypes.Array[ctypes.c_char]:
+    """Repacked Q4_K weights (8 columns interleaved per block): random scales, mins and nibbles."""
+    parts = []
+    for _ in range(n_cols // 8 * n_blocks):
+        parts += [(rng.random(8) * 0.01).astype(np.float16).tobytes(),
+                  (rng.random(8) * 0.01).astype(np.float16).tobytes(),
+                  rng.integers(0, 256, 96 + 8 * QK_K // 2, dtype=np.uint8).tobytes()]
+    return ctypes.create_string_buffer(b"".join(parts))
+
+
+def _gemv_rows(lib: ctypes.CDLL, weights, act: np.ndarray, n_cols: int) -> np.ndarray:
+    """Each row alone, as a one-token decode computes it: quantize_row_q8_K, then the gemv."""
+    n = act.shape[1]
+    out = np.zeros((len(act), n_cols), np.float32)
+    for r, row in enumerate(act):
+        q = ctypes.create_string_buffer(Q8_K_BYTES * (n // QK_K))
+        lib.quantize_row_q8_K(row.ctypes.data_as(ctypes.c_void_p), q, ctypes.c_int64(n))
+        lib.ggml_gemv_q4_K_8x8_q8_K(ctypes.c_int(n), out[r].ctypes.data_as(ctypes.c_void_p),
+                                    ctypes.c_size_t(n_cols), weights, q, ctypes.c_int(1), ctypes.c_int(n_cols))
+    return out
+
+
+def _gemm_rows(lib: ctypes.CDLL, weights, act: np.ndarray, n_cols: int) -> np.ndarray:
+    """The rows as one batch: groups of 4 quantized together (ggml_quantize_mat_q8_K_4x8), then the gemm."""
+    n_rows, n = act.shape
+    per_group = Q8_KX4_BYTES * (n // QK_K)
+    q = ctypes.create_string_buffer(per_group * (n_rows // 4))
+    for g in range(n_rows // 4):
+        group = np.ascontiguousarray(act[4 * g:4 * g + 4])
+        lib.ggml_quantize_mat_q8_K_4x8(group.ctypes.data_as(ctypes.c_void_p), ctypes.byref(q, per_group * g),
+                                       ctypes.c_int64(n))
+    out = np.zeros((n_rows, n_cols), np.float32)
+    lib.ggml_gemm_q4_K_8x8_q8_K(ctypes.c_int(n), out.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(n_cols),
+                                weights, q, ctypes.c_int(n_rows), ctypes.c_int(n_cols))
+    return out
+
+
+@pytest.mark.parametrize("n_rows", [4, 8, 16, 20])
+@pytest.mark.parametrize("n_cols", [8, 24, 72])
+def test_repacked_q4_k_rows_are_the_same_bits_alone_and_in_a_batch(ggml_cpu, n_rows: int, n_cols: int) -> None:
+    rng = np.random.default_rng(n_rows * 100 + n_cols)
+    for n in (QK_K, 3 * QK_K, 8 * QK_K):
+        weights = _q4_kx8_blocks(rng, n_cols, n // QK_K)
+        scales = rng.choice([0.01, 1.0, 300.0], size=(n_rows, 1))
+        act = (rng.standard_normal((n_rows, n)) * scales).astype(np.float32)
+        alone = _gemv_rows(ggml_cpu, weights, act, n_cols)
+        batched = _gemm_rows(ggml_cpu, weights, act, n_cols)
+        assert np.isfinite(alone).all() and np.abs(alone).max() > 0
+        np.testing.assert_array_equal(alone, batched)
+
+
+def test_which_weight_files_are_repacked(gemma_path: Path, smollm2_q4_0_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Gemma 3 Q4_K_M holds Q4_K (repacked on x86) and Q5_0/Q6_K/Q8_0 (not repacked there). With the
+    # patched build's flag its repacking is exact; without it, Q4_K (and Q6_K, repacked on ARM) are
+    # not known to be, and the file loads unrepacked. SmolLM2 Q4_0 repacks exactly everywhere.
+    patched = "CPU : AVX2 = 1 | REPACK_Q4_K_INVARIANT = 1 | REPACK = 1 |"
+    stock = "CPU : AVX2 = 1 | REPACK = 1 |"
+    monkeypatch.setattr(backend, "system_info", lambda: patched)
+    assert backend.repack_is_exact(gemma_path) is True
+    assert backend.repack_is_exact(smollm2_q4_0_path) is True
+    assert 12 not in backend.repack_inexact_types() and 20 in backend.repack_inexact_types()  # Q4_K, IQ4_NL
+    monkeypatch.setattr(backend, "system_info", lambda: stock)
+    assert backend.repack_is_exact(gemma_path) is False
+    assert backend.repack_is_exact(smollm2_q4_0_path) is True
+    assert backend.repack_is_exact(gemma_path.with_name("no-such-file.gguf")) is False
