@@ -3,7 +3,7 @@
 * ``measure_verify_costs(ctx)`` times one decode of k tokens for a few k, in
   about a second and a half, and leaves the context exactly as it found it;
 * ``load_or_measure(ctx)`` caches that per model file, llama.cpp build, offload
-  and thread count in ``cache_dir()/costs/<key>.json`` and returns the
+  thread count and weight repacking in ``cache_dir()/costs/<key>.json`` and returns the
   ``localspec.costs.CostModel`` built from it;
 * ``measure_mtp_costs(head)`` and ``load_or_measure_mtp(head, ctx)`` do the same
   for a model's MTP head: one decode of k rows (a catch-up batch; k = 1 is a
@@ -145,6 +145,7 @@ class CostKey:
     n_ctx: int
     n_seq: int
     llama_cpp_version: str
+    repack: bool  # weights repacked for the CPU (Model's choice, not the build's)
 
     def digest(self) -> str:
         raw = json.dumps({"schema": SCHEMA, **self.__dict__}, sort_keys=True).encode()
@@ -171,7 +172,7 @@ def cost_key(ctx: "Context", *, n_threads: int | None = None, n_gpu_layers: int 
         model=str(path), model_size=st.st_size, model_mtime_ns=st.st_mtime_ns,
         system_info=system_info(), gpu_offload=gpu_offload_supported(), n_gpu_layers=n_gpu_layers,
         n_threads=n_threads or default_threads(), n_ctx=ctx.n_ctx, n_seq=ctx.n_seq,
-        llama_cpp_version=llama_version,
+        llama_cpp_version=llama_version, repack=ctx.model.repack,
     )
 
 

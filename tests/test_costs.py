@@ -184,7 +184,7 @@ def test_measure_refuses_a_full_context() -> None:
 # --- the cache -------------------------------------------------------------------
 def key(**changes) -> CostKey:
     base = dict(model="/m/a.gguf", model_size=10, model_mtime_ns=1, system_info="AVX2 = 1", gpu_offload=False,
-                n_gpu_layers=-1, n_threads=2, n_ctx=4096, n_seq=33, llama_cpp_version="0.3.36")
+                n_gpu_layers=-1, n_threads=2, n_ctx=4096, n_seq=33, llama_cpp_version="0.3.36", repack=True)
     base.update(changes)
     return CostKey(**base)
 
@@ -196,8 +196,10 @@ def test_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert path.parent == tmp_path / "costs"
     save_costs(path, k, CPU)
     assert load_costs(path, k) == CPU
-    # another thread count, another machine, a rebuilt model: a different file, and never this record
+    # another thread count, another machine, a rebuilt model, weights not repacked: a different file,
+    # and never this record
     assert measure_costs.cost_path(key(n_threads=4)) != path
+    assert measure_costs.cost_path(key(repack=False)) != path
     assert load_costs(path, key(system_info="CUDA = 1")) is None
     assert load_costs(path, k, max_age_s=-1) is None  # too old
     path.write_text("{ half a file")
