@@ -2,7 +2,7 @@
 
 * ``measure_verify_costs(ctx)`` times one decode of k tokens for a few k, in
   about a second and a half, and leaves the context exactly as it found it;
-* ``load_or_measure(ctx)`` caches that per model file, llama.cpp build, offload
+* ``load_or_measure(ctx)`` caches that per model file, llama.cpp build, offload,
   thread count and weight repacking in ``cache_dir()/costs/<key>.json`` and returns the
   ``localspec.costs.CostModel`` built from it;
 * ``measure_mtp_costs(head)`` and ``load_or_measure_mtp(head, ctx)`` do the same
