@@ -189,7 +189,9 @@ def test_first_token_distribution_matches_target_at_temperature(target, smollm2_
     accepted_first = 0
     for _ in range(trials):
         history = list(prompt)
-        step = speculative_step(tctx, history, drafter, sampler, draft_len=3)
+        # One drafted token: the first emitted token is that draft or the residual's sample, which is
+        # all this checks; a longer draft would only add decodes (this test is among the suite's slowest).
+        step = speculative_step(tctx, history, drafter, sampler, draft_len=1)
         counts[step.tokens[0]] += 1
         accepted_first += step.accepted > 0
         tctx.rollback_to(len(prompt) - 1)
