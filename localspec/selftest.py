@@ -50,6 +50,8 @@ def build_info() -> dict[str, object]:
         "cpu_features": [f for f in flags if f not in _BUILD_FLAGS],
         "amx": any(f.startswith("AMX") for f in flags),
         "llamafile_sgemm": "LLAMAFILE" in flags,
+        "sgemm_exact_only": "SGEMM_BATCH_INVARIANT" in flags,
+        "repack_q4_k_exact": "REPACK_Q4_K_INVARIANT" in flags,
         "gpu_offload": backend.gpu_offload_supported(),
         "cuda": "CUDA" in system,
         "batch_invariant": backend.batch_invariant(),

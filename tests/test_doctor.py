@@ -178,6 +178,10 @@ def test_doctor_reports_build_folders_model_and_a_passing_selftest(smollm2_path:
     assert f"{tmp_path / 'config'} (not created yet)" in out
     assert "self-test     ok: " in out and "prompt tokens in one batch" in out
     assert "model exact   " in out
+    from localspec import backend
+
+    if "SGEMM_BATCH_INVARIANT = 1" in backend.system_info():  # our patched build, sgemm kept exact
+        assert "llamafile sgemm (its exact kernels only)" in out
 
     proc = _cli("doctor", "--model", str(smollm2_path), "--json", env=env)
     assert proc.returncode == 0, proc.stderr

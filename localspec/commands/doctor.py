@@ -79,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
     if build is None:
         out.append(f"llama.cpp     could not be loaded: {failure}")
     else:
-        accel = ", ".join(k for k, on in (("AMX", build["amx"]), ("llamafile sgemm", build["llamafile_sgemm"]),
-                                           ("CUDA", build["cuda"])) if on) or "none"
+        sgemm = "llamafile sgemm" + (" (its exact kernels only)" if build["sgemm_exact_only"] else "")
+        repack = "repacked Q4_K (exact)" if build["repack_q4_k_exact"] else ""
+        accel = ", ".join(k for k, on in (("AMX", build["amx"]), (sgemm, build["llamafile_sgemm"]),
+                                           (repack, bool(repack)), ("CUDA", build["cuda"])) if on) or "none"
         out.append(f"llama.cpp     llama-cpp-python {build['llama_cpp_python']}; "
                    f"{'GPU offload' if build['gpu_offload'] else 'CPU only'}")
         out.append(f"CPU features  {' '.join(build['cpu_features']) or 'none reported'}")
