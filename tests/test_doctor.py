@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -94,21 +95,35 @@ def _flash_attention_decode(model: Path, switch: str, tiles_from: str = "256") -
                             flash_attn=True)
 
 
+def _cpu_switch_or_skip(flag: str, what: str) -> None:
+    """Skip unless this is a CPU build carrying one of scripts/llama.cpp-patches/' switches."""
+    from localspec import backend
+
+    if flag not in backend.system_info():
+        pytest.skip(f"this llama.cpp build lacks localspec's {what} switch (not built by scripts/setup.sh)")
+    if backend.gpu_offload_supported():
+        pytest.skip("a GPU build: these kernels run on the GPU")
+
+
+def _switch_off_then_on(decode: Callable[[str], dict]) -> dict:
+    """``decode(switch)`` with "0" must differ from one-token decodes and with "1" match them bit for
+    bit: the switch is what makes the difference. Returns the switched result."""
+    off = decode("0")
+    assert off["batch_invariant"] is False and off["max_logit_diff"] > 0, off
+    on = decode("1")
+    assert on["batch_invariant"] is True and on["max_logit_diff"] == 0.0, on
+    return on
+
+
 @pytest.mark.slow
 def test_flash_attention_on_the_cpu_is_batch_invariant_only_with_the_switch(smollm2_path: Path) -> None:
     # scripts/setup.sh patches ggml (scripts/llama.cpp-patches/): with its switch set, a lone query
     # past 512 cells and a batch of 65 queries take the same kernel path as a one-token decode.
     from localspec import backend
 
-    if "FA_BATCH_INVARIANT" not in backend.system_info():
-        pytest.skip("this llama.cpp build lacks localspec's flash-attention switch (not built by scripts/setup.sh)")
-    if backend.gpu_offload_supported():
-        pytest.skip("a GPU build: flash attention runs on the GPU's kernels")
+    _cpu_switch_or_skip("FA_BATCH_INVARIANT", "flash-attention")
     assert backend.cpu_flash_attention() is True  # the backend sets the switch unless the user did
-    plain = _flash_attention_decode(smollm2_path, "0")
-    assert plain["batch_invariant"] is False and plain["max_logit_diff"] > 0, plain
-    switched = _flash_attention_decode(smollm2_path, "1")
-    assert switched["batch_invariant"] is True and switched["max_logit_diff"] == 0.0, switched
+    switched = _switch_off_then_on(lambda switch: _flash_attention_decode(smollm2_path, switch))
     # Batches from GGML_CPU_FA_TILES_FROM queries on take the tiles again, which are batch-dependent:
     # why a verification batch stays below it (Context.max_verify_rows).
     tiled = _flash_attention_decode(smollm2_path, "1", tiles_from=str(switched["verify_rows"]))
@@ -122,15 +137,10 @@ def test_llamafile_sgemm_is_batch_invariant_only_with_the_switch(smollm2_path: P
     # float matmuls take sgemm for a batch: without the switch a 65-row batch rounds differently.
     from localspec import backend
 
-    if "SGEMM_BATCH_INVARIANT" not in backend.system_info():
-        pytest.skip("this llama.cpp build lacks llamafile's sgemm or localspec's switch for it")
-    if backend.gpu_offload_supported():
-        pytest.skip("a GPU build: the matmuls run on the GPU's kernels")
+    _cpu_switch_or_skip("SGEMM_BATCH_INVARIANT", "llamafile sgemm")
     assert backend.batch_invariant() is True  # the backend sets the switch unless the user did
-    stock = _decode_in_child(smollm2_path, {"GGML_CPU_SGEMM_BATCH_INVARIANT": "0"}, flash_attn=False)
-    assert stock["batch_invariant"] is False and stock["max_logit_diff"] > 0, stock
-    switched = _decode_in_child(smollm2_path, {"GGML_CPU_SGEMM_BATCH_INVARIANT": "1"}, flash_attn=False)
-    assert switched["batch_invariant"] is True and switched["max_logit_diff"] == 0.0, switched
+    _switch_off_then_on(lambda switch: _decode_in_child(
+        smollm2_path, {"GGML_CPU_SGEMM_BATCH_INVARIANT": switch}, flash_attn=False))
 
 
 @pytest.mark.slow
