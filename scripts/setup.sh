@@ -11,7 +11,8 @@
 #    may be repacked), and a switch that keeps llamafile's sgemm (batch matmuls) to the kernels
 #    that sum a row exactly as the one-row vec_dot does (Q4_0, Q5_0, Q8_0 on x86), the rest
 #    falling back to ggml's own matmul.
-# Both switches change nothing unless set (localspec sets them). LOCALSPEC_PATCH=off builds the
+# The switches change nothing unless set (localspec sets them); the Q4_K gemv change is always on
+# (it moves the last bit of a rounding, no speed). LOCALSPEC_PATCH=off builds the
 # sources as they are, and then without llamafile's sgemm (its batch kernels would round
 # differently from a one-token decode); LOCALSPEC_LLAMAFILE=on|off overrides that choice.
 #
