@@ -75,6 +75,9 @@ if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
   "${PIP[@]}" download --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VERSION" -d "$SRC"
   tar -xzf "$SRC/llama_cpp_python-$LLAMA_VERSION.tar.gz" -C "$SRC"
   VENDOR="$SRC/llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp"
+  # The sdist carries the submodule's .git file, pointing at a repository it does not ship: git
+  # apply (used where patch(1) is missing) would take it for one and refuse. Nothing reads it.
+  rm -f "$VENDOR/.git"
   for p in ${PATCHES[@]+"${PATCHES[@]}"}; do
     # patch(1) where installed, else git apply (outside any repository it patches files as they are)
     if command -v patch >/dev/null; then patch -p1 -s -d "$VENDOR" < "$p"
