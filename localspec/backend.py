@@ -56,7 +56,7 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 # user set it; a one-token decode never used it, so plain decoding does not change.
 _TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
 # Flash attention on the CPU: the switch scripts/llama.cpp-patches/ adds to ggml (a stock build ignores
-# it). Set, a query row takes the same kernel path alone and in a batch, so flash attention may be on.
+# it). Set, a query row is summed the same way alone and in a batch, so flash attention may be on.
 _FA_INVARIANT_ENV = "GGML_CPU_FA_BATCH_INVARIANT"
 # With it, batches of this many queries or more still take the kernel's tiles (prefill speed); a
 # verification batch stays below that (``Context.max_verify_rows``), so every verified row is exact.
@@ -179,8 +179,9 @@ def cpu_flash_attention() -> bool:
     cached and tiles 64 or more queries: a one-token decode and a verification
     batch then sum in different orders (measured: logits up to 1.6 apart on
     SmolLM2, 2.4 on Gemma 3). Our build (scripts/setup.sh) carries a switch that
-    keeps every row on one path, reported in the system info; a stock build has
-    none, and flash attention stays off there.
+    sums every row in fixed 128-cell chunks merged in order, whatever the batch
+    (a lone query's chunks still spread over every thread), reported in the
+    system info; a stock build has none, and flash attention stays off there.
     """
     return "FA_BATCH_INVARIANT = 1" in system_info()
 

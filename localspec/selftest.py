@@ -27,7 +27,8 @@ import time
 # matmul paths (and, on AMX CPUs built with it, the tile kernels) well below that.
 LONG_PROMPT = 512
 # Past 64 rows (flash attention's tiles), 8 (ggml's tiled K-quant matmul) and 4 (the repacked gemm): every
-# batch path a verification takes. After LONG_PROMPT cells, so a lone query takes flash attention's split path.
+# batch path a verification takes. After LONG_PROMPT cells, so a lone query takes flash attention's split
+# path (upstream; with our switch, many 128-cell chunks spread over the threads).
 VERIFY_ROWS = 65
 _TEXT = ("Speculative decoding lets a small draft propose several tokens that the target model then checks "
          "in a single batched forward pass; every accepted token saves one sequential step. ")

@@ -118,7 +118,7 @@ def _switch_off_then_on(decode: Callable[[str], dict]) -> dict:
 @pytest.mark.slow
 def test_flash_attention_on_the_cpu_is_batch_invariant_only_with_the_switch(smollm2_path: Path) -> None:
     # scripts/setup.sh patches ggml (scripts/llama.cpp-patches/): with its switch set, a lone query
-    # past 512 cells and a batch of 65 queries take the same kernel path as a one-token decode.
+    # past 512 cells and a batch of 65 queries are summed as a one-token decode sums them.
     from localspec import backend
 
     _cpu_switch_or_skip("FA_BATCH_INVARIANT", "flash-attention")
@@ -128,6 +128,31 @@ def test_flash_attention_on_the_cpu_is_batch_invariant_only_with_the_switch(smol
     # why a verification batch stays below it (Context.max_verify_rows).
     tiled = _flash_attention_decode(smollm2_path, "1", tiles_from=str(switched["verify_rows"]))
     assert tiled["batch_invariant"] is False and tiled["max_logit_diff"] > 0, tiled
+
+
+@pytest.mark.slow
+def test_flash_attention_gives_a_row_the_same_bits_from_chunks_spread_over_threads_or_whole_rows(
+        tmp_path: Path) -> None:
+    # With the switch, a lone query's cells are cut into 128-cell chunks that any thread may take (a
+    # decode uses every thread), the chunks' partials kept while they fit in 16 MiB; a batch whose
+    # partials would not fit is summed row by row, chunk after chunk. Both must give the same bits.
+    from wide_attention_model import HEAD_DIM, N_HEAD, write_wide_attention_model
+
+    from localspec import backend
+    from localspec.selftest import VERIFY_ROWS
+
+    _cpu_switch_or_skip("FA_INVARIANT_CHUNK = 128", "flash-attention chunking")
+    chunks = -(-(LONG_PROMPT + VERIFY_ROWS) // 128)  # at least: the KV view is padded past its cells
+
+    def partials_bytes(rows: int) -> int:
+        return rows * N_HEAD * chunks * (2 + HEAD_DIM) * 4
+
+    assert partials_bytes(1) < 16 << 20 < partials_bytes(VERIFY_ROWS)  # a decode splits, the batch does not
+    assert backend.cpu_flash_attention() is True
+    model = write_wide_attention_model(tmp_path / "wide.gguf")
+    result = _decode_in_child(model, {}, flash_attn=True)
+    assert result["flash_attn"] is True and result["verify_rows"] == VERIFY_ROWS
+    assert result["batch_invariant"] is True and result["max_logit_diff"] == 0.0, result
 
 
 @pytest.mark.slow
