@@ -24,7 +24,8 @@ proposal is not known beforehand), x_d the tokens every batch of d carries
 besides the candidates (``batch_extra_tokens``: lookahead's window), and C_d
 the catch-up d must decode first (``behind``: a draft model's prefill of the
 prompt the first time, then every token since it last drafted). Plain
-decoding emits 1 token in T0 = verify_ms(1) + overhead_ms(0).
+decoding emits 1 token in T0 = verify_ms(1) + overhead_ms(0). Verification costs are priced at the
+step's depth in the context (``CostModel.depth``: attention grows with every cached cell).
 
 The catch-up is paid once and then serves the steps that follow, so options
 are ranked by E / (T - C + C min(1, E / H)), the catch-up spread over the
@@ -763,6 +764,8 @@ class Controller:
         target); ``room``: draft tokens that fit in the context; ``remaining``:
         tokens still to generate (a draft can emit at most that many).
         """
+        # Every cost of this step is priced at the cells its decode attends to (all but the last token).
+        self.costs.depth = max(0, len(history) - 1)
         t0 = self.costs.plain_ms()
         limit, why = self._limit(room, remaining)
         self._asked = {}

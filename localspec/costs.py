@@ -10,6 +10,11 @@ afterwards (``observe_verify``/``observe_draft``/``observe_overhead``), so
 thermal throttling or another process moves the estimates within a few dozen
 steps.
 
+Costs grow with the context: every row of a batch attends to every cached
+cell. ``per_cell`` (measured at a second depth) says by how much, per k, and
+``depth`` (set by the controller as the context grows) says where the next
+decode stands; without it the estimates are those of the depth measured.
+
 Pure arithmetic: measuring a model and caching what was measured is
 ``localspec.measure_costs``.
 """
@@ -140,7 +145,8 @@ class CostModel:
     for the rates. Not thread-safe: one generation loop owns it.
     """
 
-    def __init__(self, verify: Mapping[int, float], *,
+    def __init__(self, verify: Mapping[int, float], *, per_cell: Mapping[int, float] | None = None,
+                 measured_depth: int = 0,
                  overhead: tuple[float, float] = (OVERHEAD_FIXED_MS, OVERHEAD_PER_TOKEN_MS)) -> None:
         points = {int(k): float(ms) for k, ms in verify.items() if int(k) >= 1 and ms > 0}
         if not points:
@@ -148,6 +154,11 @@ class CostModel:
         self.measured: dict[int, float] = dict(points)
         self._points = points
         self._ks = sorted(points)
+        # ms per cached cell for a decode of k tokens, and the depth ``verify`` was measured at
+        self.per_cell = {int(k): max(0.0, float(v)) for k, v in (per_cell or {}).items() if int(k) >= 1}
+        self._cell_ks = sorted(self.per_cell)
+        self.measured_depth = measured_depth
+        self.depth = measured_depth  # cached cells the next decode attends to (``Controller.plan`` sets it)
         self._scale = 1.0
         self._draft: dict[str, _Line] = {}
         self._draft_models: dict[str, CostModel] = {}
@@ -156,10 +167,18 @@ class CostModel:
 
     # --- estimates ---------------------------------------------------------
     def verify_ms(self, k: float) -> float:
-        """Milliseconds of one target decode of ``k`` >= 1 tokens."""
+        """Milliseconds of one target decode of ``k`` >= 1 tokens at the current ``depth``."""
         if k < 1:
             raise ValueError(f"a decode holds at least one token, not {k}")
-        return self._scale * _interpolate(self._points, k, self._ks)
+        base = _interpolate(self._points, k, self._ks)
+        return self._scale * (base + self._depth_ms(k, base))
+
+    def _depth_ms(self, k: float, base: float) -> float:
+        """What ``depth`` adds to (or, shallower than measured, takes from) a decode of ``k`` tokens: never
+        more than half of ``base`` taken off (a model's weights cost the same at any depth)."""
+        if not self.per_cell or self.depth == self.measured_depth:
+            return 0.0
+        return max(-0.5 * base, (self.depth - self.measured_depth) * _interpolate(self.per_cell, k, self._cell_ks))
 
     def relative(self, k: float) -> float:
         """``verify_ms(k) / verify_ms(1)``: ~1 on a GPU for k <= 8, ~k/2 on a small CPU."""
@@ -247,6 +266,8 @@ class CostModel:
             base = _interpolate(self._points, k)
         if k not in self._points:
             self._ks = sorted([*self._ks, k])
+        # The point holds the cost at the measured depth and moves by the same share; the per-cell
+        # costs were measured and the scale follows the machine, depth included.
         self._points[k] = base * math.exp(_ALPHA_POINT * rest)
 
     def observe_draft(self, name: str, n: int, ms: float) -> None:
@@ -264,6 +285,8 @@ class CostModel:
         return {
             "verify_ms": {str(k): v for k, v in self.points.items()},
             "measured_ms": {str(k): v for k, v in sorted(self.measured.items())},
+            "per_cell_ms": {str(k): v for k, v in sorted(self.per_cell.items())},
+            "depth": self.depth, "measured_depth": self.measured_depth,
             "scale": self._scale,
             "overhead": self._overhead.to_dict(),
             "drafters": {name: line.to_dict() for name, line in self._draft.items()},

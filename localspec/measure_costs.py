@@ -1,7 +1,9 @@
 """Measuring the cost model's verify costs, and caching them per model and machine.
 
 * ``measure_verify_costs(ctx)`` times one decode of k tokens for a few k, in
-  about a second and a half, and leaves the context exactly as it found it;
+  about a second and a half, then a few k again after ``DEPTH_CELLS`` more
+  cached cells (what each cached cell adds to a decode), and leaves the
+  context exactly as it found it;
 * ``load_or_measure(ctx)`` caches that per model file, llama.cpp build, offload,
   thread count and weight repacking in ``cache_dir()/costs/<key>.json`` and returns the
   ``localspec.costs.CostModel`` built from it;
@@ -36,7 +38,11 @@ if TYPE_CHECKING:
     from localspec.backend import Context, MtpContext
 
 DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
-SCHEMA = 1
+# The second depth: this many more cells filled (one prefill), then these batch sizes timed again. The
+# difference per cell is what attention over a longer context adds (``CostModel.per_cell``).
+DEPTH_CELLS = 512
+DEPTH_KS: tuple[int, ...] = (1, 4, 16)
+SCHEMA = 2  # 2: per-cell costs and the depth measured at
 # A cached cost is dropped when the refined estimates settle this far from it (either way),
 # after at least DRIFT_MIN_STEPS observed decodes: one slow step never moves it.
 DRIFT = 1.25
@@ -45,20 +51,26 @@ DRIFT_MIN_STEPS = 32
 
 # --- measuring ---------------------------------------------------------------
 class Measurement(dict[int, float]):
-    """Median ms per batch size, and whether the planned ``min_reps`` rounds all ran.
+    """Median ms per batch size, and whether the planned ``min_reps`` rounds all ran; ``depth``: the
+    cached cells they were measured after; ``per_cell``: ms each further cached cell adds, per batch size
+    (empty when not measured).
 
     An incomplete measurement (the machine was so loaded that the rounds overran
     the time limit) is still the best guess for now, but it is not cached.
     """
 
-    def __init__(self, costs: Mapping[int, float], rounds: int, complete: bool) -> None:
+    def __init__(self, costs: Mapping[int, float], rounds: int, complete: bool, *, depth: int = 0,
+                 per_cell: Mapping[int, float] | None = None) -> None:
         super().__init__(costs)
         self.rounds = rounds
         self.complete = complete
+        self.depth = depth
+        self.per_cell = dict(per_cell or {})
 
 
 def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budget_s: float = 1.5,
-                         min_reps: int = 3, max_reps: int = 25, seed: int = 0) -> Measurement:
+                         min_reps: int = 3, max_reps: int = 25, seed: int = 0,
+                         depth_cells: int = DEPTH_CELLS) -> Measurement:
     """Milliseconds of one decode of k tokens, for each k in ``ks`` that fits.
 
     Each sample decodes k tokens right after what the context holds, with
@@ -76,6 +88,11 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     minimum is a best case the generation loop will rarely see; the median is
     the typical cost of a step, which is what the controller plans with.
 
+    Then, where ``depth_cells`` more cells and the largest of ``DEPTH_KS`` fit,
+    the context is filled that much (one prefill, untimed) and those k are
+    timed again (half the budget): their difference over ``depth_cells`` is
+    ``per_cell`` (not for a recurrent state, whose cost does not grow so).
+
     Postcondition: ``ctx.tokens`` and the cache hold exactly what they held
     before (also when a decode raises), except with a recurrent state
     (``ctx.max_rollback`` not None), which cannot drop a whole batch: then the
@@ -91,17 +108,33 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     token = ctx.tokens[-1] if ctx.tokens else max(ctx.model.bos, 0)
     rng = random.Random(seed)
 
-    def timed(k: int) -> float:
-        t0 = time.perf_counter()
-        ctx.decode([token] * k, range(n0, n0 + k), None, [True] * k)
-        ms = (time.perf_counter() - t0) * 1e3
-        # decode() leaves ctx.tokens alone; mirror the batch so rollback_to trims it.
-        ctx.tokens.extend([token] * k)
-        ctx.rollback_to(n0)
-        return ms
+    def timed_at(n: int) -> Callable[[int], float]:
+        def timed(k: int) -> float:
+            t0 = time.perf_counter()
+            ctx.decode([token] * k, range(n, n + k), None, [True] * k)
+            ms = (time.perf_counter() - t0) * 1e3
+            # decode() leaves ctx.tokens alone; mirror the batch so rollback_to trims it.
+            ctx.tokens.extend([token] * k)
+            ctx.rollback_to(n)
+            return ms
+        return timed
 
     try:
-        return _timed_rounds(fits, timed, rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
+        shallow = _timed_rounds(fits, timed_at(n0), rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
+        shallow.depth = n0
+        deep_ks = [k for k in DEPTH_KS if k in shallow and k <= ctx.n_batch]
+        if depth_cells <= 0 or ctx.max_rollback is not None or not deep_ks \
+                or n0 + depth_cells + max(deep_ks) > ctx.n_ctx:
+            return shallow
+        for start in range(0, depth_cells, ctx.n_batch):  # the filling prefill, untimed
+            n = min(ctx.n_batch, depth_cells - start)
+            ctx.decode([token] * n, range(n0 + start, n0 + start + n), None, [False] * (n - 1) + [True])
+        ctx.tokens.extend([token] * depth_cells)
+        deep = _timed_rounds(deep_ks, timed_at(n0 + depth_cells), rng, budget_s=budget_s / 2,
+                             min_reps=min_reps, max_reps=max_reps)
+        shallow.per_cell = {k: max(0.0, (deep[k] - shallow[k]) / depth_cells) for k in deep_ks}
+        shallow.complete = shallow.complete and deep.complete
+        return shallow
     finally:
         # A decode that raised may have left its batch in the cache (tokens not yet mirrored).
         ctx.remove_seq(0, n0, -1)
@@ -183,7 +216,9 @@ def cost_path(key: CostKey) -> Path:
 def save_costs(path: Path, key: CostKey, verify: Mapping[int, float]) -> None:
     """Write the record, and drop the folder's records of model files that are gone or changed."""
     record = {"schema": SCHEMA, "key": key.__dict__, "measured_at": time.time(),
-              "verify_ms": {str(k): float(v) for k, v in sorted(verify.items())}}
+              "verify_ms": {str(k): float(v) for k, v in sorted(verify.items())},
+              "depth": int(getattr(verify, "depth", 0)),
+              "per_cell_ms": {str(k): float(v) for k, v in sorted(getattr(verify, "per_cell", {}).items())}}
     with atomic_write(path) as fh:
         fh.write(json.dumps(record, indent=1).encode())
     prune_costs(path.parent, keep=path)
@@ -213,8 +248,9 @@ def prune_costs(folder: Path, *, keep: Path | None = None) -> int:
     return removed
 
 
-def load_costs(path: Path, key: CostKey, *, max_age_s: float | None = None) -> dict[int, float] | None:
-    """The cached verify costs for ``key``, or None when absent, stale, foreign or unreadable."""
+def load_costs(path: Path, key: CostKey, *, max_age_s: float | None = None) -> Measurement | None:
+    """The cached verify costs for ``key`` (with their depth and per-cell costs), or None when absent,
+    stale, foreign or unreadable."""
     try:
         record = json.loads(path.read_text())
         if record.get("schema") != SCHEMA or record.get("key") != key.__dict__:
@@ -222,10 +258,14 @@ def load_costs(path: Path, key: CostKey, *, max_age_s: float | None = None) -> d
         if max_age_s is not None and time.time() - float(record["measured_at"]) > max_age_s:
             return None
         verify = {int(k): float(v) for k, v in record["verify_ms"].items()}
+        per_cell = {int(k): float(v) for k, v in record["per_cell_ms"].items()}
+        depth = int(record["depth"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         # A half-written or hand-edited file is not an error: measuring again fixes it.
         return None
-    return verify if verify and all(v > 0 for v in verify.values()) else None
+    if not verify or not all(v > 0 for v in verify.values()):
+        return None
+    return Measurement(verify, 0, True, depth=depth, per_cell=per_cell)
 
 
 class CachedCostModel(CostModel):
@@ -242,7 +282,7 @@ class CachedCostModel(CostModel):
     """
 
     def __init__(self, verify: Mapping[int, float], path: Path | None = None) -> None:
-        super().__init__(verify)
+        super().__init__(verify, per_cell=getattr(verify, "per_cell", None), measured_depth=getattr(verify, "depth", 0))
         self.path = path
         self.observed_steps = 0
         self.dropped_ratio: float | None = None

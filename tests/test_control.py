@@ -723,6 +723,28 @@ def test_drafting_wins_where_it_should() -> None:
     assert sim.speed_vs_plain > 2.0
 
 
+def test_every_cost_is_priced_at_the_depth_the_step_decodes_at() -> None:
+    # Attention grows with the context: one more cached cell costs a one-token decode 0.01 ms and a
+    # 16-token batch 0.05 ms (its rows share the cells' reads), so deep in a long context a batch
+    # costs relatively less than near its start, and plain decoding more.
+    costs = CostModel(CPU, per_cell={1: 0.01, 16: 0.05})
+    ctl = Controller(costs, [Named("d")])
+    teach(ctl, "d", [0.9] * 16)
+    shallow = plan(ctl, history=range(1))
+    assert costs.depth == 0 and shallow.expected_ms == pytest.approx(ctl.step_ms("d", shallow.draft_len))
+    deep = plan(ctl, history=range(3001))
+    assert costs.depth == 3000  # the cells the step's decode attends to: all but the last token
+    assert costs.plain_ms() == pytest.approx(5.4 + 30.0 + costs.overhead_ms(0))
+    assert deep.expected_ms == pytest.approx(ctl.step_ms("d", deep.draft_len))
+    assert deep.speedup > shallow.speedup and deep.draft_len >= shallow.draft_len
+    # the gain a drafting step reports is against plain decoding at its own depth
+    t0 = costs.plain_ms()
+    tokens = tuple(range(3001, 3001 + 4))
+    ctl.observe(step_event(tokens, "d", deep.draft_len, 3, verify_ms=costs.verify_ms(1 + deep.draft_len)),
+                list(range(3001 + 4)))
+    assert ctl.stats.measured_plain_ms == pytest.approx(4 * t0)
+
+
 # --- explaining ------------------------------------------------------------------------
 def test_stats_count_choices_probes_and_gains() -> None:
     sim = Sim(GPU, {"d": lambda t: 0.8}, seed=3)

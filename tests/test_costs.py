@@ -78,6 +78,30 @@ def test_drift_seen_at_one_k_moves_every_k() -> None:
     assert model.relative(8) == pytest.approx(24.9 / 5.4, rel=0.25)
 
 
+def test_a_deeper_context_costs_what_each_cell_adds() -> None:
+    model = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=100)
+    assert model.verify_ms(1) == pytest.approx(5.4)  # at the depth measured
+    model.depth = 1100
+    assert model.verify_ms(1) == pytest.approx(5.4 + 1000 * 0.01)
+    assert model.verify_ms(16) == pytest.approx(41.1 + 1000 * 0.1)
+    assert model.verify_ms(8.5) == pytest.approx(CostModel(CPU).verify_ms(8.5) + 1000 * (0.01 + 0.09 * 7.5 / 15))
+    assert model.plain_ms() == pytest.approx(model.verify_ms(1) + model.overhead_ms(0))
+    model.depth = 0  # shallower than measured: cheaper, never below half the measured cost
+    assert 0.5 * 5.4 <= model.verify_ms(1) < 5.4
+    # observing exactly what it predicts at depth leaves the estimates; a machine twice as slow
+    # doubles every cost, depth included, and the points keep the measured depth's costs
+    model.depth = 1100
+    for _ in range(50):
+        model.observe_verify(1, 5.4 + 10.0)
+    assert model.verify_ms(1) == pytest.approx(15.4) and model.points[1] == pytest.approx(5.4)
+    for _ in range(200):
+        model.observe_verify(1, 2 * (5.4 + 10.0))
+        model.observe_verify(16, 2 * (41.1 + 100.0))
+    assert model.verify_ms(1) == pytest.approx(30.8, rel=0.02) and model.verify_ms(16) == pytest.approx(282.2, rel=0.02)
+    model.depth = 100  # the point took a little of the drift while the scale caught up: within 10%
+    assert model.verify_ms(1) == pytest.approx(10.8, rel=0.1)
+
+
 def test_refinement_follows_one_k_and_creates_points() -> None:
     model = CostModel(CPU)
     for _ in range(200):
@@ -126,7 +150,9 @@ class FakeContext:
     model: FakeModel = field(default_factory=FakeModel)
     max_rollback: int | None = None  # an attention-only model: any suffix can be dropped
     cache: list[int] = field(default_factory=list)
-    batches: list[int] = field(default_factory=list)
+    batches: list = field(default_factory=list)
+    fills: list[int] = field(default_factory=list)
+    depths: bool = False  # record (cells before, size) for every timed batch
     fail_at: int | None = None
 
     def __post_init__(self) -> None:
@@ -134,9 +160,13 @@ class FakeContext:
 
     def decode(self, tokens, positions, seq_ids=None, outputs=None) -> None:
         assert list(positions) == list(range(len(self.cache), len(self.cache) + len(tokens)))
-        assert outputs is not None and all(outputs)  # verification reads every row
+        assert outputs is not None and outputs[-1]
         self.cache.extend(tokens)
-        self.batches.append(len(tokens))
+        if not all(outputs):  # the untimed prefill that fills the context to the second depth
+            self.fills.append(len(tokens))
+            return
+        assert all(outputs)  # verification reads every row
+        self.batches.append((len(self.cache) - len(tokens), len(tokens)) if self.depths else len(tokens))
         if self.fail_at is not None and len(self.batches) == self.fail_at:
             raise RuntimeError("decode failed")
 
@@ -161,6 +191,20 @@ def test_measure_interleaves_restores_and_skips_what_does_not_fit() -> None:
     assert len(rounds) == 1 + 5  # warm-up, then max_reps rounds
     assert all(sorted(r) == fits for r in rounds)
     assert len({tuple(r) for r in rounds[1:]}) > 1  # the order changes from round to round
+
+
+def test_measure_times_a_second_depth_and_drops_the_filled_cells() -> None:
+    ctx = FakeContext(n_ctx=64, n_batch=16, depths=True)
+    before = list(ctx.tokens)
+    result = measure_verify_costs(ctx, max_reps=3, budget_s=10.0, depth_cells=40)
+    assert ctx.tokens == before and ctx.cache == before
+    assert ctx.fills == [16, 16, 8]  # the fill, in batches the context takes
+    deep = {k for n, k in ctx.batches if n == len(before) + 40}
+    assert deep == set(measure_costs.DEPTH_KS) and {n for n, _ in ctx.batches} == {len(before), len(before) + 40}
+    assert result.depth == len(before) and sorted(result.per_cell) == list(measure_costs.DEPTH_KS)
+    # no room for the second depth (or a recurrent state): no per-cell costs, nothing filled
+    small = FakeContext(n_ctx=40)
+    assert measure_verify_costs(small, max_reps=1, depth_cells=40).per_cell == {} and small.fills == []
 
 
 def test_a_measurement_cut_short_is_marked_incomplete() -> None:
@@ -269,11 +313,14 @@ def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_p
     try:
         measured_ctx.append(prompt[:-1])
         before = list(measured_ctx.tokens)
-        result = measure_verify_costs(measured_ctx, budget_s=0.5)
+        # with a second depth 128 cells further (filled, timed, dropped again)
+        result = measure_verify_costs(measured_ctx, budget_s=0.5, depth_cells=128)
         assert measured_ctx.tokens == before
         assert measured_ctx.seq_pos_max(0) == len(before) - 1  # nothing left in the KV cache
         assert sorted(result) == list(measure_costs.DEFAULT_KS)
         assert all(ms > 0 for ms in result.values())
+        assert result.depth == len(before) and sorted(result.per_cell) == list(measure_costs.DEPTH_KS)
+        assert all(ms >= 0 for ms in result.per_cell.values())
         # increasing-ish, with room for a noisy machine: 16 tokens never cost less than half of one
         assert result[16] > 0.5 * result[1]
 
@@ -284,14 +331,17 @@ def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_p
 
         # cached per model and machine: the second load reads the file
         monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
-        monkeypatch.setattr(measure_costs, "measure_verify_costs", lambda ctx, **kw: dict(result))
+        kept = measure_costs.Measurement(result, result.rounds, True, depth=result.depth, per_cell=result.per_cell)
+        monkeypatch.setattr(measure_costs, "measure_verify_costs", lambda ctx, **kw: kept)
         first = load_or_measure(fresh_ctx, n_threads=1)
 
         def no_measuring(ctx, **kw):
             raise AssertionError("measured again despite the cache")
 
         monkeypatch.setattr(measure_costs, "measure_verify_costs", no_measuring)
-        assert load_or_measure(fresh_ctx, n_threads=1).points == first.points
+        again = load_or_measure(fresh_ctx, n_threads=1)
+        assert again.points == first.points
+        assert again.per_cell == result.per_cell and again.measured_depth == result.depth
         assert len(list((tmp_path / "costs").glob("*.json"))) == 1
     finally:
         measured_ctx.close()
