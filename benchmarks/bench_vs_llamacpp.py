@@ -335,13 +335,15 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
     from localspec.drafting.ngram import NgramDrafter
     from replay_ngram import ceiling, oracle, replay
 
-    measured = engine.cost_model().measured
-    costs = CostModel(measured)
+    model = engine.cost_model()
+    measured = model.measured
+    depth = {"per_cell": model.per_cell, "measured_depth": model.measured_depth}  # each step at its depth
+    costs = CostModel(measured, **depth)
     branches = 4 if engine.ctx.n_seq > 1 else 1  # as the engine builds its ngram drafter
     most = ceiling(measured)
 
     def replayed(prompt: str, reply: list[int]) -> dict[str, float]:
-        return replay(NgramDrafter(max_branches=branches), prompt_tokens[prompt], reply, measured)
+        return replay(NgramDrafter(max_branches=branches), prompt_tokens[prompt], reply, measured, **depth)
 
     out = []
     for run in runs:
@@ -361,8 +363,9 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
         if not reply:
             continue
         ours = replayed(run.prompt, reply)
-        bound = oracle(NgramDrafter(max_branches=1), prompt_tokens[run.prompt], reply, measured)["speedup"]
+        bound = oracle(NgramDrafter(max_branches=1), prompt_tokens[run.prompt], reply, measured, **depth)["speedup"]
         k = int(run.system.split("@")[1])
+        costs.depth = len(prompt_tokens[run.prompt]) + len(reply) // 2  # llama-lookup's steps: at their mean depth
         steps = run.tokens - run.extra["accepted"]
         lookup_ms = lookup_steps_ms(costs, run.tokens, run.extra["accepted"], run.extra["drafted"], k)
         plain = next((r for r in runs if (r.model, r.prompt, r.system, r.round)

@@ -112,16 +112,19 @@ def _accepted(proposal, reply: list[int], i: int) -> tuple[int, int]:
     return n, len(draft)
 
 
-def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]) -> dict[str, float]:
+def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], *,
+           per_cell: dict[int, float] | None = None, measured_depth: int = 0) -> dict[str, float]:
     """Greedy generation of ``reply`` after ``prompt``, the controller planning every step as in a real
-    generation with ``drafter``; time is charged from ``costs`` (verification) only."""
+    generation with ``drafter``; time is charged from ``costs`` (verification) only, each step at its
+    depth in the context where ``per_cell`` says what a cached cell adds (``CostModel``)."""
     from localspec.control import Controller
     from localspec.costs import CostModel
     from localspec.drafting.base import TreeProposal
     from localspec.events import StepEvent
 
-    truth = CostModel(costs)
-    ctl = Controller(CostModel(costs), [drafter], clock=_Frozen())
+    truth = CostModel(costs, per_cell=per_cell, measured_depth=measured_depth)
+    ctl = Controller(CostModel(costs, per_cell=per_cell, measured_depth=measured_depth), [drafter],
+                     clock=_Frozen())
     history, i = list(prompt), 0
     steps = empty = drafted = accepted = 0
     ms = 0.0
@@ -135,6 +138,7 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
         n, verified = _accepted(proposal, reply, i) if proposal is not None else (0, 0)
         depth = min(len(proposal), decision.draft_len) if proposal is not None else 0
         tokens = tuple(reply[i:i + n + 1])
+        truth.depth = len(history) - 1  # the cells this step's decode attends to
         history.extend(tokens)
         if proposal is not None:
             drafter.verified(depth)
@@ -150,13 +154,12 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
         drafted += depth
         accepted += n
         i += n + 1
-    plain_ms = len(reply) * _step_ms(truth, 0)
     return {"tokens": len(reply), "steps": steps, "empty": empty, "drafted": drafted, "accepted": accepted,
-            "speedup": plain_ms / ms}
+            "speedup": _plain_ms(truth, len(prompt), len(reply)) / ms}
 
 
-def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], cap: int | None = None
-           ) -> dict[str, float]:
+def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], cap: int | None = None, *,
+           per_cell: dict[int, float] | None = None, measured_depth: int = 0) -> dict[str, float]:
     """The same reply with a controller that knows the future: each step ``drafter``'s chain (its most
     probable path, ``cap`` deep: the controller's own cap by default) is verified to the length k <= its
     correct prefix that gives the most tokens per ms (``(k + 1) / T(k)``). No policy that only sees the
@@ -167,10 +170,11 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     from localspec.drafting.base import TreeProposal
 
     cap = DRAFT_LEN_CAP if cap is None else cap
-    truth = CostModel(costs)
+    truth = CostModel(costs, per_cell=per_cell, measured_depth=measured_depth)
 
     history, i, steps, ms = list(prompt), 0, 0, 0.0
     while i < len(reply):
+        truth.depth = len(history) - 1
         right = 0
         if len(reply) - i > 1:
             proposal = drafter.propose(history, min(cap, len(reply) - i - 1))
@@ -184,7 +188,7 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
         ms += _step_ms(truth, k)
         i += k + 1
         steps += 1
-    return {"tokens": len(reply), "steps": steps, "speedup": len(reply) * _step_ms(truth, 0) / ms}
+    return {"tokens": len(reply), "steps": steps, "speedup": _plain_ms(truth, len(prompt), len(reply)) / ms}
 
 
 def ceiling(costs: dict[int, float], cap: int | None = None) -> float:
@@ -199,8 +203,18 @@ def ceiling(costs: dict[int, float], cap: int | None = None) -> float:
 
 
 def _step_ms(truth, k: int) -> float:
-    """A step verifying ``k`` draft tokens at the costs ``truth`` (a CostModel): the batch and its Python work."""
+    """A step verifying ``k`` draft tokens at the costs ``truth`` (a CostModel, at its depth): the batch and its
+    Python work."""
     return truth.verify_ms(1 + k) + truth.overhead_ms(k)
+
+
+def _plain_ms(truth, prompt: int, tokens: int) -> float:
+    """Plain decoding of ``tokens`` after ``prompt`` tokens at the costs ``truth``, each step at its depth."""
+    total = 0.0
+    for j in range(tokens):
+        truth.depth = prompt + j - 1
+        total += _step_ms(truth, 0)
+    return total
 
 
 def model_replies(label: str, ref, max_tokens: int) -> dict[str, tuple[list[int], list[int]]]:

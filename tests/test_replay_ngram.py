@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import replay_ngram as rp  # noqa: E402
+from localspec.costs import CostModel  # noqa: E402
 from localspec.drafting.ngram import NgramDrafter  # noqa: E402
 
 FLAT = {1: 10.0, 16: 10.0}                    # a batch costs what one token costs (memory-bound)
@@ -38,6 +39,22 @@ def test_the_oracle_bounds_the_controller_and_the_ceiling_bounds_both() -> None:
         assert ours["tokens"] == best["tokens"] == len(reply)
         assert best["steps"] <= ours["steps"]
         assert ours["speedup"] <= best["speedup"] + 1e-9 <= rp.ceiling(costs) + 1e-9
+
+
+def test_each_step_is_priced_at_its_depth_in_the_context() -> None:
+    # Every cached cell adds 0.1 ms to a one-token decode and to a 16-token batch alike (a memory-bound
+    # machine): deep in a context a batch costs relatively less, so the same copy gains more there.
+    prompt, reply = _copying_case()
+    costs, per_cell = {1: 10.0, 2: 14.0, 4: 20.0, 16: 60.0}, {1: 0.1, 16: 0.1}
+    # plain decoding of the reply: its j-th token is decoded after len(prompt) + j - 1 cells
+    plain = sum(10.0 + 0.1 * (len(prompt) + j - 1) for j in range(len(reply)))
+    truth = CostModel(costs, per_cell=per_cell)
+    assert abs(rp._plain_ms(truth, len(prompt), len(reply)) - plain - len(reply) * truth.overhead_ms(0)) < 1e-6
+    flat = rp.oracle(NgramDrafter(max_branches=1), prompt, reply, costs)
+    deep = rp.oracle(NgramDrafter(max_branches=1), prompt, reply, costs, per_cell=per_cell)
+    assert deep["speedup"] > flat["speedup"]
+    ours = rp.replay(NgramDrafter(max_branches=1), prompt, reply, costs, per_cell=per_cell)
+    assert ours["speedup"] <= deep["speedup"] + 1e-9
 
 
 def test_the_oracle_drafts_nothing_where_drafting_cannot_pay() -> None:
