@@ -134,7 +134,9 @@ class CostModel:
     * ``verify_ms(k)``: one target decode of ``k`` tokens (a plain step is k = 1;
       verifying a draft of d tokens is k = d + 1), interpolated between measured
       points and extrapolated linearly beyond them; ``k`` may be fractional
-      (an expected batch size).
+      (an expected batch size). At ``depth`` cached cells it adds
+      ``(depth - measured_depth) * per_cell(k)`` (``per_cell`` interpolated the
+      same way; none given: no change with depth).
     * ``draft_ms(name, n)``: proposing ``n`` tokens with drafter ``name``
       (0 for n = 0: a step without a draft never calls the drafter). A draft
       model costs per token (``set_model_drafter``); a drafter never registered
