@@ -276,7 +276,7 @@ class Engine:
         """The controller; it keeps learning across generations.
 
         The first call measures the target's (and draft model's) verification
-        costs, about a second and a half each, cached on disk per model and build.
+        costs (a few seconds each: two depths of the context), cached on disk per model and build.
         """
         if self._controller is None:
             costs = self.cost_model()
