@@ -160,27 +160,43 @@ class CostModel:
         self.per_cell = {int(k): max(0.0, float(v)) for k, v in (per_cell or {}).items() if int(k) >= 1}
         self._cell_ks = sorted(self.per_cell)
         self.measured_depth = measured_depth
-        self.depth = measured_depth  # cached cells the next decode attends to (``Controller.plan`` sets it)
         self._scale = 1.0
         self._draft: dict[str, _Line] = {}
         self._draft_models: dict[str, CostModel] = {}
         self._catch_up_passes: dict[str, int] = {}
+        self.depth = measured_depth  # cached cells the next decode attends to (``Controller.plan`` sets it)
         self._overhead = _Line(*overhead)
 
     # --- estimates ---------------------------------------------------------
-    def verify_ms(self, k: float) -> float:
-        """Milliseconds of one target decode of ``k`` >= 1 tokens at the current ``depth``."""
+    @property
+    def depth(self) -> int:
+        """Cached cells the next decode attends to. A draft model's (and an MTP head's) context holds
+        the same text, so setting it sets theirs too."""
+        return self._depth
+
+    @depth.setter
+    def depth(self, cells: int) -> None:
+        self._depth = cells
+        for model in self._draft_models.values():
+            model.depth = cells
+
+    def verify_ms(self, k: float, *, depth: int | None = None) -> float:
+        """Milliseconds of one target decode of ``k`` >= 1 tokens after ``depth`` cached cells (default: ``depth``)."""
         if k < 1:
             raise ValueError(f"a decode holds at least one token, not {k}")
         base = _interpolate(self._points, k, self._ks)
-        return self._scale * (base + self._depth_ms(k, base))
+        return self._scale * (base + self._depth_ms(k, base, self._depth if depth is None else depth))
 
-    def _depth_ms(self, k: float, base: float) -> float:
+    def depth_ms(self, k: float) -> float:
+        """What the current ``depth`` adds to a decode of ``k`` tokens (negative: shallower than measured)."""
+        return self._scale * self._depth_ms(k, _interpolate(self._points, k, self._ks), self._depth)
+
+    def _depth_ms(self, k: float, base: float, depth: int) -> float:
         """What ``depth`` adds to (or, shallower than measured, takes from) a decode of ``k`` tokens: never
         more than half of ``base`` taken off (a model's weights cost the same at any depth)."""
-        if not self.per_cell or self.depth == self.measured_depth:
+        if not self.per_cell or depth == self.measured_depth:
             return 0.0
-        return max(-0.5 * base, (self.depth - self.measured_depth) * _interpolate(self.per_cell, k, self._cell_ks))
+        return max(-0.5 * base, (depth - self.measured_depth) * _interpolate(self.per_cell, k, self._cell_ks))
 
     def relative(self, k: float) -> float:
         """``verify_ms(k) / verify_ms(1)``: ~1 on a GPU for k <= 8, ~k/2 on a small CPU."""
@@ -190,7 +206,16 @@ class CostModel:
         """Milliseconds for drafter ``name`` to propose ``n`` tokens (0 when n is 0)."""
         if n <= 0:
             return 0.0
-        return self._line(name).ms(n)
+        return self._line(name).ms(n) + self._draft_depth_ms(name, n)
+
+    def _draft_depth_ms(self, name: str, n: float) -> float:
+        """What the depth adds to a draft model's ``n``-token draft: its catch-up decodes of ~2 tokens (one
+        per pass) and n - 1 one-token decodes, each attending to the whole context (see
+        set_model_drafter). The line itself holds the draft's cost at the model's measured depth."""
+        model = self._draft_models.get(name)
+        if model is None:
+            return 0.0
+        return self._catch_up_passes[name] * model.depth_ms(2) + max(0.0, n - 1) * model.depth_ms(1)
 
     def overhead_ms(self, n: float = 0) -> float:
         """Python time of one step verifying ``n`` draft tokens (plain decoding: n = 0)."""
@@ -226,24 +251,32 @@ class CostModel:
         An MTP head is such a drafter, V its own decode costs (one NextN block
         and the output matrix); ``passes``: the catch-up decodes the history
         once per chained head (each head is its own layer), ``passes * V(2) - V(1)``
-        fixed."""
-        one = draft_model.verify_ms(1)
-        self.set_draft_cost(name, max(0.0, passes * draft_model.verify_ms(2) - one), one)
+        fixed.
+
+        The line holds V at the depth ``draft_model`` was measured at; from then on
+        the draft model follows this model's ``depth`` (its context holds the same
+        text), and ``draft_ms`` adds what that depth costs its decodes."""
+        at = draft_model.measured_depth
+        one = draft_model.verify_ms(1, depth=at)
+        self.set_draft_cost(name, max(0.0, passes * draft_model.verify_ms(2, depth=at) - one), one)
         self._draft_models[name] = draft_model
         self._catch_up_passes[name] = max(1, passes)
+        draft_model.depth = self._depth
 
     def catch_up_ms(self, name: str, behind: int) -> float:
         """What drafter ``name`` pays beyond ``draft_ms`` to decode the ``behind`` tokens it lacks.
 
         ``draft_ms`` already holds a 2-token catch-up; past that, a draft model
         decodes the rest in one batch: ``V(behind) - V(2)`` (times the passes of
-        ``set_model_drafter``). Lookups never lag.
+        ``set_model_drafter``), the batch attending to the cells before it (a
+        first prefill to none). Lookups never lag.
         """
         model = self._draft_models.get(name)
         if model is None or behind <= 2:
             return 0.0
         passes = self._catch_up_passes.get(name, 1)
-        return passes * max(0.0, model.verify_ms(behind) - model.verify_ms(2))
+        batch = model.verify_ms(behind, depth=max(0, self._depth + 1 - behind))
+        return passes * max(0.0, batch - model.verify_ms(2))
 
     def _line(self, name: str) -> _Line:
         line = self._draft.get(name)
@@ -273,9 +306,9 @@ class CostModel:
         self._points[k] = base * math.exp(_ALPHA_POINT * rest)
 
     def observe_draft(self, name: str, n: int, ms: float) -> None:
-        """Learn from drafter ``name`` proposing ``n`` tokens in ``ms``."""
+        """Learn from drafter ``name`` proposing ``n`` tokens in ``ms`` (at the current ``depth``)."""
         if ms >= 0 and math.isfinite(ms):
-            self._line(name).observe(n, ms)
+            self._line(name).observe(n, max(0.0, ms - self._draft_depth_ms(name, n)))
 
     def observe_overhead(self, n: int, ms: float) -> None:
         """Learn from a step's Python time (``StepEvent.python_ms``) with ``n`` draft tokens."""

@@ -102,6 +102,37 @@ def test_a_deeper_context_costs_what_each_cell_adds() -> None:
     assert model.verify_ms(1) == pytest.approx(10.8, rel=0.1)
 
 
+def test_a_draft_model_deep_in_the_context_costs_what_its_cells_add() -> None:
+    """A draft model's context holds the target's text: its decodes attend to as many cells, so its
+    drafts and catch-ups are priced at the target's depth, and what it is seen to take there teaches
+    its line the cost at the depth measured (nothing counted twice)."""
+    model = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=100)
+    draft_model = CostModel({1: 2.0, 2: 3.0, 4: 5.0}, per_cell={1: 0.002, 4: 0.008}, measured_depth=100)
+    model.set_model_drafter("draft", draft_model)
+    assert model.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0)  # at the depth measured
+    model.depth = 1100
+    assert draft_model.depth == 1100
+    # the 2-token catch-up (0.004 ms a cell) and three one-token decodes (0.002 each) over 1,000 more cells
+    assert model.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0 + 1000 * (0.004 + 3 * 0.002))
+    # a catch-up batch attends to the cells before it: 500 tokens after 601 cells, a prefill after none
+    assert model.catch_up_ms("draft", 500) == pytest.approx(
+        draft_model.verify_ms(500, depth=601) - draft_model.verify_ms(2))
+    assert model.catch_up_ms("draft", 1101) == pytest.approx(
+        draft_model.verify_ms(1101, depth=0) - draft_model.verify_ms(2))
+    assert draft_model.verify_ms(500, depth=601) > draft_model.verify_ms(500, depth=0)
+    # observing at depth exactly what is predicted there leaves the line as it was
+    for _ in range(100):
+        model.observe_draft("draft", 4, model.draft_ms("draft", 4))
+        model.observe_draft("draft", 8, model.draft_ms("draft", 8))
+    model.depth = 100
+    assert model.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0, rel=0.01)
+    # a draft model measured without a second depth (or a lookup) costs the same at any depth
+    flat = CostModel(CPU)
+    flat.set_model_drafter("draft", CostModel({1: 2.0, 2: 3.0}))
+    flat.depth = 5000
+    assert flat.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0) and flat.draft_ms("ngram", 4) > 0
+
+
 def test_refinement_follows_one_k_and_creates_points() -> None:
     model = CostModel(CPU)
     for _ in range(200):
