@@ -15,20 +15,34 @@ def assert_follows(counts: Mapping[Hashable, int], probs: Mapping[Hashable, floa
     needed for the test to mean something."""
     big = [k for k, p in sorted(probs.items(), key=lambda kv: -kv[1]) if p * trials >= 5]
     assert len(big) >= min_outcomes, "the distribution is too peaked for a meaningful test"
-    expected = [probs[k] * trials for k in big] + [trials * (1 - sum(probs[k] for k in big))]
-    observed = [counts.get(k, 0) for k in big] + [trials - sum(counts.get(k, 0) for k in big)]
+    expected = [probs[k] * trials for k in big]
+    observed = [counts.get(k, 0) for k in big]
+    # The pooled rest is a cell of its own when it too is expected 5 times; else it joins the last cell
+    # (a cell expected far less than once would make a single rare outcome fail the test).
+    rest_e, rest_o = trials - sum(expected), trials - sum(observed)
+    if rest_e >= 5 or not expected:
+        expected.append(rest_e)
+        observed.append(rest_o)
+    else:
+        expected[-1] += rest_e
+        observed[-1] += rest_o
     chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
     df = len([e for e in expected if e > 0]) - 1
+    assert df > 0, "one outcome only: nothing to test"
     z = 3.090
     critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
     assert chi2 < critical, (chi2, critical, df)
 
 
 def assert_first_two_follow(tctx, prompt: list[int], drafter, sampler, joint: Mapping[Hashable, float],  # noqa: ANN001
-                            restart: Callable[[], None], *, trials: int = 3000, draft_len: int = 3) -> None:
+                            restart: Callable[[], None], *, trials: int = 1500, draft_len: int = 3) -> None:
     """Speculative steps from ``prompt`` until two tokens are out, ``trials`` times (``restart`` puts the
     target's cache back between trials): both branches of the acceptance rule must run, and the pairs
-    must follow the target's own ``joint`` distribution of its next two tokens."""
+    must follow the target's own ``joint`` distribution of its next two tokens.
+
+    The rule's arithmetic is tested on hand-built arrays (test_acceptance.py); these trials check its
+    wiring through real models (which rows, which q, the second token after an accepted first), where
+    an error moves the joint far more than 1,500 trials resolve."""
     counts: Counter[Hashable] = Counter()
     accepted = drafted = 0
     for _ in range(trials):

@@ -15,6 +15,7 @@ from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
 
 from greedy import assert_matches_plain, plain_greedy
+from stats import assert_follows
 
 pytestmark = pytest.mark.slow
 
@@ -184,7 +185,10 @@ def test_first_token_distribution_matches_target_at_temperature(target, smollm2_
     tctx.rollback_to(len(prompt) - 1)
     drafter = ModelDrafter(Context(Model(smollm2_q4_0_path), n_ctx=256), sampler)
 
-    trials = 1500
+    # The acceptance rule's arithmetic is tested on hand-built arrays (test_acceptance.py, 100,000 trials);
+    # this checks its wiring through real models, where an error (a wrong row of logits, a q that is not
+    # the one the draft was sampled from) moves the distribution far more than 800 trials resolve.
+    trials = 800
     counts: Counter[int] = Counter()
     accepted_first = 0
     for _ in range(trials):
@@ -197,16 +201,7 @@ def test_first_token_distribution_matches_target_at_temperature(target, smollm2_
         tctx.rollback_to(len(prompt) - 1)
     # Both paths of the rule ran: some first tokens were accepted drafts, some corrections.
     assert 0 < accepted_first < trials
-    # Chi-square over the tokens with expected count >= 5, the rest pooled.
-    big = [t for t in np.argsort(p)[::-1] if p[t] * trials >= 5]
-    expected = [p[t] * trials for t in big] + [trials * (1 - sum(p[t] for t in big))]
-    observed = [counts[t] for t in big] + [trials - sum(counts[t] for t in big)]
-    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
-    df = len([e for e in expected if e > 0]) - 1
-    # Critical value at significance 0.001 via the Wilson-Hilferty approximation.
-    z = 3.090
-    critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
-    assert chi2 < critical, (chi2, critical, df)
+    assert_follows(counts, dict(enumerate(p.tolist())), trials)
 
 
 def test_a_draft_model_that_cannot_win_is_never_even_prefilled(target, smollm2_q4_0_path, references):

@@ -253,7 +253,7 @@ def test_first_token_distribution_on_the_hybrid_is_the_targets(target, lfm2_draf
     sampler = Sampler(params)
     prompt = target.tokenize("My favourite fruit is the")
     # One thread each: a model this small gains nothing from more, and on a busy machine OpenMP's
-    # waiting threads made the 1500 trials take minutes.
+    # waiting threads made the trials take minutes.
     tctx = Context(target, n_ctx=256, n_threads=1)
     tctx.append(prompt)
     p = sampler.distribution(tctx.logits(-1)).copy()
@@ -261,7 +261,7 @@ def test_first_token_distribution_on_the_hybrid_is_the_targets(target, lfm2_draf
     dctx = Context(draft, n_ctx=256, n_seq=2, n_rs_seq=0, n_threads=1)
     drafter = ModelDrafter(dctx, sampler)
 
-    trials = 1500
+    trials = 800
     counts: Counter[int] = Counter()
     accepted_first = 0
     try:

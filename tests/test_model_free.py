@@ -15,6 +15,7 @@ from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
 
 from greedy import assert_matches_plain, plain_greedy
+from stats import assert_follows
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +119,7 @@ def test_first_token_distribution_with_ngram_at_temperature(target):
     ctx.rollback_to(len(prompt) - 1)
     drafter = NgramDrafter(max_branches=3)
 
-    trials, counts, drafted = 2000, Counter(), 0
+    trials, counts, drafted = 1000, Counter(), 0  # the rule's arithmetic: test_acceptance.py; here its wiring
     for _ in range(trials):
         history = list(prompt)
         # Depth 1 keeps the up-to-3 sibling candidates the first token is judged over, in a smaller batch.
@@ -128,22 +129,7 @@ def test_first_token_distribution_with_ngram_at_temperature(target):
         ctx.rollback_to(len(prompt) - 1)
         drafter.reset()
     assert drafted == trials  # every step verified a proposal
-    big = [int(t) for t in np.argsort(p)[::-1] if p[t] * trials >= 5]
-    expected = [p[t] * trials for t in big]
-    observed = [counts[t] for t in big]
-    # Everything else pooled; folded into the last category when too rare to stand alone.
-    rest_e, rest_o = trials - sum(expected), trials - sum(observed)
-    if rest_e >= 5:
-        expected.append(rest_e)
-        observed.append(rest_o)
-    else:
-        expected[-1] += rest_e
-        observed[-1] += rest_o
-    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
-    df = len(expected) - 1
-    # Significance 0.001, Wilson-Hilferty approximation of the chi-square quantile.
-    critical = df * (1 - 2 / (9 * df) + 3.090 * (2 / (9 * df)) ** 0.5) ** 3 if df > 0 else 10.83
-    assert chi2 < critical, (chi2, critical, df)
+    assert_follows(counts, dict(enumerate(p.tolist())), trials)
 
 
 @pytest.mark.parametrize("drafters", ["ngram", "ngram,rest:STORE"])
