@@ -32,7 +32,10 @@ are ranked by E / (T - C + C min(1, E / H)), the catch-up spread over the
 next H tokens (the tokens left, at most ``catch_up_horizon``). The best
 option is taken when it beats plain by ``margin`` (5%); otherwise the step
 decodes plainly. A fixed draft length (the user's) forces k; the controller
-then still chooses the drafter and the width.
+then still chooses the drafter and the width. Without one, a reply's first
+step never drafts (nor probes) with a drafter that must catch up first (a
+draft model's prefill): time to the first token does not grow because a
+draft model is loaded, even when stale or noisy costs say it would pay.
 
 Cheap drafters (``cheap``: deterministic lookups costing microseconds) are
 asked before planning, while their lookups cost at most ``lookup_share`` of
@@ -618,6 +621,7 @@ class Controller:
         self._pending = None
         self._asked = {}
         self._unused.clear()
+        self._first = True  # the generation's first step is still to come (see plan)
 
     @property
     def drafters(self) -> list[Drafter]:
@@ -778,13 +782,23 @@ class Controller:
         lookup_ms = self._look_up(history, limit)
 
         options: list[_Option] = []
+        waiting = ""  # a drafter left out of the first step, and why
         for name, drafter in self._members.items():
             if name in self._asked:
                 options += self._asked_options(drafter, self._asked[name], limit)
-            else:
-                options += self._options(drafter, limit, drafter.behind(history))
+                continue
+            behind = drafter.behind(history)
+            if self._first and self.draft_len is None and behind > 2:
+                # A reply's first token never waits for a draft model's prefill or catch-up, whatever it
+                # would gain later: the drafter may catch up from the next step on, by the same rule.
+                waiting = f"{name} is {behind} tokens behind"
+                continue
+            options += self._options(drafter, limit, behind)
         horizon = float(max(1, min(remaining, self.catch_up_horizon)))
         best = max(options, key=lambda o: o.tokens / o.ranked_ms(horizon), default=None)
+        if best is None and waiting:
+            return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"plain: the first token waits for no catch-up "
+                                         f"({waiting})", proposal_ms=lookup_ms), t0)
 
         choice: Decision | None = None
         if best is not None:
@@ -836,6 +850,8 @@ class Controller:
             # A fixed draft length holds for probes too; otherwise a short draft keeps them cheap.
             k = limit if self.draft_len is not None else min(self.probe_len, limit)
             behind = drafter.behind(history)
+            if self._first and self.draft_len is None and behind > 2:
+                continue  # the first token waits for no catch-up (see plan)
             tokens, ms = self.evaluate(name, k, behind=behind)
             if self.stats.probe_budget_ms >= ms - t0:  # worst case: the probe emits one token
                 catch_up = f", catching up {behind} tokens" if behind > 2 else ""
@@ -874,6 +890,7 @@ class Controller:
                                          self.costs.plain_ms())
         self._pending = None
         self._step += 1
+        self._first = False
         n_tokens = step.emitted
         start = len(history) - n_tokens
 

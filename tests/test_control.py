@@ -697,16 +697,29 @@ def test_probes_pay_their_catch_up_from_the_budget() -> None:
     assert upkeep.ctl.stats.probes == 0 and upkeep.drafters["draft"].decoded == 0
 
 
-def test_a_cheap_draft_model_is_started_despite_its_prefill() -> None:
+@pytest.mark.parametrize("fixed", [None, 4])
+def test_a_cheap_draft_model_is_started_despite_its_prefill_but_not_before_the_first_token(fixed) -> None:
     """A draft model 10x cheaper than the target, 90% right, on a GPU: its prefill is spread over the
-    tokens it will serve, so it is used from the first steps instead of waiting for a probe."""
+    tokens it will serve, so it is used from the second step instead of waiting for a probe. The
+    first token waits for no prefill (issue 10: time to first token must not grow because a draft
+    model is loaded); a draft length the user fixed drafts from the first step, prefill included."""
     cheap = {k: v / 10 for k, v in GPU.items()}
-    sim = Sim(GPU, {"draft": lambda t: 0.9}, upkeep=("draft",), prompt=150)
+    sim = Sim(GPU, {"draft": lambda t: 0.9}, upkeep=("draft",), prompt=150, draft_len=fixed)
     sim.drafters["draft"].upkeep = CostModel(cheap)
     sim.ctl.costs.set_model_drafter("draft", CostModel(cheap))
     sim.run(50)
-    assert sim.decisions[0].name == "draft" and "catching up 150 tokens" in sim.decisions[0].reason
+    first, second = sim.decisions[:2]
+    if fixed is None:
+        assert first.plain and first.reason == "plain: the first token waits for no catch-up (draft is 150 tokens behind)"
+        assert second.name == "draft" and "catching up 151 tokens" in second.reason
+    else:
+        assert first.name == "draft" and "catching up 150 tokens" in first.reason
     assert sim.speed_vs_plain > 2.0
+    # the next reply's first token waits for the draft's catch-up over the new prompt too
+    sim.ctl.start(list(sim.drafters.values()), draft_len=fixed)
+    sim.history.extend(range(len(sim.history), len(sim.history) + 20))
+    assert sim.one().plain is (fixed is None)
+    assert sim.one().name == "draft"
 
 
 def test_probe_budget_holds_over_a_short_run_on_cpu() -> None:
@@ -852,10 +865,12 @@ def test_an_unused_draft_model_is_re_planned_only_every_few_steps() -> None:
     drafter = sim.drafters["draft"]
     behind = drafter.behind
     drafter.behind = lambda history: calls.append(len(history)) or behind(history)  # type: ignore[method-assign]
-    sim.run(80)
+    sim.run(81)
     assert all(d.plain for d in sim.decisions)
-    assert len(set(calls)) == 80 // 8 and sorted(set(calls)) == list(range(150, 150 + 80, 8))  # one plan in 8
-    counts = [int(d.reason.rsplit("in ", 1)[1].split()[0]) for d in sim.decisions[:8]]
+    # the first token waits for no catch-up (asked once); from the second step on, one plan in 8
+    assert sim.decisions[0].reason.startswith("plain: the first token waits for no catch-up")
+    assert sorted(set(calls)) == [150, *range(151, 151 + 80, 8)]
+    counts = [int(d.reason.rsplit("in ", 1)[1].split()[0]) for d in sim.decisions[1:9]]
     assert counts == [counts[0] - i for i in range(8)] or counts[0] < 8
 
 
