@@ -157,7 +157,14 @@ class CostModel:
         self._points = points
         self._ks = sorted(points)
         # ms per cached cell for a decode of k tokens, and the depth ``verify`` was measured at
-        self.per_cell = {int(k): max(0.0, float(v)) for k, v in (per_cell or {}).items() if int(k) >= 1}
+        # Every row of a batch attends to every cached cell, so a batch of more rows never costs less per
+        # cell than one of fewer: measured ones that say so (a difference of two timings, taken apart
+        # in time, which a load change in between can swallow) are raised to the smaller batch's.
+        cells: dict[int, float] = {}
+        floor = 0.0
+        for k, v in sorted((int(k), float(v)) for k, v in (per_cell or {}).items() if int(k) >= 1):
+            floor = cells[k] = max(floor, v)
+        self.per_cell = cells
         self._cell_ks = sorted(self.per_cell)
         self.measured_depth = measured_depth
         self._scale = 1.0

@@ -102,6 +102,17 @@ def test_a_deeper_context_costs_what_each_cell_adds() -> None:
     assert model.verify_ms(1) == pytest.approx(10.8, rel=0.1)
 
 
+def test_a_larger_batch_never_costs_less_per_cell() -> None:
+    """Each row attends to every cell: a measured per-cell cost that falls with k (a load change between
+    the shallow and the deep timings; seen: 0.0046 ms at k = 4, 0.0 at k = 16) is raised to the smaller
+    batch's, never below 0."""
+    model = CostModel(CPU, per_cell={16: 0.0, 1: 0.0007, 4: 0.0046, 2: -1.0}, measured_depth=0)
+    assert model.per_cell == {1: 0.0007, 2: 0.0007, 4: 0.0046, 16: 0.0046}
+    model.depth = 1000
+    assert model.verify_ms(16) == pytest.approx(41.1 + 4.6)
+    assert CostModel(CPU, per_cell={1: -0.1}).per_cell == {1: 0.0}
+
+
 def test_a_draft_model_deep_in_the_context_costs_what_its_cells_add() -> None:
     """A draft model's context holds the target's text: its decodes attend to as many cells, so its
     drafts and catch-ups are priced at the target's depth, and what it is seen to take there teaches
@@ -372,7 +383,10 @@ def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_p
         monkeypatch.setattr(measure_costs, "measure_verify_costs", no_measuring)
         again = load_or_measure(fresh_ctx, n_threads=1)
         assert again.points == first.points
-        assert again.per_cell == result.per_cell and again.measured_depth == result.depth
+        assert again.per_cell == first.per_cell and again.measured_depth == result.depth
+        # what was measured, raised where a larger batch came out cheaper per cell (see CostModel)
+        assert sorted(again.per_cell) == sorted(result.per_cell)
+        assert all(again.per_cell[k] >= v for k, v in result.per_cell.items())
         assert len(list((tmp_path / "costs").glob("*.json"))) == 1
     finally:
         measured_ctx.close()
