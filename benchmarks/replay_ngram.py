@@ -118,13 +118,11 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     generation with ``drafter``; time is charged from ``costs`` (verification) only, each step at its
     depth in the context where ``per_cell`` says what a cached cell adds (``CostModel``)."""
     from localspec.control import Controller
-    from localspec.costs import CostModel
     from localspec.drafting.base import TreeProposal
     from localspec.events import StepEvent
 
-    truth = CostModel(costs, per_cell=per_cell, measured_depth=measured_depth)
-    ctl = Controller(CostModel(costs, per_cell=per_cell, measured_depth=measured_depth), [drafter],
-                     clock=_Frozen())
+    truth = _cost_model(costs, per_cell, measured_depth)
+    ctl = Controller(_cost_model(costs, per_cell, measured_depth), [drafter], clock=_Frozen())
     history, i = list(prompt), 0
     steps = empty = drafted = accepted = 0
     ms = 0.0
@@ -166,11 +164,10 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     history drafts better from these lookups, so ``speedup`` bounds what the controller can reach with them
     at ``costs``."""
     from localspec.control import DRAFT_LEN_CAP, best_path
-    from localspec.costs import CostModel
     from localspec.drafting.base import TreeProposal
 
     cap = DRAFT_LEN_CAP if cap is None else cap
-    truth = CostModel(costs, per_cell=per_cell, measured_depth=measured_depth)
+    truth = _cost_model(costs, per_cell, measured_depth)
 
     history, i, steps, ms = list(prompt), 0, 0, 0.0
     while i < len(reply):
@@ -200,6 +197,13 @@ def ceiling(costs: dict[int, float], cap: int | None = None) -> float:
     truth = CostModel(costs)
     cap = DRAFT_LEN_CAP if cap is None else cap
     return max((k + 1) * _step_ms(truth, 0) / _step_ms(truth, k) for k in range(cap + 1))
+
+
+def _cost_model(costs: dict[int, float], per_cell: dict[int, float] | None, measured_depth: int):
+    """A fresh CostModel of the measured ``costs`` (with what each cached cell adds, when known)."""
+    from localspec.costs import CostModel
+
+    return CostModel(costs, per_cell=per_cell, measured_depth=measured_depth)
 
 
 def _step_ms(truth, k: int) -> float:

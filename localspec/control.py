@@ -788,9 +788,7 @@ class Controller:
                 options += self._asked_options(drafter, self._asked[name], limit)
                 continue
             behind = drafter.behind(history)
-            if self._first and self.draft_len is None and behind > 2:
-                # A reply's first token never waits for a draft model's prefill or catch-up, whatever it
-                # would gain later: the drafter may catch up from the next step on, by the same rule.
+            if self._first_token_waits(behind):
                 waiting = f"{name} is {behind} tokens behind"
                 continue
             options += self._options(drafter, limit, behind)
@@ -834,6 +832,12 @@ class Controller:
             self._off_reason = (prefix, self._step + nxt)
         return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {again}", proposal_ms=lookup_ms), t0)
 
+    def _first_token_waits(self, behind: int) -> bool:
+        """Whether a drafter ``behind`` tokens behind is left out of this step: a reply's first token never
+        waits for a draft model's prefill or catch-up, whatever it would gain later (unless the user fixed
+        the draft length); the drafter may catch up from the next step on, by the same cost rule."""
+        return self._first and self.draft_len is None and behind > 2
+
     def _chosen(self, option: _Option, speedup: float, lookup_ms: float, reason: str) -> Decision:
         return Decision(option.drafter, option.draft_len, option.tokens, option.ms, speedup, reason,
                         proposal=option.cut_proposal(), proposal_ms=lookup_ms, behind=option.behind)
@@ -850,8 +854,8 @@ class Controller:
             # A fixed draft length holds for probes too; otherwise a short draft keeps them cheap.
             k = limit if self.draft_len is not None else min(self.probe_len, limit)
             behind = drafter.behind(history)
-            if self._first and self.draft_len is None and behind > 2:
-                continue  # the first token waits for no catch-up (see plan)
+            if self._first_token_waits(behind):
+                continue
             tokens, ms = self.evaluate(name, k, behind=behind)
             if self.stats.probe_budget_ms >= ms - t0:  # worst case: the probe emits one token
                 catch_up = f", catching up {behind} tokens" if behind > 2 else ""
