@@ -479,6 +479,8 @@ class Context(_OwnedContext):
         """The flash attention setting asked for (None: llama.cpp's "auto"); contexts reading this one's cache ask the same."""
         _flash_attention(params, self.flash_attn)
         _set_threads(params, n_threads)
+        self.n_threads = n_threads
+        """The thread count asked for (None: the backend default)."""
         # Only the rows a caller asks for are ever computed (see decode).
         params.embeddings = False
         ctx = llama_cpp.llama_init_from_model(model._model, params)
@@ -636,6 +638,12 @@ class Context(_OwnedContext):
             self.decode(chunk, range(pos0, pos0 + len(chunk)), None, out)
             self.tokens.extend(chunk)
             start += len(chunk)
+
+    def scratch(self, n_ctx: int, n_batch: int = 64) -> "Context":
+        """A second, small context over the same model weights, with this one's threads and attention
+        settings: for timing a decode at another depth side by side with this one (close it after)."""
+        return Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
+                       flash_attn=self.flash_attn)
 
     # --- cache surgery -----------------------------------------------------
     def rollback_to(self, n: int, seq_id: int = 0) -> None:

@@ -1,9 +1,9 @@
 """Measuring the cost model's verify costs, and caching them per model and machine.
 
 * ``measure_verify_costs(ctx)`` times one decode of k tokens for a few k, in
-  about a second and a half, then a few k again after ``DEPTH_CELLS`` more
-  cached cells (what each cached cell adds to a decode), and leaves the
-  context exactly as it found it;
+  about a second and a half, then a few k side by side with a scratch context
+  ``DEPTH_CELLS`` cells deeper (what each cached cell adds to a decode), and
+  leaves the context exactly as it found it;
 * ``load_or_measure(ctx)`` caches that per model file, llama.cpp build, offload,
   thread count and weight repacking in ``cache_dir()/costs/<key>.json`` and returns the
   ``localspec.costs.CostModel`` built from it;
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from localspec.costs import CostModel
+from localspec.errors import ModelFileError
 from localspec.paths import atomic_write, cache_dir
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
 # difference per cell is what attention over a longer context adds (``CostModel.per_cell``).
 DEPTH_CELLS = 512
 DEPTH_KS: tuple[int, ...] = (1, 4, 16)
-SCHEMA = 2  # 2: per-cell costs and the depth measured at
+SCHEMA = 3  # 2: per-cell costs and the depth measured at; 3: per-cell costs timed side by side, fitted to a line
 # A cached cost is dropped when the refined estimates settle this far from it (either way),
 # after at least DRIFT_MIN_STEPS observed decodes: one slow step never moves it.
 DRIFT = 1.25
@@ -88,10 +89,17 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     minimum is a best case the generation loop will rarely see; the median is
     the typical cost of a step, which is what the controller plans with.
 
-    Then, where ``depth_cells`` more cells and the largest of ``DEPTH_KS`` fit,
-    the context is filled that much (one prefill, untimed) and those k are
-    timed again (half the budget): their difference over ``depth_cells`` is
-    ``per_cell`` (not for a recurrent state, whose cost does not grow so).
+    Then, where this context has room for ``depth_cells`` more cells and the
+    largest of ``DEPTH_KS``, a small second context over the same weights (``ctx.scratch``) is
+    filled that much deeper (untimed), and those k are timed in pairs, here
+    and there back to back, in shuffled rounds (the budget again). The median
+    of each k's differences over ``depth_cells`` is what a cached cell adds to
+    its decode; ``per_cell`` is a line in k fitted to them (``fit_per_cell``).
+    Timed in separate phases instead (shallow, fill, deep), a load that came or
+    went in between went into the difference whole: on a shared 2-core machine
+    the k = 16 value came out anywhere from 0 to twice what side-by-side timing
+    says. No per-cell costs for a recurrent state (its cost does not grow so)
+    or when the second context cannot be made (no memory left for it).
 
     Postcondition: ``ctx.tokens`` and the cache hold exactly what they held
     before (also when a decode raises), except with a recurrent state
@@ -108,37 +116,94 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     token = ctx.tokens[-1] if ctx.tokens else max(ctx.model.bos, 0)
     rng = random.Random(seed)
 
-    def timed_at(n: int) -> Callable[[int], float]:
-        def timed(k: int) -> float:
-            t0 = time.perf_counter()
-            ctx.decode([token] * k, range(n, n + k), None, [True] * k)
-            ms = (time.perf_counter() - t0) * 1e3
-            # decode() leaves ctx.tokens alone; mirror the batch so rollback_to trims it.
-            ctx.tokens.extend([token] * k)
-            ctx.rollback_to(n)
-            return ms
-        return timed
-
     try:
-        shallow = _timed_rounds(fits, timed_at(n0), rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
+        shallow = _timed_rounds(fits, _timer(ctx, token, n0), rng, budget_s=budget_s, min_reps=min_reps,
+                                max_reps=max_reps)
         shallow.depth = n0
-        deep_ks = [k for k in DEPTH_KS if k in shallow and k <= ctx.n_batch]
-        if depth_cells <= 0 or ctx.max_rollback is not None or not deep_ks \
-                or n0 + depth_cells + max(deep_ks) > ctx.n_ctx:
-            return shallow
-        for start in range(0, depth_cells, ctx.n_batch):  # the filling prefill, untimed
-            n = min(ctx.n_batch, depth_cells - start)
-            ctx.decode([token] * n, range(n0 + start, n0 + start + n), None, [False] * (n - 1) + [True])
-        ctx.tokens.extend([token] * depth_cells)
-        deep = _timed_rounds(deep_ks, timed_at(n0 + depth_cells), rng, budget_s=budget_s / 2,
-                             min_reps=min_reps, max_reps=max_reps)
-        shallow.per_cell = {k: max(0.0, (deep[k] - shallow[k]) / depth_cells) for k in deep_ks}
-        shallow.complete = shallow.complete and deep.complete
+        deep_ks = [k for k in DEPTH_KS if k in shallow]
+        # Only where this context can grow that deep: a short one never pays much for its depth.
+        if depth_cells > 0 and ctx.max_rollback is None and deep_ks and n0 + depth_cells + max(deep_ks) <= ctx.n_ctx:
+            measured = _per_cell_side_by_side(ctx, token, deep_ks, depth_cells, rng, budget_s=budget_s,
+                                              min_reps=min_reps, max_reps=max_reps)
+            if measured is not None:
+                shallow.per_cell = fit_per_cell({k: v / depth_cells for k, v in measured.items()})
+                shallow.complete = shallow.complete and measured.complete
         return shallow
     finally:
         # A decode that raised may have left its batch in the cache (tokens not yet mirrored).
         ctx.remove_seq(0, n0, -1)
         del ctx.tokens[n0:]
+
+
+def fit_per_cell(points: Mapping[int, float]) -> dict[int, float]:
+    """Per-cell costs on the line ``a + b * k`` (a, b >= 0) nearest to the measured ``points``
+    (k: the batch size; the value: ms each further cached cell added to its decode), at the same k.
+
+    Each row of a batch attends to every cached cell (b), and the cells are read once per
+    decode (a), so the cost per cell is a line in k that never falls. Each point is a
+    median of differences of two timings, a small signal on a noisy machine; the line
+    through all of them is steadier than any one point (a 0 among them cannot make long
+    batches look free at depth).
+    """
+    ks = sorted(points)
+    if not ks:
+        return {}
+    ys = [points[k] for k in ks]
+    n, sk, sy = len(ks), float(sum(ks)), float(sum(ys))
+    skk = float(sum(k * k for k in ks))
+    sky = float(sum(k * y for k, y in zip(ks, ys)))
+    det = n * skk - sk * sk
+    a, b = (sy / n, 0.0) if det <= 0 else ((skk * sy - sk * sky) / det, (n * sky - sk * sy) / det)
+    if b < 0:  # no rise with k: the mean, flat
+        a, b = sy / n, 0.0
+    if a < 0:  # through the origin
+        a, b = 0.0, max(0.0, sky / skk)
+    a = max(0.0, a)
+    return {k: a + b * k for k in ks}
+
+
+def _timer(ctx: "Context", token: int, n: int) -> Callable[[int], float]:
+    """Times one decode of k copies of ``token`` after the ``n`` tokens ``ctx`` holds, then rolls it back."""
+    def timed(k: int) -> float:
+        t0 = time.perf_counter()
+        ctx.decode([token] * k, range(n, n + k), None, [True] * k)
+        ms = (time.perf_counter() - t0) * 1e3
+        # decode() leaves ctx.tokens alone; mirror the batch so rollback_to trims it.
+        ctx.tokens.extend([token] * k)
+        ctx.rollback_to(n)
+        return ms
+    return timed
+
+
+def _per_cell_side_by_side(ctx: "Context", token: int, ks: Sequence[int], cells: int, rng: random.Random, *,
+                           budget_s: float, min_reps: int, max_reps: int) -> Measurement | None:
+    """Median ms that ``cells`` more cached cells add to a decode of k tokens, for each k in ``ks``:
+    timed here and in a scratch context ``cells`` deeper, back to back (see ``measure_verify_costs``).
+    None when the scratch context cannot be made or holds too little."""
+    n0 = len(ctx.tokens)
+    depth = n0 + cells
+    try:
+        deep_ctx = ctx.scratch(n_ctx=depth + max(ks))
+    except ModelFileError:  # no memory left for a second context (a full GPU): plan without depth costs
+        return None
+    try:
+        if deep_ctx.n_ctx < depth + max(ks):
+            return None
+        for start in range(0, depth, deep_ctx.n_batch):  # the filling prefill, untimed
+            n = min(deep_ctx.n_batch, depth - start)
+            deep_ctx.decode([token] * n, range(start, start + n), None, [False] * (n - 1) + [True])
+        deep_ctx.tokens.extend([token] * depth)
+        here, there = _timer(ctx, token, n0), _timer(deep_ctx, token, depth)
+
+        def difference(k: int) -> float:
+            if rng.random() < 0.5:  # neither side always runs right after the other
+                deep_ms = there(k)
+                return deep_ms - here(k)
+            shallow_ms = here(k)
+            return there(k) - shallow_ms
+        return _timed_rounds(ks, difference, rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
+    finally:
+        deep_ctx.close()
 
 
 def _timed_rounds(fits: Sequence[int], timed: Callable[[int], float], rng: random.Random, *,

@@ -16,7 +16,8 @@ import pytest
 
 from localspec import costs, measure_costs
 from localspec.costs import CostModel
-from localspec.measure_costs import CostKey, load_costs, load_or_measure, measure_verify_costs, save_costs
+from localspec.measure_costs import (CostKey, fit_per_cell, load_costs, load_or_measure, measure_verify_costs,
+                                     save_costs)
 
 # ms for one decode of k tokens: SmolLM2-135M on 2 CPU threads (compute-bound) and a flat GPU-like curve.
 CPU = {1: 5.4, 2: 11.3, 4: 16.2, 8: 24.9, 16: 41.1}
@@ -196,9 +197,20 @@ class FakeContext:
     fills: list[int] = field(default_factory=list)
     depths: bool = False  # record (cells before, size) for every timed batch
     fail_at: int | None = None
+    log: list = field(default_factory=list)  # (context, cells before, size) of every timed batch, scratches' too
+    scratches: list = field(default_factory=list)
+    closed: bool = False
 
     def __post_init__(self) -> None:
         self.cache = list(self.tokens)
+
+    def scratch(self, n_ctx: int, n_batch: int = 64) -> "FakeContext":
+        other = type(self)(n_ctx=n_ctx, n_batch=n_batch, tokens=[], depths=self.depths, log=self.log)
+        self.scratches.append(other)
+        return other
+
+    def close(self) -> None:
+        self.closed = True
 
     def decode(self, tokens, positions, seq_ids=None, outputs=None) -> None:
         assert list(positions) == list(range(len(self.cache), len(self.cache) + len(tokens)))
@@ -208,6 +220,7 @@ class FakeContext:
             self.fills.append(len(tokens))
             return
         assert all(outputs)  # verification reads every row
+        self.log.append((self, len(self.cache) - len(tokens), len(tokens)))
         self.batches.append((len(self.cache) - len(tokens), len(tokens)) if self.depths else len(tokens))
         if self.fail_at is not None and len(self.batches) == self.fail_at:
             raise RuntimeError("decode failed")
@@ -235,18 +248,62 @@ def test_measure_interleaves_restores_and_skips_what_does_not_fit() -> None:
     assert len({tuple(r) for r in rounds[1:]}) > 1  # the order changes from round to round
 
 
-def test_measure_times_a_second_depth_and_drops_the_filled_cells() -> None:
+def test_measure_times_a_second_depth_side_by_side_in_a_scratch_context() -> None:
     ctx = FakeContext(n_ctx=64, n_batch=16, depths=True)
     before = list(ctx.tokens)
     result = measure_verify_costs(ctx, max_reps=3, budget_s=10.0, depth_cells=40)
     assert ctx.tokens == before and ctx.cache == before
-    assert ctx.fills == [16, 16, 8]  # the fill, in batches the context takes
-    deep = {k for n, k in ctx.batches if n == len(before) + 40}
-    assert deep == set(measure_costs.DEPTH_KS) and {n for n, _ in ctx.batches} == {len(before), len(before) + 40}
+    assert ctx.fills == [] and {n for n, _ in ctx.batches} == {len(before)}  # this context never went deeper
+    [deep] = ctx.scratches
+    assert deep.closed and deep.n_ctx >= len(before) + 40 + max(measure_costs.DEPTH_KS)
+    assert deep.fills == [44] and {n for n, _ in deep.batches} == {len(before) + 40}  # filled once, in its batches
+    assert sorted(k for _, k in deep.batches) == sorted(list(measure_costs.DEPTH_KS) * (1 + 3))  # warm-up + rounds
+    # side by side: every batch timed there is timed here (same k) right before or right after it
+    shallow_after = [(c, k) for c, n, k in ctx.log][len(result) * (1 + 3):]  # past the shallow rounds
+    pairs = [shallow_after[i:i + 2] for i in range(0, len(shallow_after), 2)]
+    assert all({id(a[0]), id(b[0])} == {id(ctx), id(deep)} and a[1] == b[1] for a, b in pairs)
+    assert len({a[0] is deep for a, _ in pairs}) == 2  # either side goes first
     assert result.depth == len(before) and sorted(result.per_cell) == list(measure_costs.DEPTH_KS)
-    # no room for the second depth (or a recurrent state): no per-cell costs, nothing filled
+    # no room to grow that deep here (or a recurrent state): no per-cell costs, no scratch context
     small = FakeContext(n_ctx=40)
-    assert measure_verify_costs(small, max_reps=1, depth_cells=40).per_cell == {} and small.fills == []
+    assert measure_verify_costs(small, max_reps=1, depth_cells=40).per_cell == {} and small.scratches == []
+
+
+def test_per_cell_costs_are_a_line_in_k_that_never_falls() -> None:
+    exact = {1: 0.001 + 0.004 * 1, 4: 0.001 + 0.004 * 4, 16: 0.001 + 0.004 * 16}
+    assert fit_per_cell(exact) == pytest.approx(exact)
+    # one difference swallowed by a load change (this machine's cache held such a record)
+    noisy = fit_per_cell({1: 0.0007, 4: 0.0046, 16: 0.0})
+    assert noisy[1] <= noisy[4] <= noisy[16] and min(noisy.values()) >= 0
+    assert fit_per_cell({1: 0.01, 4: 0.006, 16: 0.002}) == pytest.approx({1: 0.006, 4: 0.006, 16: 0.006})  # flat
+    swallowed = fit_per_cell({1: 0.05, 4: 0.0, 16: 0.16})  # the middle one lost, the first doubled
+    assert swallowed[1] < 0.02 and 0.13 < swallowed[16] < 0.17
+    assert fit_per_cell({1: -0.01, 4: -0.02, 16: -0.05}) == {1: 0.0, 4: 0.0, 16: 0.0}
+    assert fit_per_cell({4: 0.02}) == {4: 0.02} and fit_per_cell({}) == {}
+
+
+def test_a_load_that_comes_and_grows_during_the_measurement_stays_out_of_the_per_cell_costs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timed on a fake clock: a decode of k rows after n cells takes (2 + 3k + 0.01kn) ms, plus what a
+    background job takes from it, which grows by 5 ms a second and jumps by 30 ms at 1.5 s. Timed in
+    phases (shallow, then deep) the load would go into the difference whole: ~2x at k = 1."""
+    clock = [0.0]
+    true_per_cell = 0.01
+
+    class TimedContext(FakeContext):
+        def decode(self, tokens, positions, seq_ids=None, outputs=None) -> None:
+            n, k = len(self.cache), len(tokens)
+            super().decode(tokens, positions, seq_ids, outputs)
+            if all(outputs):
+                load = 5 * clock[0] + (30 if clock[0] > 1.5 else 0)
+                clock[0] += (2 + 3 * k + true_per_cell * k * n + load) / 1e3
+
+    monkeypatch.setattr(measure_costs.time, "perf_counter", lambda: clock[0])
+    ctx = TimedContext(n_ctx=1024, depths=True)
+    result = measure_verify_costs(ctx, budget_s=1.0, min_reps=3, max_reps=25, depth_cells=512)
+    assert result.complete and len(ctx.scratches) == 1
+    for k in measure_costs.DEPTH_KS:
+        assert result.per_cell[k] == pytest.approx(true_per_cell * k, rel=0.05)
 
 
 def test_a_measurement_cut_short_is_marked_incomplete() -> None:
