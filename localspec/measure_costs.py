@@ -92,7 +92,7 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     Then, where this context has room for ``depth_cells`` more cells and the
     largest of ``DEPTH_KS``, a small second context over the same weights (``ctx.scratch``) is
     filled that much deeper (untimed), and those k are timed in pairs, here
-    and there back to back, in shuffled rounds (the budget again). The median
+    and there back to back, in shuffled rounds (half the budget). The median
     of each k's differences over ``depth_cells`` is what a cached cell adds to
     its decode; ``per_cell`` is a line in k fitted to them (``fit_per_cell``).
     Timed in separate phases instead (shallow, fill, deep), a load that came or
@@ -123,7 +123,7 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
         deep_ks = [k for k in DEPTH_KS if k in shallow]
         # Only where this context can grow that deep: a short one never pays much for its depth.
         if depth_cells > 0 and ctx.max_rollback is None and deep_ks and n0 + depth_cells + max(deep_ks) <= ctx.n_ctx:
-            measured = _per_cell_side_by_side(ctx, token, deep_ks, depth_cells, rng, budget_s=budget_s,
+            measured = _per_cell_side_by_side(ctx, token, deep_ks, depth_cells, rng, budget_s=budget_s / 2,
                                               min_reps=min_reps, max_reps=max_reps)
             if measured is not None:
                 shallow.per_cell = fit_per_cell({k: v / depth_cells for k, v in measured.items()})
