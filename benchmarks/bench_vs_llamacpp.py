@@ -337,7 +337,8 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
 
     model = engine.cost_model()
     measured = model.measured
-    depth = {"per_cell": model.per_cell, "measured_depth": model.measured_depth}  # each step at its depth
+    depth = {"per_cell": model.per_cell, "measured_depth": model.measured_depth,  # each step at its depth
+             "window": model.window}
     costs = CostModel(measured, **depth)
     branches = 4 if engine.ctx.n_seq > 1 else 1  # as the engine builds its ngram drafter
     most = ceiling(measured)

@@ -113,7 +113,7 @@ def _accepted(proposal, reply: list[int], i: int) -> tuple[int, int]:
 
 
 def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], *,
-           per_cell: dict[int, float] | None = None, measured_depth: int = 0) -> dict[str, float]:
+           per_cell: dict[int, float] | None = None, measured_depth: int = 0, window: int = 0) -> dict[str, float]:
     """Greedy generation of ``reply`` after ``prompt``, the controller planning every step as in a real
     generation with ``drafter``; time is charged from ``costs`` (verification) only, each step at its
     depth in the context where ``per_cell`` says what a cached cell adds (``CostModel``)."""
@@ -121,8 +121,8 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     from localspec.drafting.base import TreeProposal
     from localspec.events import StepEvent
 
-    truth = _cost_model(costs, per_cell, measured_depth)
-    ctl = Controller(_cost_model(costs, per_cell, measured_depth), [drafter], clock=_Frozen())
+    truth = _cost_model(costs, per_cell, measured_depth, window)
+    ctl = Controller(_cost_model(costs, per_cell, measured_depth, window), [drafter], clock=_Frozen())
     history, i = list(prompt), 0
     steps = empty = drafted = accepted = 0
     ms = 0.0
@@ -157,7 +157,7 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
 
 
 def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], cap: int | None = None, *,
-           per_cell: dict[int, float] | None = None, measured_depth: int = 0) -> dict[str, float]:
+           per_cell: dict[int, float] | None = None, measured_depth: int = 0, window: int = 0) -> dict[str, float]:
     """The same reply with a controller that knows the future: each step ``drafter``'s chain (its most
     probable path, ``cap`` deep: the controller's own cap by default) is verified to the length k <= its
     correct prefix that gives the most tokens per ms (``(k + 1) / T(k)``). No policy that only sees the
@@ -167,7 +167,7 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     from localspec.drafting.base import TreeProposal
 
     cap = DRAFT_LEN_CAP if cap is None else cap
-    truth = _cost_model(costs, per_cell, measured_depth)
+    truth = _cost_model(costs, per_cell, measured_depth, window)
 
     history, i, steps, ms = list(prompt), 0, 0, 0.0
     while i < len(reply):
@@ -199,11 +199,11 @@ def ceiling(costs: dict[int, float], cap: int | None = None) -> float:
     return max((k + 1) * _step_ms(truth, 0) / _step_ms(truth, k) for k in range(cap + 1))
 
 
-def _cost_model(costs: dict[int, float], per_cell: dict[int, float] | None, measured_depth: int):
+def _cost_model(costs: dict[int, float], per_cell: dict[int, float] | None, measured_depth: int, window: int = 0):
     """A fresh CostModel of the measured ``costs`` (with what each cached cell adds, when known)."""
     from localspec.costs import CostModel
 
-    return CostModel(costs, per_cell=per_cell, measured_depth=measured_depth)
+    return CostModel(costs, per_cell=per_cell, measured_depth=measured_depth, window=window)
 
 
 def _step_ms(truth, k: int) -> float:

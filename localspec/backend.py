@@ -280,6 +280,8 @@ class Model:
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(handle))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(handle))
+        self.n_swa: int = int(llama_cpp.llama_model_n_swa(handle))
+        """Cells a sliding-window layer attends to (0: every layer attends to the whole context)."""
         self.architecture: str = self.metadata("general.architecture") or "unknown"
         self.name: str = self.metadata("general.name") or self.path.stem
         self._pieces: dict[int, bytes] = {}

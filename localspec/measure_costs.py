@@ -43,7 +43,8 @@ DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
 # difference per cell is what attention over a longer context adds (``CostModel.per_cell``).
 DEPTH_CELLS = 512
 DEPTH_KS: tuple[int, ...] = (1, 4, 16)
-SCHEMA = 3  # 2: per-cell costs and the depth measured at; 3: per-cell costs timed side by side, fitted to a line
+SCHEMA = 3  # 2: per-cell costs and the depth measured at; 3: per-cell costs timed side by side, fitted to a
+# line; a sliding window
 # A cached cost is dropped when the refined estimates settle this far from it (either way),
 # after at least DRIFT_MIN_STEPS observed decodes: one slow step never moves it.
 DRIFT = 1.25
@@ -61,12 +62,13 @@ class Measurement(dict[int, float]):
     """
 
     def __init__(self, costs: Mapping[int, float], rounds: int, complete: bool, *, depth: int = 0,
-                 per_cell: Mapping[int, float] | None = None) -> None:
+                 per_cell: Mapping[int, float] | None = None, window: int = 0) -> None:
         super().__init__(costs)
         self.rounds = rounds
         self.complete = complete
         self.depth = depth
         self.per_cell = dict(per_cell or {})
+        self.window = window  # a sliding-window model's window (0: none): per_cell counts up to it only
 
 
 def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budget_s: float = 1.5,
@@ -121,12 +123,16 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
                                 max_reps=max_reps)
         shallow.depth = n0
         deep_ks = [k for k in DEPTH_KS if k in shallow]
+        # A sliding-window model's growth with depth is the window's (see CostModel.window): timed over it.
+        window = int(getattr(ctx.model, "n_swa", 0) or 0)
+        cells = min(depth_cells, window) if window else depth_cells
         # Only where this context can grow that deep: a short one never pays much for its depth.
         if depth_cells > 0 and ctx.max_rollback is None and deep_ks and n0 + depth_cells + max(deep_ks) <= ctx.n_ctx:
-            measured = _per_cell_side_by_side(ctx, token, deep_ks, depth_cells, rng, budget_s=budget_s / 2,
+            measured = _per_cell_side_by_side(ctx, token, deep_ks, cells, rng, budget_s=budget_s / 2,
                                               min_reps=min_reps, max_reps=max_reps)
             if measured is not None:
-                shallow.per_cell = fit_per_cell({k: v / depth_cells for k, v in measured.items()})
+                shallow.per_cell = fit_per_cell({k: v / cells for k, v in measured.items()})
+                shallow.window = window
                 shallow.complete = shallow.complete and measured.complete
         return shallow
     finally:
@@ -283,7 +289,8 @@ def save_costs(path: Path, key: CostKey, verify: Mapping[int, float]) -> None:
     record = {"schema": SCHEMA, "key": key.__dict__, "measured_at": time.time(),
               "verify_ms": {str(k): float(v) for k, v in sorted(verify.items())},
               "depth": int(getattr(verify, "depth", 0)),
-              "per_cell_ms": {str(k): float(v) for k, v in sorted(getattr(verify, "per_cell", {}).items())}}
+              "per_cell_ms": {str(k): float(v) for k, v in sorted(getattr(verify, "per_cell", {}).items())},
+              "window": int(getattr(verify, "window", 0))}
     with atomic_write(path) as fh:
         fh.write(json.dumps(record, indent=1).encode())
     prune_costs(path.parent, keep=path)
@@ -325,12 +332,13 @@ def load_costs(path: Path, key: CostKey, *, max_age_s: float | None = None) -> M
         verify = {int(k): float(v) for k, v in record["verify_ms"].items()}
         per_cell = {int(k): float(v) for k, v in record["per_cell_ms"].items()}
         depth = int(record["depth"])
+        window = int(record["window"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         # A half-written or hand-edited file is not an error: measuring again fixes it.
         return None
     if not verify or not all(v > 0 for v in verify.values()):
         return None
-    return Measurement(verify, 0, True, depth=depth, per_cell=per_cell)
+    return Measurement(verify, 0, True, depth=depth, per_cell=per_cell, window=window)
 
 
 class CachedCostModel(CostModel):
@@ -347,7 +355,8 @@ class CachedCostModel(CostModel):
     """
 
     def __init__(self, verify: Mapping[int, float], path: Path | None = None) -> None:
-        super().__init__(verify, per_cell=getattr(verify, "per_cell", None), measured_depth=getattr(verify, "depth", 0))
+        super().__init__(verify, per_cell=getattr(verify, "per_cell", None), measured_depth=getattr(verify, "depth", 0),
+                         window=getattr(verify, "window", 0))
         self.path = path
         self.observed_steps = 0
         self.dropped_ratio: float | None = None

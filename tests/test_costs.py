@@ -103,6 +103,16 @@ def test_a_deeper_context_costs_what_each_cell_adds() -> None:
     assert model.verify_ms(1) == pytest.approx(10.8, rel=0.1)
 
 
+def test_a_sliding_window_model_stops_paying_for_depth_at_the_window() -> None:
+    model = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=0, window=512)
+    assert model.verify_ms(16, depth=256) == pytest.approx(41.1 + 25.6)
+    assert model.verify_ms(16, depth=512) == model.verify_ms(16, depth=4096) == pytest.approx(41.1 + 51.2)
+    beyond = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=600, window=512)
+    assert beyond.verify_ms(1, depth=3000) == beyond.verify_ms(1, depth=100 + 512) == pytest.approx(5.4)
+    assert beyond.verify_ms(1, depth=400) == pytest.approx(5.4 - 1.12)
+    assert CostModel(CPU, per_cell={1: 0.01}).verify_ms(1, depth=4096) == pytest.approx(5.4 + 40.96)  # no window
+
+
 def test_a_larger_batch_never_costs_less_per_cell() -> None:
     """Each row attends to every cell: a measured per-cell cost that falls with k (a load change between
     the shallow and the deep timings; seen: 0.0046 ms at k = 4, 0.0 at k = 16) is raised to the smaller
@@ -181,6 +191,7 @@ def test_draft_and_overhead_lines_are_learned() -> None:
 @dataclass
 class FakeModel:
     bos: int = 1
+    n_swa: int = 0
 
 
 @dataclass
@@ -264,6 +275,11 @@ def test_measure_times_a_second_depth_side_by_side_in_a_scratch_context() -> Non
     assert all({id(a[0]), id(b[0])} == {id(ctx), id(deep)} and a[1] == b[1] for a, b in pairs)
     assert len({a[0] is deep for a, _ in pairs}) == 2  # either side goes first
     assert result.depth == len(before) and sorted(result.per_cell) == list(measure_costs.DEPTH_KS)
+    # a sliding-window model: timed over its window, which the measurement records
+    windowed = FakeContext(n_ctx=64, depths=True)
+    windowed.model.n_swa = 24
+    result = measure_verify_costs(windowed, max_reps=1, depth_cells=40)
+    assert result.window == 24 and {n for n, _ in windowed.scratches[0].batches} == {len(before) + 24}
     # no room to grow that deep here (or a recurrent state): no per-cell costs, no scratch context
     small = FakeContext(n_ctx=40)
     assert measure_verify_costs(small, max_reps=1, depth_cells=40).per_cell == {} and small.scratches == []
@@ -430,7 +446,8 @@ def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_p
 
         # cached per model and machine: the second load reads the file
         monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
-        kept = measure_costs.Measurement(result, result.rounds, True, depth=result.depth, per_cell=result.per_cell)
+        kept = measure_costs.Measurement(result, result.rounds, True, depth=result.depth, per_cell=result.per_cell,
+                                         window=300)
         monkeypatch.setattr(measure_costs, "measure_verify_costs", lambda ctx, **kw: kept)
         first = load_or_measure(fresh_ctx, n_threads=1)
 
@@ -440,7 +457,7 @@ def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_p
         monkeypatch.setattr(measure_costs, "measure_verify_costs", no_measuring)
         again = load_or_measure(fresh_ctx, n_threads=1)
         assert again.points == first.points
-        assert again.per_cell == first.per_cell and again.measured_depth == result.depth
+        assert again.per_cell == first.per_cell and again.measured_depth == result.depth and again.window == 300
         # what was measured, raised where a larger batch came out cheaper per cell (see CostModel)
         assert sorted(again.per_cell) == sorted(result.per_cell)
         assert all(again.per_cell[k] >= v for k, v in result.per_cell.items())
@@ -498,3 +515,14 @@ def test_costs_cached_on_a_quiet_machine_are_dropped_on_a_slower_one(tmp_path: P
     for _ in range(measure_costs.DRIFT_MIN_STEPS):
         fresh.observe_verify(1, CPU[1] * 3)
     assert fresh.dropped_ratio is None
+
+
+def test_the_window_is_the_models_own(gemma_path: Path, smollm2_path: Path) -> None:
+    from localspec.backend import Model
+
+    gemma, smollm2 = Model(gemma_path), Model(smollm2_path)
+    try:
+        assert gemma.n_swa == 512 and smollm2.n_swa == 0  # Gemma 3: 15 of 18 layers over 512 cells
+    finally:
+        gemma.close()
+        smollm2.close()
