@@ -43,8 +43,9 @@ DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
 # difference per cell is what attention over a longer context adds (``CostModel.per_cell``).
 DEPTH_CELLS = 512
 DEPTH_KS: tuple[int, ...] = (1, 4, 16)
-SCHEMA = 3  # 2: per-cell costs and the depth measured at; 3: per-cell costs timed side by side, fitted to a
-# line; a sliding window
+# 2: per-cell costs and the depth measured at; 3: per-cell costs timed side by side, fitted to a line in k,
+# and a sliding-window model's window.
+SCHEMA = 3
 # A cached cost is dropped when the refined estimates settle this far from it (either way),
 # after at least DRIFT_MIN_STEPS observed decodes: one slow step never moves it.
 DRIFT = 1.25
@@ -92,11 +93,13 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     the typical cost of a step, which is what the controller plans with.
 
     Then, where this context has room for ``depth_cells`` more cells and the
-    largest of ``DEPTH_KS``, a small second context over the same weights (``ctx.scratch``) is
-    filled that much deeper (untimed), and those k are timed in pairs, here
-    and there back to back, in shuffled rounds (half the budget). The median
-    of each k's differences over ``depth_cells`` is what a cached cell adds to
-    its decode; ``per_cell`` is a line in k fitted to them (``fit_per_cell``).
+    largest of ``DEPTH_KS``, a small second context over the same weights
+    (``ctx.scratch``) is filled that much deeper (untimed; over a sliding-window
+    model's window only, if that is shorter: see ``CostModel``), and those k
+    are timed in pairs, here and there back to back, in shuffled rounds (half
+    the budget). The median of each k's differences over the cells is what a
+    cached cell adds to its decode; ``per_cell`` is a line in k fitted to them
+    (``fit_per_cell``).
     Timed in separate phases instead (shallow, fill, deep), a load that came or
     went in between went into the difference whole: on a shared 2-core machine
     the k = 16 value came out anywhere from 0 to twice what side-by-side timing
@@ -127,7 +130,7 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
         window = int(getattr(ctx.model, "n_swa", 0) or 0)
         cells = min(depth_cells, window) if window else depth_cells
         # Only where this context can grow that deep: a short one never pays much for its depth.
-        if depth_cells > 0 and ctx.max_rollback is None and deep_ks and n0 + depth_cells + max(deep_ks) <= ctx.n_ctx:
+        if cells > 0 and ctx.max_rollback is None and deep_ks and n0 + cells + max(deep_ks) <= ctx.n_ctx:
             measured = _per_cell_side_by_side(ctx, token, deep_ks, cells, rng, budget_s=budget_s / 2,
                                               min_reps=min_reps, max_reps=max_reps)
             if measured is not None:
