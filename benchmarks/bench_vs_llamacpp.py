@@ -344,7 +344,8 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
     most = ceiling(measured)
 
     def replayed(prompt: str, reply: list[int]) -> dict[str, float]:
-        return replay(NgramDrafter(max_branches=branches), prompt_tokens[prompt], reply, measured, **depth)
+        return replay(NgramDrafter(max_branches=branches), prompt_tokens[prompt], reply, measured, **depth,
+                      ends_line=engine.target.ends_line)
 
     out = []
     for run in runs:

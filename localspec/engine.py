@@ -281,7 +281,7 @@ class Engine:
         if self._controller is None:
             costs = self.cost_model()
             assert costs is not None
-            self._controller = Controller(costs)
+            self._controller = Controller(costs, ends_line=self.target.ends_line)
         return self._controller
 
     def make_drafters(self, sampler: Sampler, opts: GenerateOptions) -> list[Drafter]:

@@ -450,6 +450,63 @@ def test_verified_steps_teach_the_class_of_their_evidence() -> None:
     assert drafted[0] >= 8 and drafted[-1] == 0
 
 
+NL = 99  # a token that ends a line
+
+
+def copies_that_part_where_lines_start(ctl: Controller, evidence: Evidence, rounds: int = 20) -> None:
+    """A rewrite's copies, scored against the text: each follows its source to the end of a line
+    (wherever in the draft that falls) and parts at the next line's first token; copies that cross
+    no line end are kept whole."""
+    for _ in range(rounds):
+        for cut in (2, 3, 4, 5):
+            draft = tuple(range(1, cut)) + (NL,) + tuple(range(10, 18 - cut))
+            text = list(draft[:cut]) + [7] * (8 - cut)
+            ctl.observe_shadow("ngram", [draft], text, deferred=True, evidence=evidence)
+        ctl.observe_shadow("ngram", [tuple(range(20, 28))], list(range(20, 28)), deferred=True, evidence=evidence)
+
+
+def test_a_draft_token_that_starts_a_line_is_judged_by_how_line_starts_fare() -> None:
+    """Copies part at line starts, at whatever draft position those fall: the class keeps its
+    rates by position (its drafts are right up to the line's end), line-starting tokens learn their
+    own, and a proposal is expected to keep less where it crosses a line end, and as much as ever
+    where it crosses none."""
+    copy = Evidence(6, 1, (1.0,) * 8)
+    ctl = Controller(CostModel(CPU), [Named("ngram", cheap=True)], ends_line=lambda t: t == NL)
+    copies_that_part_where_lines_start(ctl, copy)
+    state = ctl._states["ngram"]
+    assert state.line_start_rate < 0.15
+    assert min(state.evidence_acceptance(copy).rates(8)) > 0.9  # no dip by position
+    crossing = ctl._expected_by_length("ngram", 8, evidence=copy, tokens=(1, 2, NL, 4, 5, 6, 7, 8))
+    straight = ctl._expected_by_length("ngram", 8, evidence=copy, tokens=tuple(range(1, 9)))
+    assert crossing[8] < 4.5 < 7.0 < straight[8]  # 1 + the three tokens up to the line end, and little more
+    # planning: the offer that crosses a line end is drafted up to it, the straight one whole
+    for tokens, most in ((1, 2, NL, 4, 5, 6, 7, 8), 3), (tuple(range(1, 9)), 8):
+        offer = Controller(ctl.costs, [EvidenceLookup(tokens, copy)], ends_line=lambda t: t == NL)
+        offer._states = ctl._states
+        assert plan(offer).draft_len == most
+
+    # without line structure the same copies leave a dip by position over every draft of the class
+    blind = Controller(CostModel(CPU), [Named("ngram", cheap=True)])
+    copies_that_part_where_lines_start(blind, copy)
+    assert min(blind._states["ngram"].evidence_acceptance(copy).rates(8)) < 0.7
+    assert blind._expected_by_length("ngram", 8, evidence=copy, tokens=tuple(range(1, 9)))[8] < straight[8] - 2.0
+
+
+def test_a_verified_draft_that_breaks_where_a_line_starts_teaches_the_line_start() -> None:
+    copy = Evidence(6, 1, (1.0,) * 8)
+    tokens = (1, 2, NL, 4, 5, 6, 7, 8)
+    ctl = Controller(CostModel(GPU), [EvidenceLookup(tokens, copy)], ends_line=lambda t: t == NL)
+    state = ctl._states["ngram"]
+    before = state.line_start_rate
+    decision = plan(ctl)
+    assert decision.draft_len == 8
+    ctl.observe(step_event((1, 2, NL, 7), "ngram", 8, 3), [0, 1, 2, NL, 7])
+    assert state.line_start_rate < before
+    # the class learned the three positions it got right, not the break
+    est = state.evidence_acceptance(copy)
+    assert est.reached[:3] == est.kept[:3] and len(est.reached) == 3
+
+
 # --- following the text --------------------------------------------------------------
 def test_estimator_forgets_within_a_few_dozen_steps() -> None:
     est = DecayingAcceptance()

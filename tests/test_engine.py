@@ -70,6 +70,13 @@ def references(target):
     return [plain_greedy(target, target.tokenize(p), 200) for p in PROMPTS]
 
 
+def test_the_controller_knows_where_the_models_lines_end(target, plain_engine):
+    newline = [t for t in target.tokenize("one\ntwo") if b"\n" in target.piece(t)]
+    assert newline and target.ends_line(newline[0])
+    assert not any(target.ends_line(t) for t in target.tokenize("one two three"))
+    assert plain_engine.controller().ends_line == target.ends_line  # line starts are judged apart
+
+
 def test_plain_engine_is_plain_greedy(plain_outputs, references):
     for done, ref in zip(plain_outputs, references):
         assert done.tokens == ref.tokens
