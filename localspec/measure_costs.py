@@ -188,7 +188,7 @@ def _per_cell_side_by_side(ctx: "Context", token: int, ks: Sequence[int], cells:
                            budget_s: float, min_reps: int, max_reps: int) -> Measurement | None:
     """Median ms that ``cells`` more cached cells add to a decode of k tokens, for each k in ``ks``:
     timed here and in a scratch context ``cells`` deeper, back to back (see ``measure_verify_costs``).
-    None when the scratch context cannot be made or holds too little."""
+    None when the scratch context cannot be made."""
     n0 = len(ctx.tokens)
     depth = n0 + cells
     try:
@@ -196,8 +196,6 @@ def _per_cell_side_by_side(ctx: "Context", token: int, ks: Sequence[int], cells:
     except ModelFileError:  # no memory left for a second context (a full GPU): plan without depth costs
         return None
     try:
-        if deep_ctx.n_ctx < depth + max(ks):
-            return None
         for start in range(0, depth, deep_ctx.n_batch):  # the filling prefill, untimed
             n = min(deep_ctx.n_batch, depth - start)
             deep_ctx.decode([token] * n, range(start, start + n), None, [False] * (n - 1) + [True])

@@ -767,7 +767,8 @@ def test_a_cheap_draft_model_is_started_despite_its_prefill_but_not_before_the_f
     sim.run(50)
     first, second = sim.decisions[:2]
     if fixed is None:
-        assert first.plain and first.reason == "plain: the first token waits for no catch-up (draft is 150 tokens behind)"
+        assert first.plain and first.reason == (
+            "plain: the first token waits for no catch-up (draft is 150 tokens behind)")
         assert second.name == "draft" and "catching up 151 tokens" in second.reason
     else:
         assert first.name == "draft" and "catching up 150 tokens" in first.reason

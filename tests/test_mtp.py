@@ -381,7 +381,8 @@ def test_the_controller_charges_the_heads_catch_up(agreeing_path):
             behind = drafter.behind(tokens[:149])
             first = ctl.plan(tokens[:149], room=16, remaining=200)
             if behind > 2:
-                assert first.plain and first.reason == f"plain: the first token waits for no catch-up (mtp is {behind} tokens behind)"
+                assert first.plain and first.reason == (
+                    f"plain: the first token waits for no catch-up (mtp is {behind} tokens behind)")
             step = StepEvent(index=1, drafter=None, drafted=0, accepted=0, emitted=1, draft_ms=0.0, verify_ms=10.0,
                              python_ms=0.2, verified=0, tokens=(tokens[149],), batch_tokens=1)
             ctl.observe(step, tokens[:150])
