@@ -155,6 +155,25 @@ def test_flash_attention_gives_a_row_the_same_bits_from_chunks_spread_over_threa
     assert result["batch_invariant"] is True and result["max_logit_diff"] == 0.0, result
 
 
+def test_flash_attention_takes_rows_together_without_changing_their_bits(tmp_path: Path) -> None:
+    # Over an F16 cache the kernel takes a chunk for up to 16 rows that share a KV head at once (each
+    # cell's K and V widened once for all of them), sums dot products 16 lanes at a time and values 64
+    # dimensions at a time. A head of 72 dimensions leaves a remainder on both; 3 query heads per KV
+    # head make a decode's group 3 rows and the 65-token batch's groups of 16 straddle two heads. A
+    # row must come out the same bits in each.
+    from wide_attention_model import write_wide_attention_model
+
+    from localspec import backend
+    from localspec.selftest import VERIFY_ROWS
+
+    _cpu_switch_or_skip("FA_INVARIANT_GROUP = 16", "flash-attention grouping")
+    assert backend.cpu_flash_attention() is True
+    model = write_wide_attention_model(tmp_path / "gqa72.gguf", n_head=6, n_head_kv=2, head_dim=72)
+    result = _decode_in_child(model, {}, flash_attn=True)
+    assert result["flash_attn"] is True and result["verify_rows"] == VERIFY_ROWS
+    assert result["batch_invariant"] is True and result["max_logit_diff"] == 0.0, result
+
+
 @pytest.mark.slow
 def test_llamafile_sgemm_is_batch_invariant_only_with_the_switch(smollm2_path: Path) -> None:
     # scripts/setup.sh builds with llamafile's sgemm and patches in a switch that keeps it to the
