@@ -8,10 +8,11 @@ in the gemm's order, and localspec then lets Q4_K weights be repacked (``backend
 Random weight blocks and activations of several scales, every gemm path: 4-row groups, 16-row
 blocks, column counts that leave an 8-column remainder past the 16-wide AVX-512 tiles.
 
-The same patch gives a batch's Q4_1 matmul (no sgemm kernel exists for it) a kernel that takes each
-weight row for up to 4 columns at once, each column summed exactly as the one-column vec_dot sums it:
-checked on random blocks against that vec_dot, and through SmolLM2 Q4_1 at every batch width's
-remainder against one-token decodes.
+The same patch gives a batch's Q4_1 and Q6_K matmuls (no sgemm kernel exists for them, and they are
+not repacked on x86) a kernel that takes each weight row for up to 4 columns at once, each column
+summed exactly as the one-column vec_dot sums it: checked on random blocks against that vec_dot, and
+through SmolLM2 Q4_1 and Gemma 3's Q6_K layers at every batch width's remainder against one-token
+decodes.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ Q4_KX8_BYTES = 8 * 2 + 8 * 2 + 96 + 8 * QK_K // 2  # block_q4_Kx8: d[8], dmin[8]
 QK8_1 = 32
 Q4_1_BYTES = 2 + 2 + QK8_1 // 2  # block_q4_1: d, m, 32 nibbles
 Q8_1_BYTES = 2 + 2 + QK8_1  # block_q8_1: d, s (d times the sum of qs), qs
+Q6_K_BYTES = QK_K // 2 + QK_K // 4 + QK_K // 16 + 2  # block_q6_K: ql, qh, scales, d
 
 
 def _libggml_cpu() -> ctypes.CDLL:
@@ -118,55 +120,71 @@ def test_which_weight_files_are_repacked(gemma_path: Path, smollm2_q4_0_path: Pa
 
 
 @pytest.fixture(scope="module")
-def q4_1_cols() -> ctypes.CDLL:
-    if "Q4_1_COLS = 4" not in backend.system_info():
-        pytest.skip("this llama.cpp build lacks localspec's multi-column Q4_1 kernel (x86 with AVX2, scripts/setup.sh)")
+def quant_cols() -> ctypes.CDLL:
+    info = backend.system_info()
+    if "Q4_1_COLS = 4" not in info or "Q6_K_COLS = 4" not in info:
+        pytest.skip("this llama.cpp build lacks localspec's multi-column Q4_1/Q6_K kernels (x86 with AVX2, scripts/setup.sh)")
     lib = _libggml_cpu()
-    lib.ggml_cpu_init()  # fills the FP16 table the Q4_1 kernels read their scales through
+    lib.ggml_cpu_init()  # fills the FP16 table the kernels read their scales through
     return lib
 
 
-def _q4_1_row(rng: np.random.Generator, n: int) -> ctypes.Array[ctypes.c_char]:
-    """One Q4_1 weight row: random scales, negative mins of several sizes, random nibbles."""
-    parts = []
-    for _ in range(n // QK8_1):
-        parts += [np.float16(rng.random() * 0.02).tobytes(), np.float16(-rng.random() * 0.2).tobytes(),
-                  rng.integers(0, 256, QK8_1 // 2, dtype=np.uint8).tobytes()]
-    return ctypes.create_string_buffer(b"".join(parts))
+def _q4_1_row(rng: np.random.Generator, n: int) -> bytes:
+    """One Q4_1 weight row: random scales, negative mins, random nibbles."""
+    return b"".join(np.float16(rng.random() * 0.02).tobytes() + np.float16(-rng.random() * 0.2).tobytes()
+                    + rng.integers(0, 256, QK8_1 // 2, dtype=np.uint8).tobytes() for _ in range(n // QK8_1))
 
 
+def _q6_k_row(rng: np.random.Generator, n: int) -> bytes:
+    """One Q6_K weight row: random low and high bits, signed 8-bit sub-block scales, a random scale."""
+    return b"".join(rng.integers(0, 256, QK_K // 2 + QK_K // 4, dtype=np.uint8).tobytes()
+                    + rng.integers(-128, 128, QK_K // 16, dtype=np.int8).tobytes()
+                    + np.float16(rng.random() * 0.01).tobytes() for _ in range(n // QK_K))
+
+
+# weight type: (its row, the activation blocks' size and bytes, the quantizer and the two kernels)
+QUANT_COLS = {
+    "q4_1": (_q4_1_row, QK8_1, Q8_1_BYTES, "quantize_row_q8_1", "ggml_vec_dot_q4_1_q8_1"),
+    "q6_K": (_q6_k_row, QK_K, Q8_K_BYTES, "quantize_row_q8_K", "ggml_vec_dot_q6_K_q8_K"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(QUANT_COLS))
 @pytest.mark.parametrize("n_cols", [1, 2, 3, 4])
-def test_a_q4_1_row_sums_each_column_as_the_one_column_kernel_does(q4_1_cols, n_cols: int) -> None:
+def test_a_weight_row_sums_each_column_as_the_one_column_kernel_does(quant_cols, kind: str, n_cols: int) -> None:
+    make_row, block, block_bytes, quantize, vec_dot = QUANT_COLS[kind]
     rng = np.random.default_rng(n_cols)
-    for n in (QK8_1, 3 * QK8_1, 18 * QK8_1):
-        row_bytes = Q8_1_BYTES * (n // QK8_1)
+    for n in (block, 3 * block, 18 * block):
+        row_bytes = block_bytes * (n // block)
         for _ in range(6):
-            weights = _q4_1_row(rng, n)
+            weights = ctypes.create_string_buffer(make_row(rng, n))
             scales = rng.choice([0.01, 1.0, 300.0], size=(n_cols, 1))
             act = (rng.standard_normal((n_cols, n)) * scales).astype(np.float32)
             cols = ctypes.create_string_buffer(row_bytes * n_cols)
             for c, column in enumerate(act):
-                q4_1_cols.quantize_row_q8_1(column.ctypes.data_as(ctypes.c_void_p), ctypes.byref(cols, c * row_bytes),
-                                            ctypes.c_int64(n))
+                getattr(quant_cols, quantize)(column.ctypes.data_as(ctypes.c_void_p), ctypes.byref(cols, c * row_bytes),
+                                              ctypes.c_int64(n))
             alone = np.zeros(n_cols, np.float32)
             for c in range(n_cols):
-                q4_1_cols.ggml_vec_dot_q4_1_q8_1(ctypes.c_int(n), ctypes.c_void_p(alone.ctypes.data + 4 * c),
-                                                 ctypes.c_size_t(0), weights, ctypes.c_size_t(0),
-                                                 ctypes.byref(cols, c * row_bytes), ctypes.c_size_t(0), ctypes.c_int(1))
+                getattr(quant_cols, vec_dot)(ctypes.c_int(n), ctypes.c_void_p(alone.ctypes.data + 4 * c),
+                                             ctypes.c_size_t(0), weights, ctypes.c_size_t(0),
+                                             ctypes.byref(cols, c * row_bytes), ctypes.c_size_t(0), ctypes.c_int(1))
             together = np.zeros(2 * n_cols, np.float32)  # written with a stride of 2, as a matmul's columns are
-            q4_1_cols.ggml_vec_dot_q4_1_q8_1_cols(ctypes.c_int(n), together.ctypes.data_as(ctypes.c_void_p),
-                                                  ctypes.c_size_t(2), weights, cols, ctypes.c_size_t(row_bytes),
-                                                  ctypes.c_int(n_cols))
+            getattr(quant_cols, vec_dot + "_cols")(ctypes.c_int(n), together.ctypes.data_as(ctypes.c_void_p),
+                                                   ctypes.c_size_t(2), weights, cols, ctypes.c_size_t(row_bytes),
+                                                   ctypes.c_int(n_cols))
             assert np.isfinite(alone).all() and np.abs(alone).max() > 0
             np.testing.assert_array_equal(together[::2], alone)
             assert not together[1::2].any()
 
 
-def test_q4_1_batches_of_every_width_give_each_row_its_one_token_bits(q4_1_cols, smollm2_path: Path) -> None:
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_batches_of_every_width_give_each_row_its_one_token_bits(quant_cols, which: str, smollm2_path: Path,
+                                                                  gemma_path: Path) -> None:
     # The matmul cuts a batch's columns into blocks of 16 and those into groups of up to 4: widths 2
     # to 7 and 17 leave every remainder, and a row's logits must be the bits a one-token decode gives.
-    model = backend.Model(smollm2_path, n_gpu_layers=0)
-    assert model.metadata("general.file_type") == "3"  # MOSTLY_Q4_1: the kernel under test
+    # SmolLM2 is Q4_1 throughout; nine of Gemma 3's FFN down projections are Q6_K.
+    model = backend.Model(smollm2_path if which == "smollm2" else gemma_path, n_gpu_layers=0)
     ctx = backend.Context(model, n_ctx=512, n_batch=64)
     try:
         prompt = model.tokenize("Rename every variable in this function and keep its comments: def f(a, b):")
