@@ -53,6 +53,8 @@ def build_info() -> dict[str, object]:
         "llamafile_sgemm": "LLAMAFILE" in flags,
         "sgemm_exact_only": "SGEMM_BATCH_INVARIANT" in flags,
         "repack_q4_k_exact": "REPACK_Q4_K_INVARIANT" in flags,
+        # weight types whose batches take a multi-column kernel of our patch ("Q4_1_COLS = 4")
+        "multi_column": sorted(m.group(1) for m in re.finditer(r"\b([A-Z0-9]+_[A-Z0-9]+)_COLS = \d+", system)),
         "gpu_offload": backend.gpu_offload_supported(),
         "cuda": "CUDA" in system,
         "batch_invariant": backend.batch_invariant(),

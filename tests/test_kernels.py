@@ -8,11 +8,11 @@ in the gemm's order, and localspec then lets Q4_K weights be repacked (``backend
 Random weight blocks and activations of several scales, every gemm path: 4-row groups, 16-row
 blocks, column counts that leave an 8-column remainder past the 16-wide AVX-512 tiles.
 
-The same patch gives a batch's Q4_1 and Q6_K matmuls (no sgemm kernel exists for them, and they are
-not repacked on x86) a kernel that takes each weight row for up to 4 columns at once, each column
+The same patch gives a batch's Q4_1, Q5_K and Q6_K matmuls (no sgemm kernel exists for them, and they
+are not repacked on x86) a kernel that takes each weight row for up to 4 columns at once, each column
 summed exactly as the one-column vec_dot sums it: checked on random blocks against that vec_dot, and
 through SmolLM2 Q4_1 and Gemma 3's Q6_K layers at every batch width's remainder against one-token
-decodes.
+decodes (the matmul's hook is the same for every type).
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ Q8_K_BYTES = 4 + QK_K + 2 * QK_K // 16  # block_q8_K: d, qs, bsums
 Q8_KX4_BYTES = 4 * Q8_K_BYTES  # block_q8_Kx4: four rows interleaved
 Q4_KX8_BYTES = 8 * 2 + 8 * 2 + 96 + 8 * QK_K // 2  # block_q4_Kx8: d[8], dmin[8], scales, qs
 QK8_1 = 32
-Q4_1_BYTES = 2 + 2 + QK8_1 // 2  # block_q4_1: d, m, 32 nibbles
 Q8_1_BYTES = 2 + 2 + QK8_1  # block_q8_1: d, s (d times the sum of qs), qs
-Q6_K_BYTES = QK_K // 2 + QK_K // 4 + QK_K // 16 + 2  # block_q6_K: ql, qh, scales, d
 
 
 def _libggml_cpu() -> ctypes.CDLL:
@@ -122,8 +120,9 @@ def test_which_weight_files_are_repacked(gemma_path: Path, smollm2_q4_0_path: Pa
 @pytest.fixture(scope="module")
 def quant_cols() -> ctypes.CDLL:
     info = backend.system_info()
-    if "Q4_1_COLS = 4" not in info or "Q6_K_COLS = 4" not in info:
-        pytest.skip("this llama.cpp build lacks localspec's multi-column Q4_1/Q6_K kernels (x86 with AVX2, scripts/setup.sh)")
+    if not all(f"{kind.upper()}_COLS = 4" in info for kind in QUANT_COLS):
+        pytest.skip("this llama.cpp build lacks localspec's multi-column Q4_1/Q5_K/Q6_K kernels (x86 with AVX2, "
+                    "scripts/setup.sh)")
     lib = _libggml_cpu()
     lib.ggml_cpu_init()  # fills the FP16 table the kernels read their scales through
     return lib
@@ -142,9 +141,17 @@ def _q6_k_row(rng: np.random.Generator, n: int) -> bytes:
                     + np.float16(rng.random() * 0.01).tobytes() for _ in range(n // QK_K))
 
 
+def _q5_k_row(rng: np.random.Generator, n: int) -> bytes:
+    """One Q5_K weight row: random scales, random 6-bit sub-block scales and mins, random bits."""
+    return b"".join(np.float16(rng.random() * 0.01).tobytes() + np.float16(rng.random() * 0.01).tobytes()
+                    + rng.integers(0, 256, 12 + QK_K // 8 + QK_K // 2, dtype=np.uint8).tobytes()
+                    for _ in range(n // QK_K))
+
+
 # weight type: (its row, the activation blocks' size and bytes, the quantizer and the two kernels)
 QUANT_COLS = {
     "q4_1": (_q4_1_row, QK8_1, Q8_1_BYTES, "quantize_row_q8_1", "ggml_vec_dot_q4_1_q8_1"),
+    "q5_K": (_q5_k_row, QK_K, Q8_K_BYTES, "quantize_row_q8_K", "ggml_vec_dot_q5_K_q8_K"),
     "q6_K": (_q6_k_row, QK_K, Q8_K_BYTES, "quantize_row_q8_K", "ggml_vec_dot_q6_K_q8_K"),
 }
 
