@@ -167,7 +167,8 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     correct prefix that gives the most tokens per ms (``(k + 1) / T(k)``). No policy that only sees the
     history drafts better from these lookups, so ``speedup`` bounds what the controller can reach with them
     at ``costs``."""
-    from localspec.control import DRAFT_LEN_CAP, best_path
+    from localspec.control import DRAFT_LEN_CAP
+    from localspec.estimates import best_path
     from localspec.drafting.base import TreeProposal
 
     cap = DRAFT_LEN_CAP if cap is None else cap

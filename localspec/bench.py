@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from localspec.control import expected_tokens_per_step
+from localspec.estimates import expected_tokens_per_step
 from localspec.errors import InvalidOptionError
 
 try:  # Python 3.11+

@@ -27,7 +27,7 @@ from localspec.bench import (
     summarise,
 )
 from localspec.bench_report import chart_svg, format_table
-from localspec.control import expected_tokens_per_step as expected_tokens
+from localspec.estimates import expected_tokens_per_step as expected_tokens
 from localspec.errors import InvalidOptionError
 from localspec.events import DoneEvent, GenerationStats
 

@@ -20,13 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localspec.control import (
-    LOOKUP_RETIME,
+from localspec.control import LOOKUP_RETIME, Controller, ControllerStats, Decision
+from localspec.estimates import (
     MATCH_CLASSES,
-    Controller,
-    ControllerStats,
     DecayingAcceptance,
-    Decision,
     UnusedProposals,
     best_path,
     evidence_class,
