@@ -109,9 +109,9 @@ from localspec.estimates import (
 )
 from localspec.events import StepEvent
 
-# The most tokens the controller drafts per step when the length is not fixed
-# (the verify costs are measured up to batches of 16).
-DRAFT_LEN_CAP = 15
+# The most tokens the controller drafts per step when the length is not fixed: a batch of 32 with the
+# last token, the largest the verify costs are measured for (``localspec.measure_costs.DEFAULT_KS``).
+DRAFT_LEN_CAP = 31
 # The longest fixed draft length accepted (a batch of 65 tokens).
 DRAFT_LEN_MAX = 64
 # A lookup's time teaches its cost estimate at most this many times the estimate (see Controller._look_up).

@@ -44,9 +44,11 @@ _PRIOR_WEIGHT = 0.5
 
 # A model-free drafter's proposal is a Python lookup: a fixed cost, little per token
 # (an n-gram lookup takes tens of microseconds; the prior must let a cheap drafter be
-# asked before planning until its own lookups are measured).
+# asked before planning until its own lookups are measured). Measured on a 2-core CPU over
+# the bench replies, ngram's median lookup took 0.035-0.062 ms asked for 8 tokens and
+# 0.037-0.084 ms for 31: about 0.001 ms per token at most.
 LOOKUP_FIXED_MS = 0.05
-LOOKUP_PER_TOKEN_MS = 0.002
+LOOKUP_PER_TOKEN_MS = 0.001
 # Per-step Python work around the decode (acceptance rule, history bookkeeping).
 OVERHEAD_FIXED_MS = 0.2
 OVERHEAD_PER_TOKEN_MS = 0.02

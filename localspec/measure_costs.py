@@ -38,14 +38,14 @@ from localspec.paths import atomic_write, cache_dir
 if TYPE_CHECKING:
     from localspec.backend import Context, MtpContext
 
-DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
+DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # The second depth: this many more cells filled (one prefill), then these batch sizes timed again. The
 # difference per cell is what attention over a longer context adds (``CostModel.per_cell``).
 DEPTH_CELLS = 512
 DEPTH_KS: tuple[int, ...] = (1, 4, 16)
 # 2: per-cell costs and the depth measured at; 3: per-cell costs timed side by side, fitted to a line in k,
-# and a sliding-window model's window.
-SCHEMA = 3
+# and a sliding-window model's window; 4: batches of 24 and 32 (drafts up to 31 tokens).
+SCHEMA = 4
 # A cached cost is dropped when the refined estimates settle this far from it (either way),
 # after at least DRIFT_MIN_STEPS observed decodes: one slow step never moves it.
 DRIFT = 1.25
