@@ -414,9 +414,21 @@ class Controller:
         return range(limit, limit + 1) if self.draft_len is not None else range(1, limit + 1)
 
     def _asked_options(self, drafter: Drafter, proposal: Proposal | TreeProposal, limit: int) -> list[_Option]:
-        """Options from a proposal in hand: each depth, as the whole tree or its most probable path."""
+        """The best option from a proposal in hand: of every depth, as the whole tree or its most probable
+        path, the one that gives the most tokens per ms, the first of equals (as ``plan`` ranks them; a
+        lookup has no catch-up, so the ranking needs no horizon). Only that one is built: with drafts of
+        up to 31 tokens a tree offers 62 options every step, and building each was most of a plan's time."""
         name = drafter.name
-        out: list[_Option] = []
+        best: list[_Option] = []
+        best_rate = -1.0
+
+        def consider(k: int, tokens: float, verified: int, offer: Proposal | TreeProposal, shape: str = "") -> None:
+            nonlocal best_rate
+            ms = self.step_ms(name, k, verified=verified, drafting=False)
+            if tokens / ms > best_rate:
+                best_rate = tokens / ms
+                best[:] = [_Option(drafter, k, tokens, ms, proposal=offer, shape=shape)]
+
         if isinstance(proposal, TreeProposal) and len(proposal.tree.leaves) > 1:
             tree = proposal.tree
             depth = min(max(tree.depths), limit)
@@ -425,20 +437,22 @@ class Controller:
             path, path_confidence = best_path(tree)
             path_tokens = self._expected_by_length(name, depth, path_confidence, evidence, path)
             path_proposal = Proposal(path, None, proposal.drafter or name, evidence)
+            nodes_to = [0] * (depth + 1)  # nodes_to[k]: the tree's nodes at depth k or less
+            for d in tree.depths:
+                if d <= depth:
+                    nodes_to[d] += 1
+            for k in range(1, depth + 1):
+                nodes_to[k] += nodes_to[k - 1]
             for k in self._lengths(depth):
-                nodes = sum(1 for d in tree.depths if d <= k)
-                out.append(_Option(drafter, k, tree_tokens[k], self.step_ms(name, k, verified=nodes, drafting=False),
-                                   proposal=proposal, shape=f"a {nodes}-node tree"))
-                out.append(_Option(drafter, k, path_tokens[k], self.step_ms(name, k, verified=k, drafting=False),
-                                   proposal=path_proposal))
-            return out
+                consider(k, tree_tokens[k], nodes_to[k], proposal, f"a {nodes_to[k]}-node tree")
+                consider(k, path_tokens[k], k, path_proposal)
+            return best
         tokens = proposal.tokens
         depth = min(len(tokens), limit)
         expected = self._expected_by_length(name, depth, evidence=proposal.evidence, tokens=tokens)
         for k in self._lengths(depth):
-            out.append(_Option(drafter, k, expected[k], self.step_ms(name, k, verified=k, drafting=False),
-                               proposal=proposal))
-        return out
+            consider(k, expected[k], k, proposal)
+        return best
 
     def _options(self, drafter: Drafter, limit: int, behind: int) -> list[_Option]:
         """Options for a drafter asked only once chosen."""

@@ -21,6 +21,7 @@ Pure arithmetic: measuring a model and caching what was measured is
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any, Mapping
 
@@ -119,10 +120,11 @@ def _interpolate(points: Mapping[int, float], k: float, ks: list[int] | None = N
         k0, k1 = ks[0], ks[1]
         slope = max(0.0, (points[k1] - points[k0]) / (k1 - k0))
         return max(points[k0] - slope * (k0 - k), points[k0] * k / k0)
-    for lo, hi in zip(ks, ks[1:]):
-        if k <= hi:
-            t = (k - lo) / (hi - lo)
-            return points[lo] + t * (points[hi] - points[lo])
+    if k <= ks[-1]:
+        i = bisect.bisect_left(ks, k)  # the first measured batch at least k: the segment [ks[i-1], ks[i]]
+        lo, hi = ks[i - 1], ks[i]
+        t = (k - lo) / (hi - lo)
+        return points[lo] + t * (points[hi] - points[lo])
     k0, k1 = ks[-2], ks[-1]
     # Beyond the largest measured batch: the last segment's slope. A lumpy curve can
     # make that segment fall; extrapolating a fall would promise ever cheaper batches.

@@ -215,11 +215,14 @@ def tree_confidence(tree: CandidateTree) -> tuple[float, ...]:
 
 def best_path(tree: CandidateTree) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The tokens along the most probable child at each depth, and the chance of each given the ones before."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(i)
     tokens: list[int] = []
     confidence: list[float] = []
     node, prob = ROOT, 1.0
     while True:
-        kids = [i for i in range(len(tree)) if tree.parents[i] == node]
+        kids = children.get(node)
         if not kids:
             return tuple(tokens), tuple(confidence)
         node = max(kids, key=lambda i: tree.probs[i])
