@@ -94,7 +94,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from localspec.costs import CostModel
 from localspec.drafting.base import Drafter, Evidence, Proposal, TreeProposal, common_prefix
@@ -418,17 +418,19 @@ class Controller:
         path, the one that gives the most tokens per ms, the first of equals (as ``plan`` ranks them; a
         lookup has no catch-up, so the ranking needs no horizon). Only that one is built: with drafts of
         up to 31 tokens a tree offers 62 options every step, and building each was most of a plan's time."""
-        name = drafter.name
-        best: list[_Option] = []
+        best: _Option | None = None
         best_rate = -1.0
-
-        def consider(k: int, tokens: float, verified: int, offer: Proposal | TreeProposal, shape: str = "") -> None:
-            nonlocal best_rate
-            ms = self.step_ms(name, k, verified=verified, drafting=False)
+        for k, tokens, verified, offer, shape in self._offers(drafter.name, proposal, limit):
+            ms = self.step_ms(drafter.name, k, verified=verified, drafting=False)
             if tokens / ms > best_rate:
                 best_rate = tokens / ms
-                best[:] = [_Option(drafter, k, tokens, ms, proposal=offer, shape=shape)]
+                best = _Option(drafter, k, tokens, ms, proposal=offer, shape=shape)
+        return [best] if best is not None else []
 
+    def _offers(self, name: str, proposal: Proposal | TreeProposal, limit: int
+                ) -> Iterator[tuple[int, float, int, Proposal | TreeProposal, str]]:
+        """(k, expected tokens, candidate tokens verified, what to verify, its shape) for every depth k of a
+        proposal in hand: a tree of several leaves whole and as its most probable path, a chain as it is."""
         if isinstance(proposal, TreeProposal) and len(proposal.tree.leaves) > 1:
             tree = proposal.tree
             depth = min(max(tree.depths), limit)
@@ -444,15 +446,13 @@ class Controller:
             for k in range(1, depth + 1):
                 nodes_to[k] += nodes_to[k - 1]
             for k in self._lengths(depth):
-                consider(k, tree_tokens[k], nodes_to[k], proposal, f"a {nodes_to[k]}-node tree")
-                consider(k, path_tokens[k], k, path_proposal)
-            return best
-        tokens = proposal.tokens
-        depth = min(len(tokens), limit)
-        expected = self._expected_by_length(name, depth, evidence=proposal.evidence, tokens=tokens)
+                yield k, tree_tokens[k], nodes_to[k], proposal, f"a {nodes_to[k]}-node tree"
+                yield k, path_tokens[k], k, path_proposal, ""
+            return
+        depth = min(len(proposal.tokens), limit)
+        expected = self._expected_by_length(name, depth, evidence=proposal.evidence, tokens=proposal.tokens)
         for k in self._lengths(depth):
-            consider(k, expected[k], k, proposal)
-        return best
+            yield k, expected[k], k, proposal, ""
 
     def _options(self, drafter: Drafter, limit: int, behind: int) -> list[_Option]:
         """Options for a drafter asked only once chosen."""
