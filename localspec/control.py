@@ -420,8 +420,12 @@ class Controller:
         up to 31 tokens a tree offers 62 options every step, and building each was most of a plan's time."""
         best: _Option | None = None
         best_rate = -1.0
+        # step_ms(name, k, verified=..., drafting=False) for every offer, its verify costs read from one table
+        extra = drafter.batch_extra_tokens
+        nodes = len(proposal.tree) if isinstance(proposal, TreeProposal) else len(proposal.tokens)
+        verify_ms = self.costs.verify_ms_at(range(1, 2 + extra + nodes))
         for k, tokens, verified, offer, shape in self._offers(drafter.name, proposal, limit):
-            ms = self.step_ms(drafter.name, k, verified=verified, drafting=False)
+            ms = verify_ms[extra + verified] + self.costs.overhead_ms(k)
             if tokens / ms > best_rate:
                 best_rate = tokens / ms
                 best = _Option(drafter, k, tokens, ms, proposal=offer, shape=shape)
@@ -459,8 +463,13 @@ class Controller:
         name = drafter.name
         catch_up = self.costs.catch_up_ms(name, behind)
         expected = self._expected_by_length(name, limit)
-        return [_Option(drafter, k, expected[k], self.step_ms(name, k, catch_up_ms=catch_up), catch_up, behind)
-                for k in self._lengths(limit)]
+        lengths = self._lengths(limit)
+        # step_ms(name, k, catch_up_ms=...) for every k, the verify costs walked once
+        width, extra = self._states[name].width, drafter.batch_extra_tokens
+        verify_ms = self.costs.verify_ms_at([1.0 + width * k + extra for k in lengths])
+        return [_Option(drafter, k, expected[k],
+                        self.costs.draft_ms(name, k) + catch_up + v + self.costs.overhead_ms(k), catch_up, behind)
+                for k, v in zip(lengths, verify_ms)]
 
     # --- planning -----------------------------------------------------------
     def _limit(self, room: int, remaining: int) -> tuple[int, str]:

@@ -113,6 +113,25 @@ def test_a_sliding_window_model_stops_paying_for_depth_at_the_window() -> None:
     assert CostModel(CPU, per_cell={1: 0.01}).verify_ms(1, depth=4096) == pytest.approx(5.4 + 40.96)  # no window
 
 
+@pytest.mark.parametrize("points, per_cell, measured_depth, window", [
+    (CPU, None, 0, 0),
+    ({4: 16.2, 8: 24.9, 16: 41.1}, {2: 0.002, 8: 0.004, 32: 0.01}, 300, 0),   # k = 1..3 below the first point
+    ({1: 26.0, 3: 41.1, 4: 42.6, 6: 71.0, 8: 68.6}, {1: 0.01, 16: 0.1}, 100, 512),  # a lumpy curve, a window
+    ({2: 9.0}, {1: 0.01}, 0, 0),  # one point
+])
+def test_a_plans_table_of_verify_costs_is_verify_ms_exactly(points, per_cell, measured_depth, window) -> None:
+    """``verify_ms_at`` walks the points once for a plan's batch sizes; the decisions must not move, so
+    every value is exactly ``verify_ms``'s, at whole and fractional (width x k) sizes, any depth."""
+    model = CostModel(points, per_cell=per_cell, measured_depth=measured_depth, window=window)
+    model.observe_verify(13, 50.0)  # a learned point and a moved scale
+    for depth in (0, measured_depth, 250, 2000):
+        model.depth = depth
+        for ks in (list(range(1, 126)), [1.0 + 1.37 * k for k in range(40)], [1, 1, 2.5, 2.5, 200]):
+            assert model.verify_ms_at(ks) == [model.verify_ms(k) for k in ks]
+    with pytest.raises(ValueError, match="at least one token"):
+        model.verify_ms_at([0.5, 2])
+
+
 def test_a_larger_batch_never_costs_less_per_cell() -> None:
     """Each row attends to every cell: a measured per-cell cost that falls with k (a load change between
     the shallow and the deep timings; seen: 0.0046 ms at k = 4, 0.0 at k = 16) is raised to the smaller
