@@ -58,7 +58,10 @@ tempered by a calibration while the classes learn, with line starts judged
 apart) lives in ``localspec.estimates``, with the reasons for each choice.
 
 A lookup's time is spent whatever is decided, so it is not part of T; it is
-counted in the step's ``draft_ms``.
+counted in the step's ``draft_ms``. The controller's own time (pricing the
+options, learning from the step before) is handed to the step as
+``Decision.planning_ms`` and counted in its ``python_ms``, so overhead_ms
+learns it, for plain and drafting steps alike.
 
 Probing, and why it costs at most ~2.5% speed
 ---------------------------------------------
@@ -79,7 +82,11 @@ slower than plain (they beat it by the margin, or are plain):
 
     time <= T0 N + sum(probe excess) <= T0 N (1 + probe_share) + one probe's estimation error,
 
-so speed >= 1 / 1.025 = 0.976 x plain for probe_share = 0.025. A draft model
+so speed >= 1 / 1.025 = 0.976 x plain for probe_share = 0.025, plain as the
+controller runs it: its planning comes on top (0.3-0.45 ms a step on a 2-core
+CPU while a lookup is asked every step, about 2% of a small model's step; while
+speculation is off and nothing is asked, the full plan runs every
+``replan_every`` steps only). A draft model
 as costly as the target is never chosen (T(k) exceeds E(k) T0 at any
 acceptance), and its probes, which pay its prefill and catch-up, wait until
 the budget covers them: in a short reply, never, so nothing is decoded with
@@ -132,6 +139,9 @@ class Decision:
     planning (cut to ``draft_len`` and to the chosen width); None: the step
     asks ``drafter``. ``proposal_ms``: the lookups made while planning.
     ``behind``: the tokens ``drafter`` must catch up on first.
+    ``planning_ms``: the rest of the controller's own time for this step:
+    pricing the options and observing the step before (the engine counts it
+    in the step's ``python_ms``, so the overhead estimate learns it).
     """
 
     drafter: Drafter | None
@@ -144,6 +154,7 @@ class Decision:
     proposal: Proposal | TreeProposal | None = None
     proposal_ms: float = 0.0
     behind: int = 0
+    planning_ms: float = 0.0
 
     @property
     def plain(self) -> bool:
@@ -318,6 +329,8 @@ class Controller:
         self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
         self._unused = UnusedProposals()
         self._last_used: str | None = None  # the drafter the last observed step verified
+        self._plan_started = 0.0  # clock() when the pending plan began
+        self._observe_ms = 0.0  # the last observe's time, charged to the next decision's planning_ms
         # While speculation is off and no lookup is asked, the full plan is redone only every few steps
         # (nothing it depends on moves faster): until step _off_until, plain with this reason prefix.
         self._off_until = 0
@@ -528,6 +541,7 @@ class Controller:
         target); ``room``: draft tokens that fit in the context; ``remaining``:
         tokens still to generate (a draft can emit at most that many).
         """
+        self._plan_started = self.clock()
         # Every cost of this step is priced at the cells its decode attends to (all but the last token).
         self.costs.depth = max(0, len(history) - 1)
         t0 = self.costs.plain_ms()
@@ -641,6 +655,9 @@ class Controller:
         return best
 
     def _decide(self, decision: Decision, t0: float, *, forced: bool = False) -> Decision:
+        planning_ms = (self.clock() - self._plan_started) * 1e3 - decision.proposal_ms + self._observe_ms
+        self._observe_ms = 0.0
+        decision = dataclasses.replace(decision, planning_ms=max(0.0, planning_ms))
         self._pending = (decision, t0)
         if not forced or not self.stats.last_reason:
             self.stats.last_reason = decision.reason
@@ -649,7 +666,13 @@ class Controller:
     # --- learning -----------------------------------------------------------
     def observe(self, step: StepEvent, history: Sequence[int]) -> None:
         """Learn from the step just taken (after the ``plan`` that decided it); ``history`` ends with
-        its tokens. Every drafter the step did not use is told the outcome (``accepted(history, 0)``)."""
+        its tokens. Every drafter the step did not use is told the outcome (``accepted(history, 0)``).
+        Its own time is charged to the next decision's ``planning_ms``."""
+        started = self.clock()
+        self._observe(step, history)
+        self._observe_ms = (self.clock() - started) * 1e3
+
+    def _observe(self, step: StepEvent, history: Sequence[int]) -> None:
         decision, t0 = self._pending or (Decision(None, 0, 1.0, self.costs.plain_ms(), 1.0, ""),
                                          self.costs.plain_ms())
         self._pending = None

@@ -572,8 +572,11 @@ class Generation(Iterator[Event]):
         else:
             step = speculative_step(self.engine.ctx, history, decision.drafter, self.sampler, decision.draft_len,
                                     decision.proposal, decision.proposal_ms)
-        return dataclasses.replace(step, index=self.tally.steps + 1,
-                                   decision=decision.reason if decision is not None else "")
+        if decision is None:
+            return dataclasses.replace(step, index=self.tally.steps + 1)
+        # The controller's own time for this step is the step's Python work too (its lookups are in draft_ms).
+        return dataclasses.replace(step, index=self.tally.steps + 1, decision=decision.reason,
+                                   python_ms=step.python_ms + decision.planning_ms)
 
     def _observe(self, step: StepEvent, history: list[int]) -> None:
         if self.controller is not None:

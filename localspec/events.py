@@ -41,8 +41,10 @@ class StepEvent:
     token the target computed (a tree counts each node), ``batch_tokens`` the
     whole verification decode (the last token, the candidates and any extra
     tokens such as lookahead's window). ``draft_ms`` holds every drafting cost
-    of the step: lookups made while planning, a draft model's catch-up and
-    its draft.
+    of the step: lookups made while planning (with the pricing of what they
+    offered), a draft model's catch-up and its draft. ``python_ms``: the
+    rest of the step's work outside the target's decode, the controller's
+    planning and its observing of the step before included.
     """
 
     index: int

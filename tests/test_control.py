@@ -658,6 +658,49 @@ def test_a_lookup_slow_at_first_is_timed_again_and_asked_every_step_once_fast() 
     assert ctl.costs.draft_ms("ngram", 8) < 0.02 * ctl.costs.plain_ms()
 
 
+class SlowController(Controller):
+    """A controller whose pricing of an asked lookup's offers takes ``pricing_ms`` of the simulated clock,
+    and observing a step ``observe_ms``."""
+
+    def __init__(self, *args, pricing_ms: float, observe_ms: float, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.pricing_ms, self.observe_ms = pricing_ms, observe_ms
+
+    def _asked_options(self, drafter, proposal, limit):
+        self.clock.spend(self.pricing_ms)
+        return super()._asked_options(drafter, proposal, limit)
+
+    def _observe(self, step, history):
+        self.clock.spend(self.observe_ms)
+        super()._observe(step, history)
+
+
+def run_plain(ctl: Controller, steps: int) -> list[Decision]:
+    """Plan ``steps`` steps that each decode one token plainly (nothing drafted is ever verified)."""
+    history, decisions = [0], []
+    for _ in range(steps):
+        decisions.append(plan(ctl, history=history))
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    return decisions
+
+
+def test_the_controllers_own_time_is_handed_to_the_step() -> None:
+    """A lookup's own time is the step's draft time (``proposal_ms``) and what it is learned to cost:
+    asking it first is what the 2% rule bounds. Pricing the options happens whether a drafter was asked
+    or not, so it is planning: with observing the step before, it is handed to the step as
+    ``planning_ms``, which the engine counts in the step's Python time (and the overhead estimate learns)."""
+    clock = Clock()
+    lookup = SpikyLookup(clock, set())  # 0.03 ms a lookup
+    ctl = SlowController(CostModel(CPU), [lookup], clock=clock, pricing_ms=0.05, observe_ms=0.1)
+    decisions = run_plain(ctl, 30)
+    assert lookup.calls == 30
+    assert all(d.proposal_ms == pytest.approx(0.03) for d in decisions)
+    assert decisions[0].planning_ms == pytest.approx(0.05)  # nothing observed yet
+    assert all(d.planning_ms == pytest.approx(0.15) for d in decisions[1:])
+    assert ctl.costs.draft_ms("ngram", ctl.draft_len_cap) == pytest.approx(0.03, rel=0.2)
+
+
 def test_recovers_after_probes() -> None:
     """A drafter that was useless for 2000 steps turns good: it is drafting again within a bounded time."""
     sim = Sim(CPU, {"d": lambda t: 0.05 if t < 2000 else 0.95}, max_wait=512)

@@ -134,6 +134,22 @@ def test_first_token_distribution_with_ngram_at_temperature(target):
     assert_follows(counts, dict(enumerate(p.tolist())), trials)
 
 
+def test_the_controllers_own_time_counts_in_each_step(target, monkeypatch):
+    """The controller's planning and observing are the step's Python work (``StepEvent.python_ms``), so
+    the overhead estimate and the statistics see them. Its clock here jumps 5 ms at every reading, so
+    whatever the machine's speed each step's planning reads at least 5 ms beyond its lookups."""
+    import itertools
+    import time
+
+    monkeypatch.setenv("LOCALSPEC_NO_HISTORY", "1")
+    engine = Engine(target, specs=parse_draft("ngram"), n_ctx=1024)
+    ticks = itertools.count()
+    engine.controller().clock = lambda: time.perf_counter() + 0.005 * next(ticks)
+    done, steps = generate(engine, PROMPTS[2], max_tokens=24)
+    assert steps and all(s.python_ms >= 5.0 for s in steps)
+    assert done.stats.python_ms >= 5.0 * len(steps)
+
+
 @pytest.mark.parametrize("drafters", ["ngram", "ngram,rest:STORE"])
 def test_adaptive_lookups_are_planned_from_their_offers_and_learn_on_plain_steps(target, references, store,
                                                                                  drafters, monkeypatch):
