@@ -115,18 +115,20 @@ def _interpolate(points: Mapping[int, float], k: float, ks: list[int] | None = N
 
 def _interpolate_sorted(points: Mapping[int, float], queries: Iterable[float], ks: list[int]) -> list[float]:
     """``_interpolate`` at each of ``queries`` (ascending), walking the segments once."""
-    out: list[float] = []
     if len(ks) == 1:
         return [points[ks[0]] for _ in queries]
     first, last = ks[0], ks[-1]
-    i = 1  # the segment [ks[i - 1], ks[i]] holding the query
+    out: list[float] = []
+    i, lo, hi = 1, ks[0], ks[1]  # the segment [ks[i - 1], ks[i]] holding the query
+    p_lo, rise = points[lo], points[hi] - points[lo]
     for k in queries:
         if first < k <= last:
-            while ks[i] < k:
-                i += 1
-            lo, hi = ks[i - 1], ks[i]
-            t = (k - lo) / (hi - lo)
-            out.append(points[lo] + t * (points[hi] - points[lo]))
+            if k > hi:
+                while ks[i] < k:
+                    i += 1
+                lo, hi = ks[i - 1], ks[i]
+                p_lo, rise = points[lo], points[hi] - points[lo]
+            out.append(p_lo + (k - lo) / (hi - lo) * rise)
         elif k <= first:
             # Below the smallest measured batch (k = 1 did not fit): the first segment's slope, but never
             # less than proportional to k (the compute-bound extreme).

@@ -215,20 +215,21 @@ def tree_confidence(tree: CandidateTree) -> tuple[float, ...]:
 
 def best_path(tree: CandidateTree) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The tokens along the most probable child at each depth, and the chance of each given the ones before."""
-    children: dict[int, list[int]] = {}
+    probs = tree.probs
+    best: dict[int, int] = {}  # parent -> its most probable child (the first of equals)
     for i, parent in enumerate(tree.parents):
-        children.setdefault(parent, []).append(i)
+        b = best.get(parent)
+        if b is None or probs[i] > probs[b]:
+            best[parent] = i
     tokens: list[int] = []
     confidence: list[float] = []
-    node, prob = ROOT, 1.0
-    while True:
-        kids = children.get(node)
-        if not kids:
-            return tuple(tokens), tuple(confidence)
-        node = max(kids, key=lambda i: tree.probs[i])
+    node, prob = best.get(ROOT), 1.0
+    while node is not None:
         tokens.append(tree.tokens[node])
-        confidence.append(min(1.0, tree.probs[node] / prob) if prob > 0 else 0.0)
-        prob = tree.probs[node]
+        confidence.append(min(1.0, probs[node] / prob) if prob > 0 else 0.0)
+        prob = probs[node]
+        node = best.get(node)
+    return tuple(tokens), tuple(confidence)
 
 
 def proposal_branches(proposal: Proposal | TreeProposal) -> tuple[tuple[int, ...], ...]:
