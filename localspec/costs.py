@@ -150,7 +150,9 @@ class CostModel:
       points and extrapolated linearly beyond them; ``k`` may be fractional
       (an expected batch size). At ``depth`` cached cells it adds
       ``(depth - measured_depth) * per_cell(k)`` (``per_cell`` interpolated the
-      same way; none given: no change with depth).
+      same way; none given: no change with depth). With a sliding ``window``,
+      cells past it count ``past_window`` each (the share of the layers that
+      still attend to them).
     * ``draft_ms(name, n)``: proposing ``n`` tokens with drafter ``name``
       (0 for n = 0: a step without a draft never calls the drafter). A draft
       model costs per token (``set_model_drafter``); a drafter never registered
@@ -162,7 +164,7 @@ class CostModel:
     """
 
     def __init__(self, verify: Mapping[int, float], *, per_cell: Mapping[int, float] | None = None,
-                 measured_depth: int = 0, window: int = 0,
+                 measured_depth: int = 0, window: int = 0, past_window: float = 0.0,
                  overhead: tuple[float, float] = (OVERHEAD_FIXED_MS, OVERHEAD_PER_TOKEN_MS)) -> None:
         points = {int(k): float(ms) for k, ms in verify.items() if int(k) >= 1 and ms > 0}
         if not points:
@@ -181,12 +183,14 @@ class CostModel:
         self.per_cell = cells
         self._cell_ks = sorted(self.per_cell)
         self.measured_depth = measured_depth
-        # A model with sliding-window layers (Gemma 3: five of every six, over 512 cells) stops paying for
-        # depth at the window: per_cell is then measured over the window and counted up to it only. The
-        # few global layers' growth beyond it is left out (on Gemma 3 270M a decode of 16 took 125, 176,
-        # 182 and 178 ms after 0, 512, 1,024 and 2,048 cells); counting it on at the window's rate was
-        # 5/6 wrong the other way.
+        # A model with sliding-window layers (Gemma 3: five of every six, over 512 cells) pays for depth
+        # at the full rate up to its window only: per_cell is measured over the window, where every layer
+        # attends to each new cell. Past it only the global layers do, so a cell there costs their share
+        # of the rate (``past_window``: 1/6 on Gemma 3, 1/2 on Gemma 2 and gpt-oss; 0 counts nothing
+        # past the window). Measured on Gemma 3 270M, a decode of 16 grew 31.3 ms over its first 512
+        # cells (0.061 ms a cell) and 28.2 ms over the next 2,560 (0.011 a cell; 1/6 of the rate is 0.010).
         self.window = window
+        self.past_window = past_window
         self._scale = 1.0
         self._draft: dict[str, _Line] = {}
         self._draft_models: dict[str, CostModel] = {}
@@ -239,13 +243,16 @@ class CostModel:
             return 0.0
         return max(-0.5 * base, cells * _interpolate(self.per_cell, k, self._cell_ks))
 
-    def _cells(self, depth: int) -> int | None:
+    def _cells(self, depth: int) -> float | None:
         """The cached cells a decode at ``depth`` pays for beyond (or, negative, short of) the measured
-        depth; None when depth changes nothing (no per-cell costs, or the measured depth itself)."""
+        depth, a cell past a sliding window counting ``past_window``; None when depth changes nothing
+        (no per-cell costs, or the measured depth itself)."""
         if not self.per_cell or depth == self.measured_depth:
             return None
-        return (min(depth, self.window) - min(self.measured_depth, self.window) if self.window
-                else depth - self.measured_depth)
+        if not self.window:
+            return depth - self.measured_depth
+        w, at = self.window, self.measured_depth
+        return (min(depth, w) - min(at, w)) + self.past_window * (max(depth, w) - max(at, w))
 
     def relative(self, k: float) -> float:
         """``verify_ms(k) / verify_ms(1)``: ~1 on a GPU for k <= 8, ~k/2 on a small CPU."""
@@ -371,6 +378,7 @@ class CostModel:
             "measured_ms": {str(k): v for k, v in sorted(self.measured.items())},
             "per_cell_ms": {str(k): v for k, v in sorted(self.per_cell.items())},
             "depth": self.depth, "measured_depth": self.measured_depth, "window": self.window,
+            "past_window": self.past_window,
             "scale": self._scale,
             "overhead": self._overhead.to_dict(),
             "drafters": {name: line.to_dict() for name, line in self._draft.items()},

@@ -69,7 +69,7 @@ class Measurement(dict[int, float]):
         self.complete = complete
         self.depth = depth
         self.per_cell = dict(per_cell or {})
-        self.window = window  # a sliding-window model's window (0: none): per_cell counts up to it only
+        self.window = window  # a sliding-window model's window (0: none): per_cell is timed over it (CostModel)
 
 
 def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budget_s: float = 1.5,
@@ -402,8 +402,8 @@ def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layer
     path = cost_path(key)
     verify = None if refresh else load_costs(path, key, max_age_s=max_age_s)
     if verify is not None:
-        return CachedCostModel(verify, path)
-    if verify is None:
+        costs = CachedCostModel(verify, path)
+    else:
         verify = measure_verify_costs(ctx, budget_s=budget_s)
         # A measurement cut short by an overloaded machine is used now but not kept:
         # cached, it would mislead every later run on a quiet machine.
@@ -412,7 +412,13 @@ def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layer
                 save_costs(path, key, verify)
             except OSError:
                 pass  # a read-only cache dir costs a re-measurement next time, nothing else
-    return CachedCostModel(verify)
+        costs = CachedCostModel(verify)
+    if costs.window:
+        # A fact of the model, not of the machine: read from its header, not cached.
+        from localspec.models.gguf_info import read_info
+
+        costs.past_window = read_info(ctx.model.path).global_layer_share
+    return costs
 
 
 # --- an MTP head -----------------------------------------------------------------

@@ -103,13 +103,18 @@ def test_a_deeper_context_costs_what_each_cell_adds() -> None:
     assert model.verify_ms(1) == pytest.approx(10.8, rel=0.1)
 
 
-def test_a_sliding_window_model_stops_paying_for_depth_at_the_window() -> None:
-    model = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=0, window=512)
+def test_a_sliding_window_model_pays_its_global_layers_share_past_the_window() -> None:
+    """Up to the window every layer attends to a new cell; past it only the global layers do (Gemma 3: 1/6)."""
+    model = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=0, window=512, past_window=1 / 6)
     assert model.verify_ms(16, depth=256) == pytest.approx(41.1 + 25.6)
-    assert model.verify_ms(16, depth=512) == model.verify_ms(16, depth=4096) == pytest.approx(41.1 + 51.2)
-    beyond = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=600, window=512)
-    assert beyond.verify_ms(1, depth=3000) == beyond.verify_ms(1, depth=100 + 512) == pytest.approx(5.4)
-    assert beyond.verify_ms(1, depth=400) == pytest.approx(5.4 - 1.12)
+    assert model.verify_ms(16, depth=512) == pytest.approx(41.1 + 51.2)
+    assert model.verify_ms(16, depth=2048) == pytest.approx(41.1 + 51.2 + 1536 * 0.1 / 6)
+    beyond = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=600, window=512, past_window=0.5)
+    assert beyond.verify_ms(1, depth=600 + 1000) == pytest.approx(5.4 + 1000 * 0.01 * 0.5)
+    assert beyond.verify_ms(1, depth=400) == pytest.approx(5.4 - 1.12 - 88 * 0.01 * 0.5)
+    # without the share, nothing past the window counts (what a model without global layers pays)
+    flat = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=0, window=512)
+    assert flat.verify_ms(16, depth=4096) == flat.verify_ms(16, depth=512)
     assert CostModel(CPU, per_cell={1: 0.01}).verify_ms(1, depth=4096) == pytest.approx(5.4 + 40.96)  # no window
 
 
@@ -547,3 +552,19 @@ def test_the_window_is_the_models_own(gemma_path: Path, smollm2_path: Path) -> N
     finally:
         gemma.close()
         smollm2.close()
+
+
+def test_a_sliding_window_models_costs_count_its_global_layers_past_the_window(
+        gemma_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The share is the model's (its header's layer pattern), set on costs measured now and on cached ones."""
+    from localspec.backend import Context, Model
+
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
+    model = Model(gemma_path)
+    try:
+        ctx = Context(model, n_ctx=1024, n_threads=2)
+        for _ in range(2):  # measured, then from the cache
+            costs = load_or_measure(ctx, n_threads=2, budget_s=0.3)
+            assert costs.window == 512 and costs.past_window == pytest.approx(3 / 18)
+    finally:
+        model.close()

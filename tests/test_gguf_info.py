@@ -98,6 +98,7 @@ def test_smollm2_metadata(smollm2: GGUFInfo) -> None:
     assert (i.bos_id, i.eos_id, i.add_bos, i.add_eos) == (1, 2, False, None)
     assert i.chat_template is not None and "<|im_start|>" in i.chat_template
     assert i.file_type == "Q4_1"
+    assert i.sliding_window is None and i.global_layer_share == 1.0
     assert i.n_params == 134_515_008
     assert i.sliding_window is None and not any(i.swa_layers)
     assert i.kv_heads_by_layer == (3,) * 30
@@ -120,6 +121,7 @@ def test_gemma_metadata_with_sliding_window(gemma: GGUFInfo) -> None:
     assert i.sliding_window == 512
     # Gemma 3's default pattern period is 6: every sixth layer (5, 11, 17) attends globally.
     assert [il for il, swa in enumerate(i.swa_layers) if not swa] == [5, 11, 17]
+    assert i.global_layer_share == pytest.approx(3 / 18)
     assert i.tied_embeddings
     assert i.label == "gemma-3-270m-q4_k_m"
 
@@ -222,6 +224,7 @@ def test_per_layer_heads_and_explicit_swa_pattern(tmp_path: Path) -> None:
     info = read_info(tmp_path / "m.gguf")
     assert info.kv_heads_by_layer == (2, 0, 1) and info.n_head_kv == 2
     assert (info.head_dim_k, info.sliding_window, info.swa_layers) == (16, 128, (True, False, True))
+    assert info.global_layer_share == pytest.approx(1 / 3)
     assert info.layer_bytes == (0, 0, 256) and info.output_bytes == 512 and not info.tied_embeddings
     assert (info.n_vocab, info.vocab_type, info.bos_id, info.chat_template) == (0, "none", None, None)
 

@@ -79,6 +79,14 @@ class GGUFInfo:
     n_nextn_layers: int = 0
 
     @property
+    def global_layer_share(self) -> float:
+        """The share of the layers that attend to the whole context rather than a ``sliding_window`` (1.0
+        without one): what a cell past the window still costs (``localspec.costs.CostModel.past_window``)."""
+        if not self.swa_layers:
+            return 1.0
+        return 1.0 - sum(self.swa_layers) / len(self.swa_layers)
+
+    @property
     def has_mtp(self) -> bool:
         """Whether the file declares NextN layers AND carries their weights (some conversions strip them)."""
         n = self.n_nextn_layers
