@@ -358,6 +358,7 @@ class Controller:
         # replies saved, so none slows a reply (or its first token) beyond the bound.
         self.stats.probe_budget_ms = 0.0
         self._pending = None
+        self._observe_ms = 0.0  # the last generation's last observe is not this one's first step's
         self._asked = {}
         self._unused.clear()
         self._first = True  # the generation's first step is still to come (see plan)

@@ -699,6 +699,8 @@ def test_the_controllers_own_time_is_handed_to_the_step() -> None:
     assert decisions[0].planning_ms == pytest.approx(0.05)  # nothing observed yet
     assert all(d.planning_ms == pytest.approx(0.15) for d in decisions[1:])
     assert ctl.costs.draft_ms("ngram", ctl.draft_len_cap) == pytest.approx(0.03, rel=0.2)
+    ctl.start([lookup])  # the next generation's first step pays for no observing of the last one's
+    assert run_plain(ctl, 1)[0].planning_ms == pytest.approx(0.05)
 
 
 def test_recovers_after_probes() -> None:
