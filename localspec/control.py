@@ -83,7 +83,7 @@ slower than plain (they beat it by the margin, or are plain):
     time <= T0 N + sum(probe excess) <= T0 N (1 + probe_share) + one probe's estimation error,
 
 so speed >= 1 / 1.025 = 0.976 x plain for probe_share = 0.025, plain as the
-controller runs it: its planning comes on top (0.3-0.45 ms a step on a 2-core
+controller runs it: its planning comes on top (0.3-0.5 ms a step on a 2-core
 CPU while a lookup is asked every step, about 2% of a small model's step; while
 speculation is off and nothing is asked, the full plan runs every
 ``replan_every`` steps only). A draft model
