@@ -4,9 +4,10 @@ Invariant, on entry and on exit: the target's cache holds every token of
 ``history`` except the last one, which has been chosen but not yet fed to
 the model. A step feeds ``[last, d1, ..., dk]`` to the target in ONE batch
 and asks for k+1 rows of logits: row i is the target's distribution for the
-position right after ``[last, d1..di]`` (read only up to the first rejection). The acceptance rule keeps a prefix
-d1..dn and yields the target's own next token t; the cache is cut back to
-``[last, d1..dn]`` and ``t`` becomes the new unfed last token.
+position right after ``[last, d1..di]`` (read only up to the first
+rejection). The acceptance rule keeps a prefix d1..dn and yields the
+target's own next token t; the cache is cut back to ``[last, d1..dn]`` and
+``t`` becomes the new unfed last token.
 
 With k = 0 (no drafter, or the drafter has nothing) this is exactly one step
 of plain decoding, so plain and speculative decoding share one loop.
