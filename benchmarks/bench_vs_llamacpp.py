@@ -333,12 +333,11 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
     own speedup on it, both at this machine's measured verify costs (``engine.cost_model()``)."""
     from localspec.costs import CostModel
     from localspec.drafting.ngram import NgramDrafter
-    from replay_ngram import ceiling, oracle, replay
+    from replay_ngram import ceiling, depth_terms, oracle, replay
 
     model = engine.cost_model()
     measured = model.measured
-    depth = {"per_cell": model.per_cell, "measured_depth": model.measured_depth,  # each step at its depth
-             "window": model.window, "past_window": model.past_window}
+    depth = depth_terms(model)  # each step at its depth
     costs = CostModel(measured, **depth)
     branches = 4 if engine.ctx.n_seq > 1 else 1  # as the engine builds its ngram drafter
     most = ceiling(measured)
@@ -448,10 +447,11 @@ def bench_model(label: str, model_path: Path, tools: dict[str, Path], args
                                                         args.max_tokens, args.threads, k)
                     runs.append(Run(label, name, system, rnd, n, sec, out, extra))
     same = replay_on_lookup_replies(engine, label, runs, prompt_tokens)
-    costs = engine.cost_model()
+    from replay_ngram import depth_terms
+
     # what replay_ngram.py --from-bench prices the run's replies at
-    measured = {"verify": costs.measured, "per_cell": costs.per_cell, "measured_depth": costs.measured_depth,
-                "window": costs.window, "past_window": costs.past_window}
+    costs = engine.cost_model()
+    measured = {"verify": costs.measured, **depth_terms(costs)}
     engine.close()
     return runs, same, measured
 

@@ -269,6 +269,12 @@ def bench_cases(data: dict, label: str, model) -> list[tuple[str, list[int], lis
     return out
 
 
+def depth_terms(costs) -> dict:
+    """``replay``'s depth keywords for a ``CostModel`` (what a cached cell adds, and the window's share)."""
+    return {"per_cell": costs.per_cell, "measured_depth": costs.measured_depth, "window": costs.window,
+            "past_window": costs.past_window}
+
+
 def bench_costs(data: dict, label: str) -> tuple[dict[int, float], dict]:
     """The verify costs a bench run measured for ``label`` and the depth terms (``replay``'s keywords);
     a run written before it recorded them: ``CPU_COSTS``, depth-free."""

@@ -405,16 +405,18 @@ class Controller:
         return [i for i in range(1, min(depth, len(tokens))) if self.ends_line(tokens[i - 1])]
 
     def step_ms(self, name: str, draft_len: int, *, verified: float | None = None, drafting: bool = True,
-                catch_up_ms: float = 0.0) -> float:
+                catch_up_ms: float = 0.0, verify_ms: float | None = None) -> float:
         """T(k): drafting (unless already done), the catch-up, verifying the batch (``verified``
-        candidate tokens; default: the learned width times k, plus the drafter's extra tokens)
+        candidate tokens; default: the learned width times k, plus the drafter's extra tokens;
+        ``verify_ms``: that batch's cost when already read from ``CostModel.verify_ms_at``)
         and the step's Python work."""
-        state = self._states[name]
-        member = self._members.get(name)
-        extra = member.batch_extra_tokens if member is not None else 0
-        n = state.width * draft_len if verified is None else verified
+        if verify_ms is None:
+            member = self._members.get(name)
+            extra = member.batch_extra_tokens if member is not None else 0
+            n = self._states[name].width * draft_len if verified is None else verified
+            verify_ms = self.costs.verify_ms(1.0 + n + extra)
         draft = self.costs.draft_ms(name, draft_len) if drafting else 0.0
-        return draft + catch_up_ms + self.costs.verify_ms(1.0 + n + extra) + self.costs.overhead_ms(draft_len)
+        return draft + catch_up_ms + verify_ms + self.costs.overhead_ms(draft_len)
 
     def evaluate(self, name: str, draft_len: int, *, behind: int = 0) -> tuple[float, float]:
         """(expected tokens, expected ms) of one step where ``name`` drafts ``draft_len`` tokens when asked,
@@ -434,12 +436,12 @@ class Controller:
         up to 31 tokens a tree offers 62 options every step, and building each was most of a plan's time."""
         best: _Option | None = None
         best_rate = -1.0
-        # step_ms(name, k, verified=..., drafting=False) for every offer, its verify costs read from one table
+        # every batch an offer verifies, its cost read from one walk along the measured points
         extra = drafter.batch_extra_tokens
         nodes = len(proposal.tree) if isinstance(proposal, TreeProposal) else len(proposal.tokens)
         verify_ms = self.costs.verify_ms_at(range(1, 2 + extra + nodes))
         for k, tokens, verified, offer, shape in self._offers(drafter.name, proposal, limit):
-            ms = verify_ms[extra + verified] + self.costs.overhead_ms(k)
+            ms = self.step_ms(drafter.name, k, drafting=False, verify_ms=verify_ms[extra + verified])
             if tokens / ms > best_rate:
                 best_rate = tokens / ms
                 best = _Option(drafter, k, tokens, ms, proposal=offer, shape=shape)
@@ -478,11 +480,11 @@ class Controller:
         catch_up = self.costs.catch_up_ms(name, behind)
         expected = self._expected_by_length(name, limit)
         lengths = self._lengths(limit)
-        # step_ms(name, k, catch_up_ms=...) for every k, the verify costs walked once
+        # every k's batch (the learned width times k, and the drafter's extra tokens) walked once
         width, extra = self._states[name].width, drafter.batch_extra_tokens
         verify_ms = self.costs.verify_ms_at([1.0 + width * k + extra for k in lengths])
-        return [_Option(drafter, k, expected[k],
-                        self.costs.draft_ms(name, k) + catch_up + v + self.costs.overhead_ms(k), catch_up, behind)
+        return [_Option(drafter, k, expected[k], self.step_ms(name, k, catch_up_ms=catch_up, verify_ms=v),
+                        catch_up, behind)
                 for k, v in zip(lengths, verify_ms)]
 
     # --- planning -----------------------------------------------------------
