@@ -325,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_match=4": lambda: NgramDrafter(max_branches=1, max_match=4),
         "resume_window=8": lambda: NgramDrafter(max_branches=1, resume_window=8),
         "gapped_min=0": lambda: NgramDrafter(max_branches=1, gapped_min=0),
+        "loops=False": lambda: NgramDrafter(max_branches=1, loops=False),
     }
     if args.from_bench is not None:
         return _from_bench(args.from_bench, variants)

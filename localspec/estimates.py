@@ -145,12 +145,14 @@ def expected_tokens_per_step(alpha: float, gamma: float) -> float:
 
 # --- acceptance by evidence -------------------------------------------------------
 # A lookup's proposal comes with its evidence (``Evidence``), and its acceptance is
-# learned per class of evidence: match lengths 1, 2, 3, 4, 5-7, 8-15, 16-31, 32+ ...
-MATCH_CLASSES = (1, 2, 3, 4, 5, 8, 16, 32)
+# learned per class of evidence: match lengths 1, 2, 3, 4, 5-7, 8-15, 16-31, 32-63, 64-127, 128+
+# (a match grows to 32 at most; a loop's run, ``Evidence.loop``, further) ...
+MATCH_CLASSES = (1, 2, 3, 4, 5, 8, 16, 32, 64, 128)
 # ... times how the occurrences agree on the first token: seen once, several agreeing,
 # a majority, split (below half); or a copy resumed after an edit (``Evidence.resumed``); or, whatever
-# its agreement, a match with one token substituted (``Evidence.gapped``): learned apart from exact ones.
-AGREEMENT_CLASSES = ("once", "unanimous", "majority", "split", "resumed", "gapped")
+# its agreement, a match with one token substituted (``Evidence.gapped``), or a loop carried on, by its
+# run's length (``Evidence.loop``): learned apart from exact ones.
+AGREEMENT_CLASSES = ("once", "unanimous", "majority", "split", "resumed", "gapped", "loop")
 # A resumed copy's prior counts as a match of this many tokens (a token found where the copy
 # left off is as telling as a 4-gram found anywhere); then it learns like any class.
 RESUMED_PRIOR_MATCH = 4
@@ -174,6 +176,8 @@ def evidence_class(evidence: Evidence) -> tuple[int, int]:
     """(match-length class, agreement class) of ``evidence`` (see MATCH_CLASSES, AGREEMENT_CLASSES)."""
     if evidence.resumed:
         return MATCH_CLASSES.index(RESUMED_PRIOR_MATCH), AGREEMENT_CLASSES.index("resumed")
+    if evidence.loop:
+        return bisect.bisect_right(MATCH_CLASSES, evidence.loop) - 1, AGREEMENT_CLASSES.index("loop")
     match = max(0, bisect.bisect_right(MATCH_CLASSES, evidence.match_len) - 1)
     if evidence.gapped:
         return match, AGREEMENT_CLASSES.index("gapped")

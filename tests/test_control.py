@@ -10,6 +10,8 @@ simulated: nothing here measures the machine.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import random
 import subprocess
@@ -377,9 +379,8 @@ class EvidenceLookup(Named):
         self.evidence = evidence
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
-        ev = self.evidence
-        return Proposal(self.tokens[:draft_len], None, self.name, Evidence(ev.match_len, ev.occurrences,
-                                                                           ev.support[:draft_len]))
+        return Proposal(self.tokens[:draft_len], None, self.name,
+                        dataclasses.replace(self.evidence, support=self.evidence.support[:draft_len]))
 
 
 LONG_COPY = Evidence(20, 1, (1.0,) * 15)   # a 20-token match: a copy in progress
@@ -395,6 +396,9 @@ def test_evidence_classes_and_priors() -> None:
     # a match but for one token, however its occurrences agree: a class apart for each match length
     assert evidence_class(Evidence(9, 3, (0.6,), gapped=True)) == (MATCH_CLASSES.index(8), 5)
     assert evidence_class(Evidence(20, 1, (1.0,), gapped=True)) == (MATCH_CLASSES.index(16), 5)
+    # a loop carried on: a class apart, by how long the loop has run (past the 32 a match grows to)
+    assert evidence_class(Evidence(6, 1, (1.0,), loop=9)) == (MATCH_CLASSES.index(8), 6)
+    assert evidence_class(Evidence(32, 4, (1.0,), loop=100)) == (MATCH_CLASSES.index(64), 6)
     priors = [evidence_prior(c) for c in range(len(MATCH_CLASSES))]
     assert priors == sorted(priors) and priors[0] == 0.5 and priors[-1] > 0.95
 
@@ -431,6 +435,23 @@ def test_each_class_of_evidence_learns_its_acceptance_from_the_text() -> None:
     long_offer = Controller(ctl.costs, [EvidenceLookup(tokens, long_copy)])
     long_offer._states = ctl._states
     assert plan(long_offer).draft_len == 8
+
+
+def test_a_loop_is_learned_apart_from_matches_of_its_length() -> None:
+    """A greedy reply breaks its short repeats (an import line twice, then another) and then loops
+    for good. Offers resting on 10-token matches that the text left are learned as failures; an offer
+    of the same match length that carries on a loop is judged by how loops fare, and is drafted."""
+    tokens = tuple(range(1, 9))
+    left = Evidence(10, 1, (1.0,) * 8)
+    loop = Evidence(10, 1, (1.0,) * 8, loop=12)
+    ctl = Controller(CostModel(CPU), [Named("ngram", cheap=True)])
+    for _ in range(30):
+        ctl.observe_shadow("ngram", [tokens], [9] * 8, deferred=True, evidence=left)
+    assert ctl.expected_tokens("ngram", 8, evidence=left) < 1.25 < 3.0 < ctl.expected_tokens("ngram", 8, evidence=loop)
+    for evidence, drafts in ((left, False), (loop, True)):
+        offer = Controller(ctl.costs, [EvidenceLookup(tokens, evidence)])
+        offer._states = ctl._states
+        assert plan(offer).plain is not drafts
 
 
 def test_verified_steps_teach_the_class_of_their_evidence() -> None:

@@ -19,6 +19,7 @@ from localspec.drafting.ngram import (
     Lookup,
     NgramDrafter,
     NgramIndex,
+    LOOP_MAX_RUN,
     proposal_from_lookup,
     strongest,
 )
@@ -412,3 +413,41 @@ def test_a_gapped_match_needs_its_length() -> None:
     assert index.gapped(3, min_match=3) is None
     found = index.gapped(3, min_match=2)
     assert found.match_len == 2 and found.candidates[0].tokens == (30, 7, 40)
+
+
+def test_a_loop_is_marked_with_how_long_it_has_run() -> None:
+    """An import line said five times over: the proposal carries the loop on and says it has run 15
+    tokens; a text that copies an earlier span once (no loop) is not marked."""
+    history = [1, 2, 3, 4] + [7, 8, 9] * 5
+    proposal = NgramDrafter().propose(history, 8)
+    assert proposal.tokens == (7, 8, 9, 7, 8, 9, 7, 8)
+    assert proposal.evidence.loop == 15 and proposal.evidence.match_len == 12
+    assert NgramDrafter(loops=False).propose(history, 8).evidence.loop == 0
+    copy = [1, 2, 3, 4, 5, 6, 10, 11, 1, 2, 3, 4]
+    proposal = NgramDrafter().propose(copy, 4)
+    assert proposal.tokens == (5, 6, 10, 11) and proposal.evidence.loop == 0
+    # a loop longer than the match can grow is measured past it, up to LOOP_MAX_RUN
+    assert NgramDrafter().propose([5] + [7, 8] * 40, 4).evidence.loop == 80
+    assert NgramDrafter().propose([7, 8] * 100, 4).evidence.loop == LOOP_MAX_RUN
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefix=st.lists(st.integers(0, 3), max_size=30), unit=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+       times=st.integers(1, 12))
+def test_loop_runs_match_brute_force(prefix: list[int], unit: list[int], times: int) -> None:
+    """A span said three times over is a loop, and whatever the history, a proposal marked as a loop
+    carries on a periodic end of the history:
+    its last ``loop`` tokens repeat a period of at most half of them, the proposal continues that
+    period, and the run is as long as the periodicity reaches (up to LOOP_MAX_RUN)."""
+    history = prefix + unit * times
+    proposal = NgramDrafter().propose(history, 6)
+    run = proposal.evidence.loop if proposal.evidence is not None else 0
+    assert run or times < 3  # a span said three times over is a loop
+    if not run:
+        return
+    period = next(p for p in range(1, run // 2 + 1)
+                  if history[-run + p:] == history[-run:-p] and all(
+                      t == history[len(history) - p + j % p] for j, t in enumerate(proposal.tokens)))
+    assert period * 2 <= run <= min(LOOP_MAX_RUN, len(history))
+    if run < LOOP_MAX_RUN and run < len(history):
+        assert history[-run - 1] != history[-run - 1 + period]  # the run reaches as far back as it goes

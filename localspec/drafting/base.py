@@ -48,6 +48,10 @@ class Evidence:
     following before the text parted from it (an edit), picked up again.
     ``gapped``: the match has one token substituted (``match_len`` counts the
     others), as a list's next item matches the last one but for its number.
+    ``loop``: the proposal carries on a loop, the history's end repeating a
+    span of a few tokens over and over; ``loop`` tokens of it so far (0: no
+    loop). A greedy decode caught in a loop rarely leaves it, and the run's
+    length is the evidence a capped ``match_len`` cannot show.
     """
 
     match_len: int
@@ -55,6 +59,7 @@ class Evidence:
     support: tuple[float, ...] = ()
     resumed: bool = False
     gapped: bool = False
+    loop: int = 0
 
     def agreement(self, depth: int) -> tuple[float, ...]:
         """The evidence's own chance of depth d + 1 once right up to d, for d < ``depth``."""
