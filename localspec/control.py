@@ -387,7 +387,7 @@ class Controller:
         if evidence is not None and not confidence:
             confidence = evidence.agreement(limit)
         scale = state.calibrated(estimate) if evidence is not None else 1.0
-        starts = set(self._line_starts(tokens, limit)) if evidence is not None else set()
+        starts = set(self._line_starts(tokens, limit, evidence)) if evidence is not None else set()
         line_start = state.line_start_rate
         out, total, run = [1.0], 1.0, 1.0
         for i, a in enumerate(estimate.rates(limit)):
@@ -398,9 +398,10 @@ class Controller:
             out.append(total)
         return out
 
-    def _line_starts(self, tokens: Sequence[int], depth: int) -> list[int]:
-        """The positions below ``depth`` of a draft's ``tokens`` whose token starts a line."""
-        if self.ends_line is None:
+    def _line_starts(self, tokens: Sequence[int], depth: int, evidence: Evidence | None = None) -> list[int]:
+        """The positions below ``depth`` of a draft's ``tokens`` whose token starts a line (none for a loop
+        carried on, ``evidence.loop``: its lines repeat whole, so its class alone judges them, breaks included)."""
+        if self.ends_line is None or (evidence is not None and evidence.loop):
             return []
         return [i for i in range(1, min(depth, len(tokens))) if self.ends_line(tokens[i - 1])]
 
@@ -707,7 +708,7 @@ class Controller:
                 estimate = state.evidence_acceptance(evidence)
                 state.calibrate(step.accepted, decision.expected_tokens - 1.0, state.calibrated(estimate))
                 chain = decision.proposal.tokens if isinstance(decision.proposal, Proposal) else ()
-                state.learn_evidence(evidence, self._line_starts(chain, decision.draft_len), decision.draft_len,
+                state.learn_evidence(evidence, self._line_starts(chain, decision.draft_len, evidence), decision.draft_len,
                                      step.accepted)
                 calibrated = name
             if name not in self._asked:
@@ -797,5 +798,5 @@ class Controller:
         state.acceptance.update(reached, matched, idle_steps=idle, known=known)
         if evidence is not None:
             chain = branches[0] if len(branches) == 1 else ()
-            state.learn_evidence(evidence, self._line_starts(chain, reached), reached, matched, known=known)
+            state.learn_evidence(evidence, self._line_starts(chain, reached, evidence), reached, matched, known=known)
         state.last_seen = self._step

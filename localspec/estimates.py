@@ -145,13 +145,12 @@ def expected_tokens_per_step(alpha: float, gamma: float) -> float:
 
 # --- acceptance by evidence -------------------------------------------------------
 # A lookup's proposal comes with its evidence (``Evidence``), and its acceptance is
-# learned per class of evidence: match lengths 1, 2, 3, 4, 5-7, 8-15, 16-31, 32-63, 64-127, 128+
-# (a match grows to 32 at most; a loop's run, ``Evidence.loop``, further) ...
-MATCH_CLASSES = (1, 2, 3, 4, 5, 8, 16, 32, 64, 128)
+# learned per class of evidence: match lengths 1, 2, 3, 4, 5-7, 8-15, 16-31, 32+ ...
+MATCH_CLASSES = (1, 2, 3, 4, 5, 8, 16, 32)
 # ... times how the occurrences agree on the first token: seen once, several agreeing,
 # a majority, split (below half); or a copy resumed after an edit (``Evidence.resumed``); or, whatever
-# its agreement, a match with one token substituted (``Evidence.gapped``), or a loop carried on, by its
-# run's length (``Evidence.loop``): learned apart from exact ones.
+# its agreement, a match with one token substituted (``Evidence.gapped``), or a loop carried on, by how
+# long it has run (``Evidence.loop``) instead of the match length: learned apart from exact ones.
 AGREEMENT_CLASSES = ("once", "unanimous", "majority", "split", "resumed", "gapped", "loop")
 # A resumed copy's prior counts as a match of this many tokens (a token found where the copy
 # left off is as telling as a 4-gram found anywhere); then it learns like any class.

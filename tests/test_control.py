@@ -396,9 +396,9 @@ def test_evidence_classes_and_priors() -> None:
     # a match but for one token, however its occurrences agree: a class apart for each match length
     assert evidence_class(Evidence(9, 3, (0.6,), gapped=True)) == (MATCH_CLASSES.index(8), 5)
     assert evidence_class(Evidence(20, 1, (1.0,), gapped=True)) == (MATCH_CLASSES.index(16), 5)
-    # a loop carried on: a class apart, by how long the loop has run (past the 32 a match grows to)
+    # a loop carried on: a class apart, by how long the loop has run
     assert evidence_class(Evidence(6, 1, (1.0,), loop=9)) == (MATCH_CLASSES.index(8), 6)
-    assert evidence_class(Evidence(32, 4, (1.0,), loop=100)) == (MATCH_CLASSES.index(64), 6)
+    assert evidence_class(Evidence(32, 4, (1.0,), loop=32)) == (MATCH_CLASSES.index(32), 6)
     priors = [evidence_prior(c) for c in range(len(MATCH_CLASSES))]
     assert priors == sorted(priors) and priors[0] == 0.5 and priors[-1] > 0.95
 
@@ -508,6 +508,30 @@ def test_a_draft_token_that_starts_a_line_is_judged_by_how_line_starts_fare() ->
     copies_that_part_where_lines_start(blind, copy)
     assert min(blind._states["ngram"].evidence_acceptance(copy).rates(8)) < 0.7
     assert blind._expected_by_length("ngram", 8, evidence=copy, tokens=tuple(range(1, 9)))[8] < straight[8] - 2.0
+
+
+def test_a_loops_line_starts_are_judged_by_its_class() -> None:
+    """Copies that part where lines start teach line starts a low rate; a loop repeats its lines whole,
+    so an offer that carries one on is judged by its class alone, line starts included, and is drafted
+    across them; its break at a line start teaches the class, not the line-start rate."""
+    ctl = Controller(CostModel(CPU), [Named("ngram", cheap=True)], ends_line=lambda t: t == NL)
+    copies_that_part_where_lines_start(ctl, Evidence(6, 1, (1.0,) * 8))
+    state = ctl._states["ngram"]
+    assert state.line_start_rate < 0.15
+    lines = (1, 2, NL) * 3
+    loop = Evidence(6, 1, (1.0,) * 8, loop=9)
+    for _ in range(10):  # the loop holds
+        ctl.observe_shadow("ngram", [lines[:8]], list(lines[:8]), deferred=True, evidence=loop)
+    crossing = ctl._expected_by_length("ngram", 8, evidence=loop, tokens=lines[:8])
+    assert crossing == ctl._expected_by_length("ngram", 8, evidence=loop, tokens=tuple(range(1, 9)))
+    assert crossing[8] > 7.0
+    offer = Controller(ctl.costs, [EvidenceLookup(lines[:8], loop)], ends_line=lambda t: t == NL)
+    offer._states = ctl._states
+    assert plan(offer).draft_len == 8
+    rate = state.line_start_rate
+    ctl.observe_shadow("ngram", [lines[:8]], [1, 2, NL, 5, 5, 5, 5, 5], deferred=True, evidence=loop)
+    assert state.line_start_rate == rate  # the loop's break taught its class
+    assert state.evidence_acceptance(loop).reached[3] > state.evidence_acceptance(loop).kept[3]
 
 
 def test_a_verified_draft_that_breaks_where_a_line_starts_teaches_the_line_start() -> None:

@@ -426,8 +426,9 @@ def test_a_loop_is_marked_with_how_long_it_has_run() -> None:
     copy = [1, 2, 3, 4, 5, 6, 10, 11, 1, 2, 3, 4]
     proposal = NgramDrafter().propose(copy, 4)
     assert proposal.tokens == (5, 6, 10, 11) and proposal.evidence.loop == 0
-    # a loop longer than the match can grow is measured past it, up to LOOP_MAX_RUN
-    assert NgramDrafter().propose([5] + [7, 8] * 40, 4).evidence.loop == 80
+    # a loop longer than the match grows is measured past it, up to LOOP_MAX_RUN
+    drafter = NgramDrafter(max_match=8)
+    assert drafter.propose([5] + [7, 8] * 8, 4).evidence.loop == 16 == 2 * drafter.max_match
     assert NgramDrafter().propose([7, 8] * 100, 4).evidence.loop == LOOP_MAX_RUN
 
 

@@ -545,8 +545,9 @@ class NgramDrafter(DrafterBase):
         return None
 
 
-# The longest loop run ``loop_run`` measures (a run longer still is as telling).
-LOOP_MAX_RUN = 128
+# The longest loop run ``loop_run`` measures: a run longer still is as telling (the longest match class;
+# splitting loops further by length only made each new class learn the same loop again).
+LOOP_MAX_RUN = 32
 
 
 def loop_run(tokens: list[int], lookup: Lookup) -> int:
