@@ -708,8 +708,8 @@ class Controller:
                 estimate = state.evidence_acceptance(evidence)
                 state.calibrate(step.accepted, decision.expected_tokens - 1.0, state.calibrated(estimate))
                 chain = decision.proposal.tokens if isinstance(decision.proposal, Proposal) else ()
-                state.learn_evidence(evidence, self._line_starts(chain, decision.draft_len, evidence), decision.draft_len,
-                                     step.accepted)
+                state.learn_evidence(evidence, self._line_starts(chain, decision.draft_len, evidence),
+                                     decision.draft_len, step.accepted)
                 calibrated = name
             if name not in self._asked:
                 extra = self._members[name].batch_extra_tokens if name in self._members else 0
