@@ -414,6 +414,7 @@ def bench_model(label: str, model_path: Path, tools: dict[str, Path], args
                 ) -> tuple[list[Run], list[SameReply], dict[str, object]]:
     from localspec.drafting.specs import DrafterSpec
     from localspec.engine import Engine
+    from replay_ngram import depth_terms
 
     engine = Engine.load(model_path, specs=[DrafterSpec("ngram")], n_ctx=4096, n_threads=args.threads,
                          personal_history=False)
@@ -447,8 +448,6 @@ def bench_model(label: str, model_path: Path, tools: dict[str, Path], args
                                                         args.max_tokens, args.threads, k)
                     runs.append(Run(label, name, system, rnd, n, sec, out, extra))
     same = replay_on_lookup_replies(engine, label, runs, prompt_tokens)
-    from replay_ngram import depth_terms
-
     # what replay_ngram.py --from-bench prices the run's replies at
     costs = engine.cost_model()
     measured = {"verify": costs.measured, **depth_terms(costs)}
