@@ -11,7 +11,8 @@
 #  - matmul-batch-invariant.patch: the repacked Q4_K gemv sums as the gemm does (so Q4_K weights
 #    may be repacked), and a switch that keeps llamafile's sgemm (batch matmuls) to the kernels
 #    that sum a row exactly as the one-row vec_dot does (Q4_0, Q5_0, Q8_0 on x86), the rest
-#    falling back to ggml's own matmul.
+#    falling back to ggml's own matmul; batch kernels of our own, each column summed as the
+#    one-column vec_dot sums it, for Q4_1/Q5_K/Q6_K (AVX2) and Q8_0 (AVX-512 VNNI).
 # The switches change nothing unless set (localspec sets them); the Q4_K gemv change is always on
 # (it moves the last bit of a rounding, no speed). LOCALSPEC_PATCH=off builds the
 # sources as they are, and then without llamafile's sgemm (its batch kernels would round

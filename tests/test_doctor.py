@@ -236,7 +236,9 @@ def test_doctor_reports_build_folders_model_and_a_passing_selftest(smollm2_path:
 
     if "SGEMM_BATCH_INVARIANT = 1" in backend.system_info():  # our patched build, sgemm kept exact
         assert "llamafile sgemm (its exact kernels only)" in out
-    if "Q4_1_COLS = 4" in backend.system_info():  # our patched build on x86 with AVX2
+    if "Q8_0_COLS = 4" in backend.system_info():  # our patched build on x86 with AVX-512 VNNI
+        assert "Q4_1/Q5_K/Q6_K/Q8_0 batches by columns" in out
+    elif "Q4_1_COLS = 4" in backend.system_info():  # our patched build on x86 with AVX2
         assert "Q4_1/Q5_K/Q6_K batches by columns" in out
 
     proc = _cli("doctor", "--model", str(smollm2_path), "--json", env=env)

@@ -13,12 +13,18 @@ are not repacked on x86) a kernel that takes each weight row for up to 4 columns
 summed exactly as the one-column vec_dot sums it: checked on random blocks against that vec_dot, and
 through SmolLM2 Q4_1 and Gemma 3's Q6_K layers at every batch width's remainder against one-token
 decodes (the matmul's hook is the same for every type).
+
+On x86 with AVX-512 VNNI, Q8_0 weights (both test models' output matrices) take a kernel of their own
+for one to four columns, which the one-column vec_dot is too: checked on random blocks against that
+vec_dot to the bit and against the exact dot of the values the blocks hold, and end to end by the
+batch-width test (every row of a verification batch meets the output matrix).
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +43,8 @@ Q8_1_BYTES = 2 + 2 + QK8_1  # block_q8_1: d, s (d times the sum of qs), qs
 def _libggml_cpu() -> ctypes.CDLL:
     spec = importlib.util.find_spec("llama_cpp")
     assert spec is not None and spec.origin is not None
-    lib_dir = Path(spec.origin).parent / "lib"
+    # where llama_cpp loads its libraries from (LLAMA_CPP_LIB_PATH overrides the package's own)
+    lib_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(spec.origin).parent / "lib")
     backend.system_info()  # loads llama.cpp's libraries (libggml-base first), so this one resolves
     return ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
 
@@ -211,3 +218,51 @@ def test_batches_of_every_width_give_each_row_its_one_token_bits(quant_cols, whi
     finally:
         ctx.close()
         model.close()
+
+
+QK8_0 = 32
+Q8_0_BYTES = 2 + QK8_0  # block_q8_0: d, qs
+
+
+@pytest.fixture(scope="module")
+def q8_0_cols() -> ctypes.CDLL:
+    if "Q8_0_COLS = 4" not in backend.system_info():
+        pytest.skip("this llama.cpp build lacks localspec's multi-column Q8_0 kernel (x86 with AVX-512 VNNI, "
+                    "scripts/setup.sh)")
+    lib = _libggml_cpu()
+    lib.ggml_cpu_init()
+    return lib
+
+
+def _q8_0_row(rng: np.random.Generator, n: int) -> tuple[bytes, np.ndarray]:
+    """A Q8_0 row of ``n`` values (random scales, every byte a quantizer writes) and the values it holds."""
+    d = (rng.random(n // QK8_0) * 0.02).astype(np.float16)
+    qs = rng.integers(-127, 128, (n // QK8_0, QK8_0), dtype=np.int8)
+    return b"".join(s.tobytes() + q.tobytes() for s, q in zip(d, qs)), (d.astype(np.float64)[:, None] * qs).ravel()
+
+
+@pytest.mark.parametrize("n_cols", [1, 2, 3, 4])
+def test_a_q8_0_row_gives_each_column_its_one_column_bits_and_the_exact_dot(q8_0_cols, n_cols: int) -> None:
+    # Two blocks go through each 512-bit step and an odd last block apart (1, 3 and 21 blocks), so each
+    # column count meets both; the one-column vec_dot (what a lone token takes) must agree to the bit,
+    # and every result with the dot of the values the blocks hold.
+    rng = np.random.default_rng(10 + n_cols)
+    for n in (QK8_0, 2 * QK8_0, 3 * QK8_0, 20 * QK8_0, 21 * QK8_0):
+        row_bytes = Q8_0_BYTES * (n // QK8_0)
+        for _ in range(6):
+            weights, w = _q8_0_row(rng, n)
+            columns = [_q8_0_row(rng, n) for _ in range(n_cols)]
+            cols = ctypes.create_string_buffer(b"".join(raw for raw, _ in columns))
+            exact = np.array([w @ values for _, values in columns])
+            alone = np.zeros(n_cols, np.float32)
+            for c in range(n_cols):
+                q8_0_cols.ggml_vec_dot_q8_0_q8_0(ctypes.c_int(n), ctypes.c_void_p(alone.ctypes.data + 4 * c),
+                                                 ctypes.c_size_t(0), ctypes.c_char_p(weights), ctypes.c_size_t(0),
+                                                 ctypes.byref(cols, c * row_bytes), ctypes.c_size_t(0), ctypes.c_int(1))
+            together = np.zeros(2 * n_cols, np.float32)  # written with a stride of 2, as a matmul's columns are
+            q8_0_cols.ggml_vec_dot_q8_0_q8_0_cols(ctypes.c_int(n), together.ctypes.data_as(ctypes.c_void_p),
+                                                  ctypes.c_size_t(2), ctypes.c_char_p(weights), cols,
+                                                  ctypes.c_size_t(row_bytes), ctypes.c_int(n_cols))
+            np.testing.assert_array_equal(together[::2], alone)
+            assert not together[1::2].any()
+            np.testing.assert_allclose(alone, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
