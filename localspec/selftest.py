@@ -36,7 +36,13 @@ _TEXT = ("Speculative decoding lets a small draft propose several tokens that th
 
 # Flags in llama.cpp's system line that say how it was built, not what the CPU offers.
 _BUILD_FLAGS = ("LLAMAFILE", "OPENMP", "REPACK", "FA_BATCH_INVARIANT", "SGEMM_BATCH_INVARIANT",
-                "REPACK_Q4_K_INVARIANT")
+                "REPACK_Q4_K_INVARIANT", "SMALL_BATCH_CHUNKS")
+
+
+def _int_flag(system: str, name: str) -> int | None:
+    """The number llama.cpp's system line gives ``name`` (``NAME = 16``), None where it says nothing."""
+    m = re.search(rf"\b{name} = (\d+)", system)
+    return int(m.group(1)) if m else None
 
 
 def build_info() -> dict[str, object]:
@@ -55,6 +61,8 @@ def build_info() -> dict[str, object]:
         "repack_q4_k_exact": "REPACK_Q4_K_INVARIANT" in flags,
         # weight types whose batches take a multi-column kernel of our patch ("Q4_1_COLS = 4")
         "multi_column": sorted(m.group(1) for m in re.finditer(r"\b([A-Z0-9]+_[A-Z0-9]+)_COLS = \d+", system)),
+        # chunks per thread of a small batch's matmul over many rows (our patch; 0: upstream's chunks)
+        "small_batch_chunks": _int_flag(system, "SMALL_BATCH_CHUNKS"),
         "gpu_offload": backend.gpu_offload_supported(),
         "cuda": "CUDA" in system,
         "batch_invariant": backend.batch_invariant(),

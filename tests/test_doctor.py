@@ -240,6 +240,8 @@ def test_doctor_reports_build_folders_model_and_a_passing_selftest(smollm2_path:
         assert "Q4_1/Q5_K/Q6_K/Q8_0 batches by columns" in out
     elif "Q4_1_COLS = 4" in backend.system_info():  # our patched build on x86 with AVX2
         assert "Q4_1/Q5_K/Q6_K batches by columns" in out
+    if "SMALL_BATCH_CHUNKS = 16" in backend.system_info():  # our patched CPU build, the switch left alone
+        assert "small batches in 16 chunks per thread" in out
 
     proc = _cli("doctor", "--model", str(smollm2_path), "--json", env=env)
     assert proc.returncode == 0, proc.stderr

@@ -18,13 +18,21 @@ On x86 with AVX-512 VNNI, Q8_0 weights (both test models' output matrices) take 
 for one to four columns, which the one-column vec_dot is too: checked on random blocks against that
 vec_dot to the bit and against the exact dot of the values the blocks hold, and end to end by the
 batch-width test (every row of a verification batch meets the output matrix).
+
+The patch also cuts a small batch's matmul over many rows (an LM head) into at most 16 chunks per thread
+where upstream took thousands: which thread computes a row changes, never how. Checked by the same
+logits from 1, 2 and 3 threads, with the switch at 0 (upstream's chunks), 16 and 3, and by the
+batch-width test's 40-token batch, which takes upstream's chunks against one-token decodes in ours.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -197,20 +205,22 @@ def test_batches_of_every_width_give_each_row_its_one_token_bits(quant_cols, whi
                                                                   gemma_path: Path) -> None:
     # The matmul cuts a batch's columns into blocks of 16 and those into groups of up to 4: widths 2
     # to 7 and 17 leave every remainder, and a row's logits must be the bits a one-token decode gives.
-    # SmolLM2 is Q4_1 throughout; nine of Gemma 3's FFN down projections are Q6_K.
+    # SmolLM2 is Q4_1 throughout; nine of Gemma 3's FFN down projections are Q6_K. A batch of up to 32
+    # tokens cuts the output matrix's rows into our few large chunks (SMALL_BATCH_CHUNKS), one of 40
+    # into upstream's many small ones, and the two must agree on every row.
     model = backend.Model(smollm2_path if which == "smollm2" else gemma_path, n_gpu_layers=0)
     ctx = backend.Context(model, n_ctx=512, n_batch=64)
     try:
         prompt = model.tokenize("Rename every variable in this function and keep its comments: def f(a, b):")
         ctx.append(prompt)
         pos0 = len(ctx.tokens)
-        draft = (prompt * 2)[1:18]
+        draft = (prompt * 3)[1:41]
         alone = []
         for token in draft:
             ctx.append([token])
             alone.append(ctx.logits(0).copy())
         ctx.rollback_to(pos0)
-        for width in (2, 3, 4, 5, 6, 7, 17):
+        for width in (2, 3, 4, 5, 6, 7, 17, 40):
             ctx.decode(draft[:width], range(pos0, pos0 + width), outputs=[True] * width)
             for i in range(width):
                 np.testing.assert_array_equal(ctx.logits(i), alone[i], err_msg=f"row {i} of a {width}-token batch")
@@ -218,6 +228,56 @@ def test_batches_of_every_width_give_each_row_its_one_token_bits(quant_cols, whi
     finally:
         ctx.close()
         model.close()
+
+
+# A child's ggml reads GGML_CPU_SMALL_BATCH_CHUNKS once: the digest of a prompt's last logits row and of a
+# 5-token batch's rows on 1, 2 and 3 threads, and the chunks per thread the build reports.
+_DIGEST_CHILD = r"""
+import hashlib, json, sys
+import numpy as np
+from localspec import backend
+from localspec.selftest import build_info
+model = backend.Model(sys.argv[1], n_gpu_layers=0)
+prompt = model.tokenize("Rename every variable in this function and keep its comments: def f(a, b):")
+digests = {}
+for n_threads in (1, 2, 3):
+    ctx = backend.Context(model, n_ctx=256, n_batch=64, n_threads=n_threads)
+    ctx.append(prompt)
+    rows = [ctx.logits(-1).copy()]
+    pos = len(ctx.tokens)
+    ctx.decode(prompt[1:6], range(pos, pos + 5), outputs=[True] * 5)
+    rows += [ctx.logits(i).copy() for i in range(5)]
+    assert np.isfinite(rows).all() and np.abs(rows).max() > 0
+    digests[n_threads] = hashlib.sha256(np.stack(rows).tobytes()).hexdigest()
+    ctx.close()
+print(json.dumps({"chunks": build_info()["small_batch_chunks"], "digests": digests}))
+"""
+
+
+def _logit_digests(model: Path, **env: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _DIGEST_CHILD, str(model)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_a_decode_gives_the_same_bits_on_any_number_of_threads(which: str, smollm2_path: Path,
+                                                                gemma_path: Path) -> None:
+    # Threads share out a matmul's rows in chunks whose number follows the thread count (for a batch of
+    # up to 32 tokens, SMALL_BATCH_CHUNKS per thread): each row must come out alike however they are cut.
+    found = _logit_digests(smollm2_path if which == "smollm2" else gemma_path)
+    assert len(set(found["digests"].values())) == 1, found
+
+
+def test_our_matmul_chunks_and_upstreams_give_the_same_bits(gemma_path: Path) -> None:
+    # GGML_CPU_SMALL_BATCH_CHUNKS=0 gives a small batch's matmul upstream's many small chunks again.
+    # Only the speed may differ, never a logit.
+    if "SMALL_BATCH_CHUNKS" not in backend.system_info():
+        pytest.skip("this llama.cpp build lacks localspec's matmul chunking (scripts/setup.sh)")
+    found = {s: _logit_digests(gemma_path, GGML_CPU_SMALL_BATCH_CHUNKS=s) for s in ("0", "16", "3")}
+    assert [found[s]["chunks"] for s in ("0", "16", "3")] == [0, 16, 3]  # the switch was read
+    assert len({d for f in found.values() for d in f["digests"].values()}) == 1, found
 
 
 QK8_0 = 32

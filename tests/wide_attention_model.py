@@ -23,7 +23,7 @@ N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_LAYER, N_FF = 64, 64, 1, 256, 2, 128
 def write_wide_attention_model(path: Path, *, seed: int = 0, n_head: int = N_HEAD, n_head_kv: int = N_HEAD_KV,
                                head_dim: int = HEAD_DIM) -> Path:
     """Write the model to ``path`` (via ``path.partial``, then renamed) and return ``path``. Other head
-    counts and sizes make other attention shapes for ``benchmarks/bench_fa_decode.py`` (e.g. fewer
+    counts and sizes make other attention shapes for ``benchmarks/bench_cpu_switch.py`` (e.g. fewer
     query heads than threads, where a decode's attention has fewer rows than threads)."""
     import gguf
 

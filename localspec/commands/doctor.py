@@ -82,9 +82,11 @@ def run(args: argparse.Namespace) -> int:
         sgemm = "llamafile sgemm" + (" (its exact kernels only)" if build["sgemm_exact_only"] else "")
         repack = "repacked Q4_K (exact)" if build["repack_q4_k_exact"] else ""
         columns = f"{'/'.join(build['multi_column'])} batches by columns" if build["multi_column"] else ""
+        chunks = build["small_batch_chunks"]
+        chunked = f"small batches in {chunks} chunks per thread" if chunks else ""
         accel = ", ".join(k for k, on in (("AMX", build["amx"]), (sgemm, build["llamafile_sgemm"]),
                                            (repack, bool(repack)), (columns, bool(columns)),
-                                           ("CUDA", build["cuda"])) if on) or "none"
+                                           (chunked, bool(chunked)), ("CUDA", build["cuda"])) if on) or "none"
         out.append(f"llama.cpp     llama-cpp-python {build['llama_cpp_python']}; "
                    f"{'GPU offload' if build['gpu_offload'] else 'CPU only'}")
         out.append(f"CPU features  {' '.join(build['cpu_features']) or 'none reported'}")
