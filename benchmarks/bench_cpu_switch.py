@@ -9,8 +9,8 @@ ggml reads each switch once, so every setting runs in child processes of its own
   cells evenly over the threads (batch-dependent). A per-token cost of a few
   percent at most; it shows at a long ``--context`` (default 2,048 cells).
 * ``--switch chunks``: with ``GGML_CPU_SMALL_BATCH_CHUNKS=16`` (the build's
-  default) a batch of up to 32 tokens multiplies a matrix with many rows (an LM
-  head: Gemma 3's has 262k) in at most 16 chunks per thread; ``0`` restores
+  default) a batch of fewer than 256 tokens multiplies a matrix with many rows (an
+  LM head: Gemma 3's has 262k) in at most 16 chunks per thread; ``0`` restores
   upstream's 16- and 64-row chunks. Same bits either way; default context 400.
 
 Each child loads a model, fills the context with ``--context`` tokens, then for

@@ -21,8 +21,9 @@ batch-width test (every row of a verification batch meets the output matrix).
 
 The patch also cuts a small batch's matmul over many rows (an LM head) into at most 16 chunks per thread
 where upstream took thousands: which thread computes a row changes, never how. Checked by the same
-logits from 1, 2 and 3 threads, with the switch at 0 (upstream's chunks), 16 and 3, and by the
-batch-width test's 40-token batch, which takes upstream's chunks against one-token decodes in ours.
+logits from 1, 2 and 3 threads and with the switch at 0 (upstream's chunks), 16 and 3, and by the
+batch-width test, whose widths cut the rows into different numbers of chunks (a 40-token batch's
+columns in three blocks of 16, so fewer chunks along the rows).
 """
 
 from __future__ import annotations
@@ -205,9 +206,9 @@ def test_batches_of_every_width_give_each_row_its_one_token_bits(quant_cols, whi
                                                                   gemma_path: Path) -> None:
     # The matmul cuts a batch's columns into blocks of 16 and those into groups of up to 4: widths 2
     # to 7 and 17 leave every remainder, and a row's logits must be the bits a one-token decode gives.
-    # SmolLM2 is Q4_1 throughout; nine of Gemma 3's FFN down projections are Q6_K. A batch of up to 32
-    # tokens cuts the output matrix's rows into our few large chunks (SMALL_BATCH_CHUNKS), one of 40
-    # into upstream's many small ones, and the two must agree on every row.
+    # SmolLM2 is Q4_1 throughout; nine of Gemma 3's FFN down projections are Q6_K. The output matrix's
+    # rows go in SMALL_BATCH_CHUNKS chunks per thread, shared among a 40-token batch's three blocks of
+    # columns: fewer along the rows than for a 17-token batch, and every row must still agree.
     model = backend.Model(smollm2_path if which == "smollm2" else gemma_path, n_gpu_layers=0)
     ctx = backend.Context(model, n_ctx=512, n_batch=64)
     try:
@@ -265,7 +266,7 @@ def _logit_digests(model: Path, **env: str) -> dict:
 def test_a_decode_gives_the_same_bits_on_any_number_of_threads(which: str, smollm2_path: Path,
                                                                 gemma_path: Path) -> None:
     # Threads share out a matmul's rows in chunks whose number follows the thread count (for a batch of
-    # up to 32 tokens, SMALL_BATCH_CHUNKS per thread): each row must come out alike however they are cut.
+    # fewer than 256 tokens, SMALL_BATCH_CHUNKS per thread): each row must come out alike however cut.
     found = _logit_digests(smollm2_path if which == "smollm2" else gemma_path)
     assert len(set(found["digests"].values())) == 1, found
 
