@@ -13,8 +13,9 @@
 #    that sum a row exactly as the one-row vec_dot does (Q4_0, Q5_0, Q8_0 on x86), the rest
 #    falling back to ggml's own matmul; batch kernels of our own, each column summed as the
 #    one-column vec_dot sums it, for Q4_1/Q5_K/Q6_K (AVX2) and Q8_0 (AVX-512 VNNI); and a
-#    decode's or verification's matmul over many rows (an LM head) cut into at most 16 chunks a thread
-#    instead of thousands (GGML_CPU_SMALL_BATCH_CHUNKS=0 restores upstream's; same bits).
+#    small batch's matmul over many rows (an LM head in a decode, a verification or a short prompt)
+#    cut into at most 16 chunks a thread instead of thousands (GGML_CPU_SMALL_BATCH_CHUNKS=0
+#    restores upstream's; same bits).
 # The sgemm and flash-attention switches change nothing unless set (localspec sets them); the Q4_K
 # gemv change (the last bit of a rounding, no speed) and the chunking (speed, the same bits) are
 # always on. LOCALSPEC_PATCH=off builds the
