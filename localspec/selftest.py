@@ -63,6 +63,8 @@ def build_info() -> dict[str, object]:
         "multi_column": sorted(m.group(1) for m in re.finditer(r"\b([A-Z0-9]+_[A-Z0-9]+)_COLS = \d+", system)),
         # chunks per thread of a small batch's matmul over many rows (our patch; 0: upstream's chunks)
         "small_batch_chunks": _int_flag(system, "SMALL_BATCH_CHUNKS"),
+        # SIMD lanes of our batch-invariant flash attention over an F16 cache (16 AVX-512, 8 AVX2, 0 none)
+        "fa_simd": _int_flag(system, "FA_INVARIANT_SIMD"),
         "gpu_offload": backend.gpu_offload_supported(),
         "cuda": "CUDA" in system,
         "batch_invariant": backend.batch_invariant(),

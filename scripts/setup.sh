@@ -7,7 +7,8 @@
 # token for token, not merely up to near-ties:
 #  - fa-batch-invariant.patch: a switch that makes ggml's CPU flash attention sum every query row
 #    in fixed chunks merged in order (spread over every thread, whatever the batch), so localspec
-#    can turn flash attention on on the CPU;
+#    can turn flash attention on on the CPU; its kernel (AVX-512 or AVX2 where the build targets
+#    them) took less time than upstream's on our 2-core test machine;
 #  - matmul-batch-invariant.patch: the repacked Q4_K gemv sums as the gemm does (so Q4_K weights
 #    may be repacked), and a switch that keeps llamafile's sgemm (batch matmuls) to the kernels
 #    that sum a row exactly as the one-row vec_dot does (Q4_0, Q5_0, Q8_0 on x86), the rest

@@ -72,6 +72,7 @@ def test_selftest_catches_a_batch_dependent_kernel(gemma_path: Path, monkeypatch
     # The user's own setting wins over the backend's default: with ggml's tiled K-quant matmul on,
     # a 9-row batch rounds differently from one-token decodes, and the per-model check must say so.
     monkeypatch.setenv("GGML_CPU_TILED_MM", "1")
+    _x86_without_avx2_skip("ggml's tiled K-quant matmul")
     result = doctor.selftest(gemma_path)
     assert result.ok, result.failure()
     test = result.records["selftest"]
@@ -103,6 +104,14 @@ def _cpu_switch_or_skip(flag: str, what: str) -> None:
         pytest.skip(f"this llama.cpp build lacks localspec's {what} switch (not built by scripts/setup.sh)")
     if backend.gpu_offload_supported():
         pytest.skip("a GPU build: these kernels run on the GPU")
+
+
+def _x86_without_avx2_skip(what: str) -> None:
+    """Skip on an x86 build without AVX2, where ``what`` has no batch kernels and no batch differs."""
+    from localspec import backend
+
+    if platform.machine() in ("x86_64", "AMD64") and "AVX2 = 1" not in backend.system_info():
+        pytest.skip(f"an x86 build without AVX2: {what} has no batch kernels here, so nothing differs")
 
 
 def _switch_off_then_on(decode: Callable[[str], dict]) -> dict:
@@ -158,9 +167,11 @@ def test_flash_attention_gives_a_row_the_same_bits_from_chunks_spread_over_threa
 def test_flash_attention_takes_rows_together_without_changing_their_bits(tmp_path: Path) -> None:
     # Over an F16 cache the kernel takes a chunk for up to 16 rows that share a KV head at once (each
     # cell's K and V widened once for all of them), sums dot products 16 lanes at a time and values 64
-    # dimensions at a time. A head of 72 dimensions leaves a remainder on both; 3 query heads per KV
-    # head make a decode's group 3 rows and the 65-token batch's groups of 16 straddle two heads. A
-    # row must come out the same bits in each.
+    # dimensions (AVX-512; 32 with AVX2) for up to 4 rows (2) at a time. A head of 72 dimensions is a
+    # multiple of neither, so it takes the plain loops, where the test models' 64 and 256 take the
+    # SIMD ones (tests/test_kernels.py, tests/test_engine.py); 3 query heads per KV head make a
+    # decode's group 3 rows and the 65-token batch's groups of 16 straddle two heads. A row must come
+    # out the same bits in each.
     from wide_attention_model import write_wide_attention_model
 
     from localspec import backend
@@ -182,6 +193,7 @@ def test_llamafile_sgemm_is_batch_invariant_only_with_the_switch(smollm2_path: P
     from localspec import backend
 
     _cpu_switch_or_skip("SGEMM_BATCH_INVARIANT", "llamafile sgemm")
+    _x86_without_avx2_skip("llamafile's sgemm")
     assert backend.batch_invariant() is True  # the backend sets the switch unless the user did
     _switch_off_then_on(lambda switch: _decode_in_child(
         smollm2_path, {"GGML_CPU_SGEMM_BATCH_INVARIANT": switch}, flash_attn=False))
@@ -242,6 +254,10 @@ def test_doctor_reports_build_folders_model_and_a_passing_selftest(smollm2_path:
         assert "Q4_1/Q5_K/Q6_K batches by columns" in out
     if "SMALL_BATCH_CHUNKS = 16" in backend.system_info():  # our patched CPU build, the switch left alone
         assert "small batches in 16 chunks per thread" in out
+    lanes = {"FA_INVARIANT_SIMD = 16": "AVX-512", "FA_INVARIANT_SIMD = 8": "AVX2", "FA_INVARIANT_SIMD = 0": "plain loops"}
+    for flag, words in lanes.items():
+        if flag in backend.system_info() and backend.cpu_flash_attention():
+            assert f"flash attn    on (batch-invariant CPU kernel in {words})" in out
 
     proc = _cli("doctor", "--model", str(smollm2_path), "--json", env=env)
     assert proc.returncode == 0, proc.stderr

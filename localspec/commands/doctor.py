@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"special paths {accel}")
         out.append(f"exactness     {'batch-invariant (greedy speculation is token-identical)' if build['batch_invariant'] else 'not batch-invariant (greedy speculation may part at near-ties)'}")
         if not build["gpu_offload"]:
-            out.append("flash attn    " + ("on (batch-invariant CPU kernel)" if build["cpu_flash_attention"] else
+            simd = {16: " in AVX-512", 8: " in AVX2", 0: " in plain loops"}.get(build["fa_simd"], "")
+            out.append("flash attn    " + (f"on (batch-invariant CPU kernel{simd})" if build["cpu_flash_attention"] else
                                           "off (this build's CPU kernel is batch-dependent; scripts/setup.sh builds one that is not)"))
         gpus = build["gpus"]
         if gpus:
