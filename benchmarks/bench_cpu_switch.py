@@ -6,8 +6,10 @@ ggml reads each switch once, so every setting runs in child processes of its own
   (localspec's default) ggml's CPU flash attention sums every query row in fixed
   128-cell chunks merged in order, so a row has the same bits alone and in a
   verification batch; ``0`` runs upstream's kernel, which splits a lone query's
-  cells evenly over the threads (batch-dependent). A per-token cost of a few
-  percent at most; it shows at a long ``--context`` (default 2,048 cells).
+  cells evenly over the threads (batch-dependent). The difference grows with the
+  context, so the default ``--context`` is long (2,048 cells); on our 2-core test
+  machine the exact kernel is now the faster one (README, "Exactness and floating
+  point").
 * ``--switch chunks``: with ``GGML_CPU_SMALL_BATCH_CHUNKS=16`` (the build's
   default) a batch of fewer than 256 tokens multiplies a matrix with many rows (an
   LM head: Gemma 3's has 262k) in at most 16 chunks per thread; ``0`` restores

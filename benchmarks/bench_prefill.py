@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vs_llamacpp import DEFAULT_SRC, MODELS, PROMPTS, _number, ensure_tools  # noqa: E402
+from bench_vs_llamacpp import DEFAULT_SRC, MODELS, PROMPTS, _number, completion, ensure_tools  # noqa: E402
 
 
 @dataclass
@@ -66,13 +65,8 @@ def completion_prefill(stderr: str) -> tuple[int, float]:
     return tokens, ms
 
 
-def run_completion_prefill(tool: Path, model: Path, prompt_file: Path, threads: int, n_ctx: int) -> tuple[int, float]:
-    proc = subprocess.run([str(tool), "-m", str(model), "-f", str(prompt_file), "-n", "1", "--temp", "0",
-                           "-t", str(threads), "-c", str(n_ctx), "-no-cnv", "--no-display-prompt", "--no-warmup"],
-                          capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise RuntimeError(f"llama-completion failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return completion_prefill(proc.stderr)
+def run_completion_prefill(tool: Path, model: Path, prompt_file: Path, threads: int) -> tuple[int, float]:
+    return completion_prefill(completion(tool, model, prompt_file, 1, threads).stderr)
 
 
 def run_localspec_prefill(engine, tokens: list[int]) -> tuple[int, float]:
@@ -155,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                                 n, ms = run_localspec_prefill(engine, tokens)
                             else:
                                 n, ms = run_completion_prefill(tools["llama-completion"], path, prompt_file,
-                                                               threads, n_ctx)
+                                                               threads)
                             runs.append(Prefill(label, length, system, rnd, n, ms))
             finally:
                 engine.close()

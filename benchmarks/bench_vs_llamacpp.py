@@ -221,16 +221,24 @@ def _number(pattern: str, text: str) -> float:
     return float(m.group(1))
 
 
-def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int,
-                   extra: Sequence[str] = ()) -> tuple[int, float, str, dict]:
-    """Plain greedy decoding with llama-completion: (tokens, generation seconds, text, {"steps",
-    "decode_ms": its mean eval time per decode})."""
+def completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int,
+               extra: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """llama-completion, greedy, ``n`` tokens after the prompt in ``prompt_file``, a 4,096-token context;
+    its timings are on stderr."""
     proc = subprocess.run([str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "--temp", "0",
                            "-t", str(threads), "-c", "4096", "-no-cnv", "--no-display-prompt", "--no-warmup",
                            *extra],
                           capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise RuntimeError(f"llama-completion failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: int,
+                   extra: Sequence[str] = ()) -> tuple[int, float, str, dict]:
+    """Plain greedy decoding with llama-completion: (tokens, generation seconds, text, {"steps",
+    "decode_ms": its mean eval time per decode})."""
+    proc = completion(tool, model, prompt_file, n, threads, extra)
     eval_ms = _number(r"(?<!prompt) eval time =\s*([\d.]+) ms", proc.stderr)
     runs = int(_number(r"(?<!prompt) eval time =\s*[\d.]+ ms /\s*(\d+) runs", proc.stderr))
     sample_ms = _number(r"samplers time =\s*([\d.]+) ms", proc.stderr)
