@@ -1,6 +1,6 @@
 """How often a Gemma 4 assistant's drafts are kept: exact rejection sampling against llama.cpp's match rule.
 
-On the tiny synthetic pair of ``tests/gemma4_model.py`` (a target and an
+On the tiny synthetic pair of ``tests/support/gemma4_model.py`` (a target and an
 assistant built to agree often; random weights, so this compares the two rules
 on one synthetic assistant and says nothing of a trained one). For each
 temperature: localspec samples drafts from the assistant's q and accepts by
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 
 from gemma4_model import write_gemma4_assistant, write_gemma4_target  # noqa: E402
 

@@ -28,7 +28,7 @@ medians and their ratio. Needs our patched build (scripts/setup.sh).
 Without ``--model`` it measures SmolLM2-135M Q4_1 (9 heads) and Gemma 3 270M
 (4 heads). For flash attention, a model with fewer query heads than threads
 shows what the chunks are for (without them, a decode's attention would run on
-one thread per head): ``python tests/wide_attention_model.py one-head.gguf 1``
+one thread per head): ``python tests/support/wide_attention_model.py one-head.gguf 1``
 writes one.
 """
 

@@ -8,7 +8,7 @@ where its own sample matches it. localspec drafts from the head's distribution
 and, at temperature > 0, accepts by exact rejection sampling.
 
 Real MTP weights cannot be downloaded here, so the model is a random-weight
-GLM-4.5-style ``glm4moe`` written by ``tests/mtp_model.py`` (its head built to
+GLM-4.5-style ``glm4moe`` written by ``tests/support/mtp_model.py`` (its head built to
 agree with its trunk often), made wide and deep enough that a decode is not all
 overhead: 16 trunk layers of width 512 with an FFN of 8192, f32, about 1 GB,
 where one head decode (a layer and the 49k-token output matrix) costs about a
@@ -54,7 +54,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 import bench_vs_llamacpp as base  # noqa: E402  (the tool build, prompts and run records)
 
 TOOLS = ("llama-completion", "llama-speculative-simple")

@@ -339,7 +339,7 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
     """For each llama-lookup setting and prompt (its first round), the steps localspec's ngram drafter
     and controller take to produce that reply (replayed, no model run) and an estimate of llama-lookup's
     own speedup on it, both at this machine's measured verify costs (``engine.cost_model()``)."""
-    from localspec.costs import CostModel
+    from localspec.policy.costs import CostModel
     from localspec.drafting.ngram import NgramDrafter
     from replay_ngram import ceiling, depth_terms, oracle, replay
 

@@ -25,8 +25,7 @@ the most tokens-per-ms prefix of what the lookup got right; ``oracle``): the
 bound on what any controller reaches with these lookups, so the gap to it is
 the controller's caution. It compares the drafter's defaults with a trie of up
 to 4 continuations, with matches that cannot grow past n_max
-(``max_match=4``), with copies resumed after an edit (``resume_window=8``) and
-without matches that step over one substituted token (``gapped_min=0``).
+(``max_match=4``) and without matches that step over one substituted token (``gapped_min=0``).
 """
 
 from __future__ import annotations
@@ -121,7 +120,7 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     generation with ``drafter`` (``ends_line``: the model's, as the engine gives it); time is charged from
     ``costs`` (verification) only, each step at its depth in the context where ``per_cell`` says what a
     cached cell adds (``CostModel``)."""
-    from localspec.control import Controller
+    from localspec.policy.controller import Controller
     from localspec.drafting.base import TreeProposal
     from localspec.events import StepEvent
 
@@ -169,8 +168,8 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     correct prefix that gives the most tokens per ms (``(k + 1) / T(k)``). No policy that only sees the
     history drafts better from these lookups, so ``speedup`` bounds what the controller can reach with them
     at ``costs``."""
-    from localspec.control import DRAFT_LEN_CAP
-    from localspec.estimates import best_path
+    from localspec.policy.controller import DRAFT_LEN_CAP
+    from localspec.policy.estimates import best_path
     from localspec.drafting.base import TreeProposal
 
     cap = DRAFT_LEN_CAP if cap is None else cap
@@ -198,8 +197,8 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
 def ceiling(costs: dict[int, float], cap: int | None = None) -> float:
     """The most any drafter reaches at ``costs``: every proposal right, at the draft length (up to
     ``cap``, the controller's own by default) that gives the most tokens per ms, × plain."""
-    from localspec.control import DRAFT_LEN_CAP
-    from localspec.costs import CostModel
+    from localspec.policy.controller import DRAFT_LEN_CAP
+    from localspec.policy.costs import CostModel
 
     truth = CostModel(costs)
     cap = DRAFT_LEN_CAP if cap is None else cap
@@ -209,7 +208,7 @@ def ceiling(costs: dict[int, float], cap: int | None = None) -> float:
 def _cost_model(costs: dict[int, float], per_cell: dict[int, float] | None, measured_depth: int, window: int = 0,
                 past_window: float = 0.0):
     """A fresh CostModel of the measured ``costs`` (with what each cached cell adds, when known)."""
-    from localspec.costs import CostModel
+    from localspec.policy.costs import CostModel
 
     return CostModel(costs, per_cell=per_cell, measured_depth=measured_depth, window=window,
                      past_window=past_window)
@@ -323,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
         "defaults": lambda: NgramDrafter(max_branches=1),
         "trie of 4": lambda: NgramDrafter(max_branches=4),
         "max_match=4": lambda: NgramDrafter(max_branches=1, max_match=4),
-        "resume_window=8": lambda: NgramDrafter(max_branches=1, resume_window=8),
         "gapped_min=0": lambda: NgramDrafter(max_branches=1, gapped_min=0),
         "loops=False": lambda: NgramDrafter(max_branches=1, loops=False),
     }

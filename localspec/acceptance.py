@@ -10,16 +10,35 @@ them one at a time on its own.
 
 Both return a :class:`Verdict`. Every round emits ``n_accepted + 1`` tokens: the accepted draft
 prefix, then ``next_token`` (a correction, or the bonus token if everything was accepted).
+
+* :func:`accept_tree` for a tree of deterministic candidates (several continuations verified in
+  one batch): at each position the target chooses its token (argmax, or a sample from its
+  distribution), and the walk follows the child holding that token. Children of a node hold
+  distinct tokens, so at most one child matches; when none does, the target's token is the next
+  token and the walk ends. Every emitted token is the target's own choice at its position, so the
+  output is exactly plain decoding's, greedy or sampled.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from localspec.sampling import sample
+
+ROOT = -1  # a tree's root: the history's last token, not a node; the parent index of depth-1 nodes
+
+
+class Tree(Protocol):
+    """What the tree rule needs of a candidate tree (``drafting.tree.CandidateTree``)."""
+
+    def __len__(self) -> int: ...
+
+    def child(self, node: int, token: int) -> int | None:
+        """The child of ``node`` (``ROOT``: the root) holding ``token``, or None."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -151,3 +170,53 @@ def _as_dist(d: np.ndarray, name: str, i: int) -> np.ndarray:
     if a.ndim != 1 or a.size == 0:
         raise ValueError(f"{name}[{i}] must be a non-empty 1-D array, got shape {a.shape}")
     return a
+
+
+@dataclass(frozen=True)
+class TreeAcceptance:
+    """The outcome of walking a tree with the target's choices.
+
+    ``tokens`` are the accepted drafted tokens (along ``nodes``), and
+    ``next_token`` is the target's own token after them, so the step produces
+    ``len(tokens) + 1`` tokens.
+    """
+
+    tokens: tuple[int, ...]
+    nodes: tuple[int, ...]
+    next_token: int
+
+
+def accept_tree(
+    tree: Tree, target: Callable[[int], int] | Sequence[int] | np.ndarray
+) -> TreeAcceptance:
+    """Follow the target's choices down ``tree`` from the root.
+
+    ``target`` gives the target's token after a node's path: either a callable
+    ``target(node)`` (``node`` = ``ROOT`` for the position right after the
+    history), called once per visited position, so it may sample the target's
+    distribution there; or an array of ``len(tree) + 1`` tokens where entry 0
+    is the root's choice and entry ``i + 1`` is node ``i``'s (e.g. the argmax
+    of each row of the verification batch).
+
+    Sampling the target once at each visited position and following the
+    matching child draws every token from the target's distribution, so the
+    result is exactly what plain decoding would produce.
+    """
+    if callable(target):
+        choose = target
+    else:
+        choices = np.asarray(target)
+        if choices.shape != (len(tree) + 1,):
+            raise ValueError(f"need {len(tree) + 1} target choices (root + one per node), got {choices.shape}")
+        choose = lambda node: int(choices[node + 1])  # noqa: E731 - ROOT is -1, so row 0
+    tokens: list[int] = []
+    nodes: list[int] = []
+    node = ROOT
+    while True:
+        token = int(choose(node))
+        nxt = tree.child(node, token)
+        if nxt is None:
+            return TreeAcceptance(tuple(tokens), tuple(nodes), token)
+        tokens.append(token)
+        nodes.append(nxt)
+        node = nxt

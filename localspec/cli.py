@@ -7,7 +7,7 @@ import importlib
 import sys
 from typing import NoReturn, Sequence
 
-from localspec.commands.common import Terminated, check_stdout, repair_text_options
+from localspec.commands.common import Terminated, check_stdout, flag_message, repair_text_options
 from localspec.errors import LocalspecError
 
 # Subcommand modules, in the order `--help` lists them.
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         repair_text_options(args)
         return int(args.func(args) or 0)
     except LocalspecError as err:
-        print(f"localspec: error: {err}", file=sys.stderr)
+        print(f"localspec: error: {flag_message(err)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("localspec: interrupted", file=sys.stderr)

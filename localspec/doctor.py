@@ -1,7 +1,7 @@
 """``localspec doctor``'s findings: the build, the GPUs, the folders, and a self-test decode.
 
 Nothing here loads llama.cpp into this process: whatever runs llama.cpp runs in
-a child (``localspec.selftest``), so a build that crashes the machine it was
+a child (``localspec.backend.selftest``), so a build that crashes the machine it was
 built on (SIGILL in ggml's AMX kernels, say) is reported as one line instead of
 killing the caller. ``scripts/setup.sh`` uses the same check after installing.
 """
@@ -93,7 +93,7 @@ def _records(stdout: str) -> dict[str, Any]:
 
 def selftest(model: Path | None) -> ChildResult:
     """Build facts, and with ``model`` the long-batch and verification decode, from a child process."""
-    cmd = [sys.executable, "-m", "localspec.selftest"]
+    cmd = [sys.executable, "-m", "localspec.backend.selftest"]
     if model is not None:
         cmd.append(str(model))
     return run_child(cmd)

@@ -24,7 +24,24 @@ class LocalspecError(Exception):
 
 
 class InvalidOptionError(LocalspecError):
-    """An option is out of range or inconsistent with another option."""
+    """An option is out of range or inconsistent with another option.
+
+    ``param``: the parameter at fault as the core names it (``temperature``,
+    ``max_tokens``, ``draft_len``), the message's first word when set. The core
+    knows no command-line flags: a front end that calls the parameter otherwise
+    (the CLI's ``--temp``) renames it with ``named``.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def named(self, name: str) -> str:
+        """The message with its leading parameter name replaced by ``name`` (a flag, a JSON field)."""
+        text = str(self)
+        if self.param and text.startswith(self.param + " "):
+            return name + text[len(self.param):]
+        return text
 
 
 class ModelFileError(LocalspecError):

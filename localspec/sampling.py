@@ -80,17 +80,17 @@ class SamplingParams:
         k = self.top_k
         if not _is_int(k) or k < 0:
             raise _out_of_range(
-                "top-k", k, "an integer >= 0", "pass 0 to switch it off or a value such as 40"
+                "top_k", k, "an integer >= 0", "pass 0 to switch it off or a value such as 40"
             )
         p = self.top_p
         if not _is_real(p) or not 0.0 < p <= 1.0:
             raise _out_of_range(
-                "top-p", p, "in (0, 1]", "pass 1 to switch it off or a value such as 0.95"
+                "top_p", p, "in (0, 1]", "pass 1 to switch it off or a value such as 0.95"
             )
         m = self.min_p
         if not _is_real(m) or not 0.0 <= m < 1.0:
             raise _out_of_range(
-                "min-p", m, "in [0, 1)", "pass 0 to switch it off or a value such as 0.05"
+                "min_p", m, "in [0, 1)", "pass 0 to switch it off or a value such as 0.05"
             )
         s = self.seed
         if s is not None and (not _is_int(s) or not 0 <= s < 2**63):
@@ -110,11 +110,11 @@ def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _out_of_range(flag: str, value: object, rule: str, advice: str) -> InvalidOptionError:
+def _out_of_range(param: str, value: object, rule: str, advice: str) -> InvalidOptionError:
     problem = "is out of range" if _is_real(value) else "is not a number"
     if rule.startswith("an integer") and _is_real(value) and not _is_int(value):
         problem = "is not an integer"
-    return InvalidOptionError(f"--{flag} {value} {problem}: {flag} must be {rule}; {advice}")
+    return InvalidOptionError(f"{param} {value} {problem}: {param} must be {rule}; {advice}", param=param)
 
 
 def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

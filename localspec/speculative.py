@@ -20,10 +20,15 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
-from localspec.acceptance import Verdict, accept_greedy, accept_sampled
+from localspec.acceptance import (
+    ROOT,
+    Verdict,
+    accept_greedy,
+    accept_sampled,
+    accept_tree,
+)
 from localspec.backend import Context
 from localspec.drafting.base import Drafter, Proposal, TreeProposal
-from localspec.drafting.tree import ROOT, accept_tree
 from localspec.events import StepEvent
 from localspec.sampling import Sampler, sample
 
@@ -71,7 +76,7 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
 
     ``history`` is extended in place with the emitted tokens. ``proposal``: one
     ``drafter`` already made for this history (a lookup asked before
-    planning); it is cut to ``draft_len``. ``proposal_ms``: drafting time
+    planning). Either is cut to ``draft_len`` and to the batch (``fit_proposal``). ``proposal_ms``: drafting time
     spent before this call (such lookups), counted in the step's ``draft_ms``.
     The step updates the drafter it used (``verified`` then ``accepted``);
     the returned record has ``index`` 0 and no ``decision`` (the engine's to fill).
@@ -80,14 +85,11 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     # propose
     if draft_len <= 0 or drafter is None:
         proposal = NO_PROPOSAL
-    elif proposal is not None:
-        proposal = _cut(proposal, draft_len)
-    else:
+    elif proposal is None:
         proposal = drafter.propose(history, draft_len)
     t1 = time.perf_counter()
     decode_before = target.decode_seconds
-
-    proposal = _fit_batch(proposal, min(target.n_ctx - len(target.tokens), target.max_verify_rows))
+    proposal = fit_proposal(proposal, draft_len, min(target.n_ctx - len(target.tokens), target.max_verify_rows))
 
     # verify + accept (a chain, or a tree of branches in one batch)
     if isinstance(proposal, TreeProposal) and (len(proposal.tree) or proposal.extra):
@@ -95,9 +97,8 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
         drafted, verified = max(proposal.tree.depths, default=0), len(proposal.tree)
         batch = 1 + verified + (len(proposal.extra.tokens) if proposal.extra is not None else 0)
     else:
-        draft = proposal.tokens[:draft_len]
-        probs = proposal.probs[: len(draft)] if proposal.probs is not None else None
-        accepted, next_token = _verify_chain(target, history, draft, probs, sampler)
+        draft = proposal.tokens
+        accepted, next_token = _verify_chain(target, history, draft, proposal.probs, sampler)
         drafted = verified = len(draft)
         batch = 1 + verified
     verify_s = target.decode_seconds - decode_before
@@ -125,30 +126,31 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     )
 
 
-def _cut(proposal: Proposal | TreeProposal, depth: int) -> Proposal | TreeProposal:
-    """A proposal no deeper than ``depth``."""
-    if isinstance(proposal, TreeProposal):
-        return TreeProposal(proposal.tree.truncated(depth), proposal.drafter, proposal.extra)
-    probs = proposal.probs[:depth] if proposal.probs is not None else None
-    return Proposal(tuple(proposal.tokens[:depth]), probs, proposal.drafter)
+def fit_proposal(proposal: Proposal | TreeProposal, draft_len: int, free_cells: int) -> Proposal | TreeProposal:
+    """The one place a proposal is cut to what this step verifies: no deeper than ``draft_len`` (a
+    lookup offers all it has, and the controller chose how much), and a batch of at most ``free_cells``
+    rows (the cache's free cells near the context's end, or the rows a verification may hold and stay
+    exact: ``Context.max_verify_rows``).
 
-
-def _fit_batch(proposal: Proposal | TreeProposal, free_cells: int) -> Proposal | TreeProposal:
-    """Shrink a proposal whose batch would take more than ``free_cells`` rows: the cache's free cells
-    near the context's end, or the rows a verification may hold and stay exact (``Context.max_verify_rows``).
-
-    A verification batch takes one cell per token, ``last`` included. A tree
+    A verification batch takes one cell per token, ``last`` included. A tree is
+    cut to its nodes within ``draft_len``; then, if it still does not fit, it
     first loses its extra tokens (lookahead's window), then falls back to its
-    most probable branch; a chain is cut.
+    most probable branch. A chain is cut, its draft distributions with it.
     """
-    if not isinstance(proposal, TreeProposal):
-        return proposal if 1 + len(proposal.tokens) <= free_cells else _cut(proposal, max(0, free_cells - 1))
-    extra = len(proposal.extra.tokens) if proposal.extra is not None else 0
-    if 1 + len(proposal.tree) + extra <= free_cells:
+    if isinstance(proposal, TreeProposal):
+        if max(proposal.tree.depths, default=0) > draft_len:
+            proposal = TreeProposal(proposal.tree.truncated(draft_len), proposal.drafter, proposal.extra)
+        extra = len(proposal.extra.tokens) if proposal.extra is not None else 0
+        if 1 + len(proposal.tree) + extra <= free_cells:
+            return proposal
+        if 1 + len(proposal.tree) <= free_cells:
+            return TreeProposal(proposal.tree, proposal.drafter)
+        return Proposal(proposal.tokens[: max(0, free_cells - 1)], None, proposal.drafter)
+    depth = max(0, min(draft_len, free_cells - 1))
+    if len(proposal.tokens) <= depth:
         return proposal
-    if 1 + len(proposal.tree) <= free_cells:
-        return TreeProposal(proposal.tree, proposal.drafter)
-    return Proposal(proposal.tokens[: max(0, free_cells - 1)], None, proposal.drafter)
+    probs = proposal.probs[:depth] if proposal.probs is not None else None
+    return Proposal(tuple(proposal.tokens[:depth]), probs, proposal.drafter, proposal.evidence)
 
 
 def _verify_chain(target: Context, history: Sequence[int], draft: Sequence[int],

@@ -37,7 +37,7 @@ from localspec.history import (
     stats_summary,
     valid_text,
 )
-from localspec.placement import LoadSettings
+from localspec.models.placement import LoadSettings
 from localspec_tui.dashboard import Dashboard
 from localspec_tui.messages import (
     PlainSpeedFailed,

@@ -16,7 +16,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import Label, Sparkline, Static
 
-from localspec.estimates import expected_tokens_per_step
+from localspec.policy.estimates import expected_tokens_per_step
 from localspec.events import GenerationStats
 
 BAR_WIDTH = 20

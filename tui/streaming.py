@@ -13,7 +13,8 @@ from typing import Callable
 
 from textual.message import Message
 
-from localspec.engine import Engine, GenerateOptions, Generation
+from localspec.engine import Engine, GenerateOptions
+from localspec.generation import Generation
 from localspec.events import DoneEvent, StepEvent, TokenEvent
 from localspec.sampling import SamplingParams
 from localspec_tui.messages import Piece, PlainSpeedMeasured, ReplyFailed, ReplyFinished, ReplyProgress

@@ -126,7 +126,7 @@ def load_with_offload_check(path: Path, *, load_mtp: bool = False) -> tuple[Any,
 def cost_curve(model: Any, prompt: list[int], depth: int, budget_s: float) -> dict[str, Any]:
     """ms per decode of k tokens after ``depth`` tokens of context."""
     from localspec.backend import Context
-    from localspec.measure_costs import measure_verify_costs
+    from localspec.policy.measure import measure_verify_costs
 
     ctx = Context(model, n_ctx=depth + 64, n_batch=512)
     try:

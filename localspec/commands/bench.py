@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def select_tasks(args: argparse.Namespace):
-    from localspec.bench import Task, builtin_tasks, load_tasks
+    from localspec.bench.runner import Task, builtin_tasks, load_tasks
 
     if args.tasks_file is not None:
         try:
@@ -79,8 +79,8 @@ def select_tasks(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from localspec.bench import builtin_tasks, configs_from_args, run_bench
-    from localspec.bench_report import format_table, write_chart
+    from localspec.bench.runner import builtin_tasks, configs_from_args, run_bench
+    from localspec.bench.report import format_table, write_chart
 
     if args.list_tasks:
         for t in builtin_tasks():
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidOptionError("nothing to compare: give at least one --draft configuration "
                                  "(e.g. --draft ngram)")
 
-    from localspec.bench import parse_config
+    from localspec.bench.runner import parse_config
     from localspec.drafting.specs import parse_draft
 
     # Every name is checked before anything is downloaded.

@@ -18,7 +18,7 @@ from localspec.errors import InvalidOptionError, LocalspecError, ModelFileError,
 
 if TYPE_CHECKING:
     from localspec.drafting.specs import DrafterSpec
-    from localspec.placement import LoadSettings
+    from localspec.models.placement import LoadSettings
     from localspec.models.registry import Registry, Resolved
 
 OFF = "off"
@@ -139,9 +139,22 @@ def check_engine_options(args: argparse.Namespace) -> None:
         if isinstance(value, float) and math.isnan(value):
             raise InvalidOptionError(f"--{name.replace('_', '-')} must be a number, not NaN")
     if args.vram is not None:
-        from localspec.planner import parse_size
+        from localspec.models.planner import parse_size
 
         parse_size(args.vram, "--vram")
+
+
+# The flag that sets each parameter the core names in its errors (``InvalidOptionError.param``).
+FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
+         "max_tokens": "--max-tokens", "draft_len": "--draft-max", "p_min": "--draft-p-min", "n_ctx": "--ctx",
+         "rounds": "--rounds"}
+
+
+def flag_message(err: Exception) -> str:
+    """An error's one line as the command line says it: the core's parameter names become flags."""
+    if isinstance(err, InvalidOptionError) and err.param in FLAGS:
+        return err.named(FLAGS[err.param])
+    return str(err)
 
 
 def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
@@ -431,15 +444,15 @@ def with_mtp(drafts: DraftRefs) -> DraftRefs:
 
 
 def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) -> LoadSettings:
-    """The context and offload to load ``target`` and ``draft`` with (``localspec.placement``).
+    """The context and offload to load ``target`` and ``draft`` with (``localspec.models.placement``).
 
     ``--ctx``/``--gpu-layers`` win; otherwise, on a build that can offload, the plan for the
     GPU's memory (``--vram``, else what the GPU reports free) decides from both models' metadata.
     """
     from localspec import backend
     from localspec.models.gguf_info import read_info
-    from localspec.placement import Vram, detect_vram, manual_settings, planned_settings
-    from localspec.planner import parse_size
+    from localspec.models.placement import Vram, detect_vram, manual_settings, planned_settings
+    from localspec.models.planner import parse_size
 
     ctx = parse_ctx(args.ctx)
     settings = manual_settings(ctx, args.gpu_layers, offload=backend.gpu_offload_supported())

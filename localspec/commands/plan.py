@@ -7,7 +7,7 @@ import json
 
 from localspec.commands.common import MODEL_REF_HELP, model_header, parse_ctx, resolve_name
 from localspec.models.gguf_info import check_draft_compatible, read_info
-from localspec.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, format_plan, gib, parse_size, plan
+from localspec.models.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, format_plan, gib, parse_size, plan
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ token the target produced next, so it can update its state (KV cache, n-gram
 index). ``reset`` forgets everything tied to the current sequence.
 
 Which drafter drafts, and how much, is decided elsewhere: the controller
-(``localspec.control``) plans each step from what every drafter declares
+(``localspec.policy.controller``) plans each step from what every drafter declares
 here (``cheap``, ``batch_extra_tokens``, ``behind``) and the measured costs.
 A lookup decides no length: it offers its candidates as deep as it is asked,
 with the ``Evidence`` behind them (match length, occurrences, agreement), and
@@ -44,8 +44,6 @@ class Evidence:
     occurrences of that match; ``support[d]``: the share of the occurrences
     considered whose continuation agrees with the proposal's most probable
     path up to depth d + 1 (non-increasing, one entry per proposed depth).
-    ``resumed``: not a match of the context's end but the source a copy was
-    following before the text parted from it (an edit), picked up again.
     ``gapped``: the match has one token substituted (``match_len`` counts the
     others), as a list's next item matches the last one but for its number.
     ``loop``: the proposal carries on a loop, the history's end repeating a
@@ -57,7 +55,6 @@ class Evidence:
     match_len: int
     occurrences: int
     support: tuple[float, ...] = ()
-    resumed: bool = False
     gapped: bool = False
     loop: int = 0
 
@@ -193,9 +190,21 @@ class Drafter(Protocol):
         """Forget all state tied to the current sequence."""
         ...
 
+    def remember_reply(self, reply: Sequence[int], context: Sequence[int]) -> bool:
+        """After a finished reply: keep ``reply`` (with the tail of ``context``, the prompt it
+        answered) wherever this drafter learns from past replies (the n-gram drafter's personal
+        store, appended to its file). False: this drafter keeps none. Raises ``StoreError`` when
+        the store cannot be written (the reply itself is delivered all the same)."""
+        ...
+
+    def close(self) -> None:
+        """Free what the drafter holds outside Python (a listener on the target's decodes)."""
+        ...
+
 
 class DrafterBase:
-    """The defaults of the ``Drafter`` protocol: not cheap, no extra batch tokens, never behind."""
+    """The defaults of the ``Drafter`` protocol: not cheap, no extra batch tokens, never behind,
+    nothing remembered across replies, nothing to free."""
 
     cheap: ClassVar[bool] = False
     batch_extra_tokens: ClassVar[int] = 0
@@ -207,6 +216,12 @@ class DrafterBase:
         pass
 
     def reset(self) -> None:
+        pass
+
+    def remember_reply(self, reply: Sequence[int], context: Sequence[int]) -> bool:
+        return False
+
+    def close(self) -> None:
         pass
 
 

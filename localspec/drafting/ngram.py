@@ -18,7 +18,7 @@ from typing import ClassVar, Protocol, Sequence
 
 import numpy as np
 
-from localspec.drafting.base import DrafterBase, Evidence, Proposal, TreeProposal, common_prefix
+from localspec.drafting.base import DrafterBase, Evidence, Proposal, TreeProposal
 from localspec.drafting.tree import CandidateTree, build_tree, tree_from_branches
 
 
@@ -71,6 +71,12 @@ class NgramSource(Protocol):
     """
 
     def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int) -> Lookup | None: ...
+
+
+class ReplyStore(Protocol):
+    """Where finished replies are kept for later lookups (the personal store)."""
+
+    def remember(self, reply: Sequence[int], context: Sequence[int] = ()) -> bool: ...
 
 
 def _as_list(tokens: Sequence[int] | np.ndarray) -> list[int]:
@@ -403,17 +409,6 @@ class NgramDrafter(DrafterBase):
     best candidate (or a trie of them) as deep as asked, with the evidence,
     and the controller chooses how much of it to verify.
 
-    Resuming a copy after an edit: the drafter remembers where in the
-    history its last proposal was copying from. When the text parts from
-    that source (a renamed identifier, an inserted type hint), the context's
-    own match is a token or two long for the next few steps and its
-    continuations split. Then, within ``resume_window`` tokens of the text
-    since the edit, the last token is searched for in the ``resume_window``
-    source tokens after the point where the copy stopped; found, the source
-    after it is offered, its evidence marked ``resumed`` (a class the
-    controller learns apart). Off by default: end to end it lost Gemma 3's
-    rename (1.64x -> 1.40x plain) while gaining little elsewhere.
-
     A match with one token substituted: where the context's own match is
     short or split (no copy in progress), the history's end is also matched
     allowing one substituted token (``NgramIndex.gapped``); with at least
@@ -436,10 +431,10 @@ class NgramDrafter(DrafterBase):
     n_max: int = 4
     max_match: int = 32  # see NgramIndex: a match may grow past n_max to find the place being copied
     sources: list[NgramSource] = field(default_factory=list)
+    reply_store: ReplyStore | None = None  # where finished replies are kept (one of ``sources`` too)
     max_candidates: int = 8
     sync_check: int = 16
     max_branches: int = 1  # > 1: propose a trie of continuations when the evidence splits
-    resume_window: int = 0  # see the class notes: 0 (the default) turns resuming off
     gapped_min: int = GAPPED_MIN  # see the class notes: 0 turns matches with a substituted token off
     loops: bool = True  # see the class notes: mark proposals that carry on a loop (``loop_run``)
     name: str = "ngram"
@@ -451,9 +446,10 @@ class NgramDrafter(DrafterBase):
 
     def reset(self) -> None:
         self._index = NgramIndex(self.n_min, self.n_max, max_match=self.max_match)
-        self._copy: tuple[int, int] | None = None  # (history length, source position) of the last proposal
-        self._edit: tuple[int, int] | None = None  # (history position, source position) where the text parted
         self._last_own: Lookup | None = None  # the context index's own lookup of the last proposal
+
+    def remember_reply(self, reply: Sequence[int], context: Sequence[int]) -> bool:
+        return self.reply_store.remember(reply, context) if self.reply_store is not None else False
 
     def _sync(self, history: Sequence[int]) -> None:
         index, n_idx = self._index, len(self._index)
@@ -483,22 +479,25 @@ class NgramDrafter(DrafterBase):
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal | TreeProposal:
         lookup = self._best_lookup(history, draft_len)
-        self._follow_copy()
-        copying = (lookup is not None and lookup.match_len >= RESUME_BELOW
-                   and lookup.candidates[0].support[0] >= 0.999)
-        proposal = None if copying else self._resume(draft_len)
-        if proposal is None and not copying and self.gapped_min > 0:
+        own = lookup is not None and lookup is self._last_own
+        run = loop_run(self._index.tokens, lookup) if self.loops and own else 0
+        if self.loops and not run:
+            period, run = end_loop(self._index.tokens)
+            if run:  # the end repeats a span three times over, and the lookup chose another match
+                lookup = loop_lookup(self._index.tokens, period, run, draft_len)
+        # A copy or a loop in progress proposes as it is; otherwise a match with one token substituted
+        # may propose instead, when it is longer.
+        copying = run > 0 or (lookup is not None and lookup.match_len >= COPY_MIN_MATCH
+                              and lookup.candidates[0].support[0] >= 0.999)
+        proposal = None
+        if not copying and self.gapped_min > 0:
             gapped = self._index.gapped(draft_len, self.max_candidates, min_match=self.gapped_min)
             if gapped is not None and gapped.candidates and (lookup is None or gapped.match_len > lookup.match_len):
                 proposal = proposal_from_lookup(gapped, draft_len, self.max_branches, self.name)
         if proposal is None:
             proposal = proposal_from_lookup(lookup, draft_len, self.max_branches, self.name)
-            if copying and lookup is self._last_own:  # a copy in progress: remember its source
-                self._copy = (len(self._index), lookup.candidates[0].last_seen)
-            if self.loops and lookup is self._last_own and proposal.evidence is not None:
-                run = loop_run(self._index.tokens, lookup)
-                if run:
-                    proposal = dataclasses.replace(proposal, evidence=dataclasses.replace(proposal.evidence, loop=run))
+            if run and proposal.evidence is not None:
+                proposal = dataclasses.replace(proposal, evidence=dataclasses.replace(proposal.evidence, loop=run))
         self.stats.proposals += 1
         self.stats.drafted += len(proposal)
         return proposal
@@ -506,43 +505,6 @@ class NgramDrafter(DrafterBase):
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         self.stats.accepted += n_accepted
         self._sync(history)
-
-    def _follow_copy(self) -> None:
-        """Compare the text since the last proposal with the source it copied: where they part is an edit."""
-        if self._copy is None:
-            return
-        length, source = self._copy
-        h = self._index.tokens
-        new = h[length:]
-        if not new or source < 0 or source >= length:
-            return
-        followed = h[source : source + len(new)]
-        m = common_prefix(new, followed)
-        if m < len(new):
-            self._edit = (length + m, source + m)
-            self._copy = None
-
-    def _resume(self, draft_len: int) -> Proposal | None:
-        """The source after the edit, from the first place in its window holding the text's last token."""
-        if self._edit is None or self.resume_window <= 0:
-            return None
-        at, source = self._edit
-        h = self._index.tokens
-        if len(h) - at > self.resume_window:  # the text has moved on from the edit
-            self._edit = None
-            return None
-        if len(h) <= at:  # rolled back before the edit
-            return None
-        last = h[-1]
-        for q in range(source, min(source + self.resume_window, at - 1)):
-            if h[q] == last:
-                tokens = cut_at_separator(h[q + 1 : q + 1 + draft_len])
-                if not tokens:
-                    return None
-                self._copy = (len(h), q + 1)
-                return Proposal(tuple(tokens), None, self.name,
-                                Evidence(1, 1, (1.0,) * len(tokens), resumed=True))
-        return None
 
 
 # The longest loop run ``loop_run`` measures: a run longer still is as telling (the longest match class;
@@ -569,9 +531,31 @@ def loop_run(tokens: list[int], lookup: Lookup) -> int:
     return min(n + period, LOOP_MAX_RUN)
 
 
-# A match shorter than this (or one whose occurrences disagree) gives way to resuming a copy after an edit
-# and to a match with one token substituted.
-RESUME_BELOW = 4
+def end_loop(tokens: list[int]) -> tuple[int, int]:
+    """(period, run) of the loop the end of ``tokens`` is in, when a span of at most ``LOOP_MAX_RUN // 3``
+    tokens ends them three times over (the shortest such span); (0, 0) when none does. ``run`` counts,
+    as ``loop_run`` does, the tokens at the end that repeat the period, the first period included."""
+    end = len(tokens)
+    for period in range(1, min(LOOP_MAX_RUN // 3, end // 3) + 1):
+        if tokens[end - 2 * period:] == tokens[end - 3 * period:end - period]:
+            n = 2 * period
+            while n + period < LOOP_MAX_RUN and n + period < end and tokens[end - 1 - n] == tokens[end - 1 - n - period]:
+                n += 1
+            return period, min(n + period, LOOP_MAX_RUN)
+    return 0, 0
+
+
+def loop_lookup(tokens: list[int], period: int, run: int, max_tokens: int) -> Lookup:
+    """The loop at the end of ``tokens`` carried on for ``max_tokens``, as a lookup of its last period."""
+    cycle = tokens[len(tokens) - period:]
+    carried = tuple(cycle[i % period] for i in range(max_tokens))
+    match = run - period
+    return Lookup(match, 1, 1, (Candidate(carried, 1, (1.0,) * len(carried), len(tokens) - period),))
+
+
+# A match shorter than this (or one whose occurrences disagree) is no copy in progress: it gives way to a
+# match with one token substituted.
+COPY_MIN_MATCH = 4
 
 
 # A continuation holding less than this share of the evidence makes no branch of a

@@ -377,6 +377,18 @@ class PersonalStore:
         return found if found.candidates else None
 
     # --- writing -----------------------------------------------------------
+    def remember(self, reply: Sequence[int] | np.ndarray, context: Sequence[int] | np.ndarray = ()) -> bool:
+        """After a reply: keep ``reply`` (without its end-of-generation token) with the tail of
+        ``context`` (the prompt it answered) and append it to the file (``add``, then ``save``).
+        The in-memory index is rebuilt at the next lookup (or call ``build_index`` when idle),
+        so a one-shot run does not pay for it. Returns False (and does nothing) when history
+        is off or ``reply`` is empty. Raises StoreError when the file cannot be written."""
+        if history_disabled() or not len(reply):
+            return False
+        self.add(reply, context=context)
+        self.save()
+        return True
+
     def add(self, tokens: Sequence[int] | np.ndarray, *, context: Sequence[int] | np.ndarray = ()) -> None:
         """Keep ``tokens`` (one reply) as a document, preceded by the last
         ``CONTEXT_TOKENS`` of ``context`` (what it answered), so the next time
@@ -597,36 +609,7 @@ def personal_ngram_drafter(model_path: str | os.PathLike[str], *, max_branches: 
     if personal and not history_disabled():
         from localspec.models.gguf_info import tokenizer_fingerprint
 
-        drafter.sources.append(PersonalStore.open(tokenizer_fingerprint(model_path)))
+        store = PersonalStore.open(tokenizer_fingerprint(model_path))
+        drafter.sources.append(store)
+        drafter.reply_store = store
     return drafter
-
-
-def find_personal_store(obj: object) -> PersonalStore | None:
-    """The personal store of a store, an n-gram drafter (its sources) or a drafter set."""
-    if isinstance(obj, PersonalStore):
-        return obj
-    for source in getattr(obj, "sources", ()):
-        if isinstance(source, PersonalStore):
-            return source
-    for drafter in getattr(obj, "drafters", ()):
-        found = find_personal_store(drafter)
-        if found is not None:
-            return found
-    return None
-
-
-def remember(drafter_or_store: object, tokens: Sequence[int] | np.ndarray, *,
-             context: Sequence[int] | np.ndarray = ()) -> bool:
-    """After a reply: keep ``tokens`` (the reply, without its end-of-generation
-    token) with the tail of ``context`` (the prompt it answered) in the
-    personal store behind ``drafter_or_store``, and append it to the file.
-    The in-memory index is rebuilt at the next lookup (or call
-    ``find_personal_store(x).build_index()`` when idle), so a one-shot run
-    does not pay for it. Returns False (and does nothing) when there is no
-    store or history is off. Raises StoreError when the file cannot be written."""
-    store = find_personal_store(drafter_or_store)
-    if store is None or history_disabled() or not len(tokens):
-        return False
-    store.add(tokens, context=context)
-    store.save()
-    return True

@@ -7,22 +7,20 @@ the conditional frequencies along its path, which equals the share of the
 continuations' weight that starts with the node's path. The tree keeps the
 most probable nodes under a size budget.
 
-Verification is exact for deterministic drafts: at each position the target
-chooses its token (argmax, or a sample from its distribution), and the walk
-follows the child holding that token. Children of a node hold distinct tokens,
-so at most one child matches; when none does, the target's token is the next
-token and the walk ends.
+Verification (``localspec.acceptance.accept_tree``) walks the tree with the
+target's own choices; children of a node hold distinct tokens (``child``).
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
-ROOT = -1  # the parent index of depth-1 nodes: the history's last token
+from localspec.acceptance import ROOT
+
 
 
 @dataclass(frozen=True)
@@ -185,53 +183,3 @@ def tree_from_branches(branches: Iterable[Sequence[int]]) -> CandidateTree:
     items = [(tuple(b), 1.0) for b in branches if len(b)]
     depth = max((len(b) for b, _ in items), default=0)
     return build_tree(items, max_nodes=sum(len(b) for b, _ in items), max_depth=depth)
-
-
-@dataclass(frozen=True)
-class TreeAcceptance:
-    """The outcome of walking a tree with the target's choices.
-
-    ``tokens`` are the accepted drafted tokens (along ``nodes``), and
-    ``next_token`` is the target's own token after them, so the step produces
-    ``len(tokens) + 1`` tokens.
-    """
-
-    tokens: tuple[int, ...]
-    nodes: tuple[int, ...]
-    next_token: int
-
-
-def accept_tree(
-    tree: CandidateTree, target: Callable[[int], int] | Sequence[int] | np.ndarray
-) -> TreeAcceptance:
-    """Follow the target's choices down ``tree`` from the root.
-
-    ``target`` gives the target's token after a node's path: either a callable
-    ``target(node)`` (``node`` = ``ROOT`` for the position right after the
-    history), called once per visited position, so it may sample the target's
-    distribution there; or an array of ``len(tree) + 1`` tokens where entry 0
-    is the root's choice and entry ``i + 1`` is node ``i``'s (e.g. the argmax
-    of each row of the verification batch).
-
-    Sampling the target once at each visited position and following the
-    matching child draws every token from the target's distribution, so the
-    result is exactly what plain decoding would produce.
-    """
-    if callable(target):
-        choose = target
-    else:
-        choices = np.asarray(target)
-        if choices.shape != (len(tree) + 1,):
-            raise ValueError(f"need {len(tree) + 1} target choices (root + one per node), got {choices.shape}")
-        choose = lambda node: int(choices[node + 1])  # noqa: E731 - ROOT is -1, so row 0
-    tokens: list[int] = []
-    nodes: list[int] = []
-    node = ROOT
-    while True:
-        token = int(choose(node))
-        nxt = tree.child(node, token)
-        if nxt is None:
-            return TreeAcceptance(tuple(tokens), tuple(nodes), token)
-        tokens.append(token)
-        nodes.append(nxt)
-        node = nxt

@@ -9,5 +9,5 @@
   turns the clients' failures into one-line ``DownloadError``s.
 
 Nothing here imports ``llama_cpp`` or the engine. The GPU plan and placement
-(``localspec.planner``, ``localspec.placement``) build on ``gguf_info``.
+(``localspec.models.planner``, ``localspec.models.placement``) build on ``gguf_info``.
 """

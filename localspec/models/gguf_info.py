@@ -73,7 +73,7 @@ class GGUFInfo:
     other_bytes: int
     source: BinaryIO | None = field(default=None, compare=False, repr=False)
     # The architecture's own keys with the ``<arch>.`` prefix dropped (e.g. ``ssm.state_size``), for
-    # shapes only some architectures have (recurrent states: localspec.planner.recurrent_state_bytes).
+    # shapes only some architectures have (recurrent states: localspec.models.planner.recurrent_state_bytes).
     hparams: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # Multi-token-prediction (NextN) blocks among the last ``n_layers`` (<arch>.nextn_predict_layers).
     n_nextn_layers: int = 0
@@ -81,7 +81,7 @@ class GGUFInfo:
     @property
     def global_layer_share(self) -> float:
         """The share of the layers that attend to the whole context rather than a ``sliding_window`` (1.0
-        without one): what a cell past the window still costs (``localspec.costs.CostModel.past_window``)."""
+        without one): what a cell past the window still costs (``localspec.policy.costs.CostModel.past_window``)."""
         if not self.swa_layers:
             return 1.0
         return 1.0 - sum(self.swa_layers) / len(self.swa_layers)

@@ -1,0 +1,50 @@
+"""The llama.cpp backend: the only package that imports ``llama_cpp``.
+
+It speaks llama.cpp's low-level C API through ``llama-cpp-python``'s ctypes
+bindings and offers what the engine needs and nothing more, one module a job:
+
+* ``build``: what the installed build is (its switches, devices, log tail,
+  whether a row decodes the same alone and in a batch);
+* ``model``: ``Model``, a loaded GGUF (``n_gpu_layers`` for CUDA offload), its
+  vocabulary and how (if at all) its cache can be rolled back; ``quantize``;
+* ``context``: ``Context``, a KV cache with ``decode`` that asks logits only for
+  chosen rows (``llama_get_logits_ith``; never an n_ctx x n_vocab buffer),
+  ``rollback_to`` (``llama_memory_seq_rm``) and the sequence copy/keep
+  operations that multi-branch verification uses;
+* ``nextn``: the NextN functions libllama exports with C++ linkage, bound by
+  their mangled names;
+* ``draft_contexts``: ``MtpContext`` (the target's own MTP layers as a second
+  context over its weights) and ``AssistantContext`` (Gemma 4's assistant GGUF,
+  which reads the target's KV cache and hidden rows instead of keeping one).
+
+Logits returned by ``Context.logits`` are views on llama.cpp's output buffer:
+valid until the next ``decode`` on that context, and read-only by contract.
+The names below are the package's public face; import them from here.
+"""
+
+from localspec.backend.build import (
+                                     batch_invariant,
+                                     cpu_flash_attention,
+                                     default_threads,
+                                     gpu_devices,
+                                     gpu_offload_supported,
+                                     library_version,
+                                     recent_log,
+                                     repack_inexact_types,
+                                     repack_is_exact,
+                                     system_info,
+)
+from localspec.backend.context import Context, DecodeListener
+from localspec.backend.draft_contexts import (
+                                     ASSISTANT_TARGETS,
+                                     AssistantContext,
+                                     MtpContext,
+)
+from localspec.backend.model import Model, quantize
+from localspec.backend.nextn import mtp_unavailable_reason
+
+__all__ = [
+    "ASSISTANT_TARGETS", "AssistantContext", "Context", "DecodeListener", "Model", "MtpContext", "batch_invariant",
+    "cpu_flash_attention", "default_threads", "gpu_devices", "gpu_offload_supported", "library_version",
+    "mtp_unavailable_reason", "quantize", "recent_log", "repack_inexact_types", "repack_is_exact", "system_info",
+]

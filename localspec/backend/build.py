@@ -1,0 +1,220 @@
+"""What the installed llama.cpp build is: its log, its switches, its devices, its exactness.
+
+Everything here describes the library, not a model: the one-time initialisation
+(with the switches our patches add, set before the first decode), the log tail
+a failed load explains itself with, the GPUs it sees, and whether a row's logits
+come out the same alone and inside a batch on this build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+from collections import deque
+from typing import Any
+
+import llama_cpp
+
+_init_lock = threading.Lock()
+_initialized = False
+# The last lines llama.cpp logged: when a load fails, its reason is in here.
+_log_tail: deque[str] = deque(maxlen=40)
+_log_echo = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))
+
+
+@llama_cpp.llama_log_callback
+def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _log_tail.append(line)
+    if _log_echo:
+        print(line, end="", flush=True)
+
+
+# ggml-cpu's tiled K-quant matmul (Q2_K..Q6_K, IQ*) takes over from 8 batch rows on: a verification
+# batch would then round differently from a one-token decode (measured on Gemma 3 270M Q4_K_M: logits
+# up to 2.2 apart), so greedy speculation could part from plain decoding at near-ties. Off unless the
+# user set it; a one-token decode never used it, so plain decoding does not change.
+_TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
+# Flash attention on the CPU: the switch scripts/llama.cpp-patches/ adds to ggml (a stock build ignores
+# it). Set, a query row is summed the same way alone and in a batch, so flash attention may be on.
+_FA_INVARIANT_ENV = "GGML_CPU_FA_BATCH_INVARIANT"
+# With it, batches of this many queries or more still take the kernel's tiles (prefill speed); a
+# verification batch stays below that (``Context.max_verify_rows``), so every verified row is exact.
+_FA_TILES_ENV = "GGML_CPU_FA_TILES_FROM"
+FA_TILES_FROM = 256
+# llamafile's sgemm (batches of 2+ rows): the switch scripts/llama.cpp-patches/ adds keeps it to the
+# kernels that sum a row exactly as a one-token decode's vec_dot does (Q4_0/Q5_0/Q8_0 on x86); the
+# others fall back to ggml's own matmul. A stock build with sgemm ignores it and is not batch-invariant.
+_SGEMM_INVARIANT_ENV = "GGML_CPU_SGEMM_BATCH_INVARIANT"
+
+
+def ensure_init() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            os.environ.setdefault(_TILED_MATMUL_ENV, "0")
+            os.environ.setdefault(_FA_INVARIANT_ENV, "1")
+            os.environ.setdefault(_FA_TILES_ENV, str(FA_TILES_FROM))
+            os.environ.setdefault(_SGEMM_INVARIANT_ENV, "1")
+            llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _initialized = True
+
+
+def last_error_line() -> str:
+    for line in reversed(_log_tail):
+        text = line.strip()
+        if text and ("error" in text.lower() or "failed" in text.lower()):
+            return text
+    return ""
+
+
+def clear_log() -> None:
+    """Forget what llama.cpp logged so far: a load's failure reason is then its own."""
+    _log_tail.clear()
+
+
+def recent_log() -> list[str]:
+    """The last lines llama.cpp logged (at most 40; a model load starts afresh), e.g. its
+    ``offloaded N/M layers to GPU`` summary right after a ``Model`` is loaded."""
+    return list(_log_tail)
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, Vulkan...)."""
+    ensure_init()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+_GGML_DEVICE_GPU = 1  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL, META (ggml-backend.h)
+
+
+@functools.cache
+def _device_api() -> tuple[Any, ...] | None:
+    """ggml's device functions from the loaded llama.cpp library (llama-cpp-python binds none of them);
+    None when this build does not export them."""
+    lib = llama_cpp.llama_cpp._lib
+    try:
+        count, get, kind, describe, memory = (lib.ggml_backend_dev_count, lib.ggml_backend_dev_get,
+                                              lib.ggml_backend_dev_type, lib.ggml_backend_dev_description,
+                                              lib.ggml_backend_dev_memory)
+    except AttributeError:
+        return None
+    count.argtypes, count.restype = [], ctypes.c_size_t
+    get.argtypes, get.restype = [ctypes.c_size_t], ctypes.c_void_p
+    kind.argtypes, kind.restype = [ctypes.c_void_p], ctypes.c_int
+    describe.argtypes, describe.restype = [ctypes.c_void_p], ctypes.c_char_p
+    memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    memory.restype = None
+    return count, get, kind, describe, memory
+
+
+def gpu_devices() -> list[tuple[str, int, int]]:
+    """``(description, free bytes, total bytes)`` of each dedicated GPU llama.cpp can offload to, in
+    its device order; empty on a CPU-only build or when the library lacks ggml's device API."""
+    ensure_init()
+    api = _device_api()
+    if api is None:
+        return []
+    count, get, kind, describe, memory = api
+    found = []
+    for i in range(count()):
+        device = get(i)
+        if not device or kind(device) != _GGML_DEVICE_GPU:
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        memory(device, ctypes.byref(free), ctypes.byref(total))
+        name = (describe(device) or b"GPU").decode("utf-8", errors="replace")
+        found.append((name, free.value, total.value))
+    return found
+
+
+def library_version() -> str:
+    """The installed llama-cpp-python's version (it pins the llama.cpp sources it vendors)."""
+    return str(getattr(llama_cpp, "__version__", "unknown"))
+
+
+def system_info() -> str:
+    """llama.cpp's one-line description of the compiled backends and CPU features."""
+    ensure_init()
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def batch_invariant() -> bool:
+    """Whether a position's logits are the same whatever else shares its batch.
+
+    True for a CPU build without llamafile's sgemm, or with it kept to its exact
+    kernels by our patch's switch (scripts/setup.sh builds so): with flash
+    attention off or batch-invariant (``cpu_flash_attention``), ggml's tiled
+    K-quant matmul off and weights repacked only where that is exact
+    (``Context``, ``_ensure_init``, ``Model``), greedy speculative decoding is
+    then token-identical to plain greedy decoding, not merely equal up to
+    near-ties. GPU builds are not assumed to be. ``localspec doctor`` checks it
+    for a model by decoding (``selftest``).
+    """
+    info = system_info()
+    sgemm_exact = "LLAMAFILE = 1" not in info or "SGEMM_BATCH_INVARIANT = 1" in info
+    return sgemm_exact and not gpu_offload_supported()
+
+
+def cpu_flash_attention() -> bool:
+    """Whether a CPU build's flash attention is batch-invariant, so contexts may turn it on.
+
+    ggml's CPU kernel splits a lone query's cells across threads once 512 are
+    cached and tiles 64 or more queries: a one-token decode and a verification
+    batch then sum in different orders (measured: logits up to 1.6 apart on
+    SmolLM2, 2.4 on Gemma 3). Our build (scripts/setup.sh) carries a switch that
+    sums every row in fixed 128-cell chunks merged in order, whatever the batch
+    (a lone query's chunks still spread over every thread), reported in the
+    system info; a stock build has none, and flash attention stays off there.
+    """
+    return "FA_BATCH_INVARIANT = 1" in system_info()
+
+
+# Weight types whose repacked CPU kernels (ggml-cpu's "extra buffer types": a gemv for a lone row, a
+# gemm for groups of 4 rows) give the same logits for a row alone and inside a batch; measured here,
+# bitwise, over 1..9-row batches (SmolLM2 Q4_0). Stock repacked Q4_K is not (Gemma 3 270M Q4_K_M:
+# logits up to 3.3 apart): its x86 gemv rounds differently from its gemm until our patch
+# (scripts/llama.cpp-patches/matmul-batch-invariant.patch) makes it sum in the gemm's order; the
+# build then says REPACK_Q4_K_INVARIANT, which it does only on x86 with AVX2, where ggml repacks just
+# Q4_0, Q4_K, IQ4_NL, MXFP4 and (with AVX-512) Q2_K. Elsewhere any repackable type but Q4_0 (Q2_K,
+# Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, MXFP4...) is not known to be exact, so a file holding one loads
+# without repacking on a CPU build.
+_REPACK_EXACT_TYPES = frozenset({2})  # GGML_TYPE_Q4_0
+_REPACKABLE_TYPES = frozenset({2, 8, 10, 12, 13, 14, 20, 39, 41})  # Q4_0 Q8_0 Q2_K Q4_K Q5_K Q6_K IQ4_NL MXFP4 Q1_0
+_X86_REPACKED_TYPES = frozenset({2, 10, 12, 20, 39})  # Q4_0 Q2_K Q4_K IQ4_NL MXFP4
+_X86_REPACK_EXACT_WITH_PATCH = frozenset({2, 12})  # Q4_0 Q4_K
+
+
+def repack_inexact_types() -> frozenset[int]:
+    """The ggml weight types this build may repack in a batch-dependent way (see above)."""
+    if "REPACK_Q4_K_INVARIANT = 1" in system_info():
+        return _X86_REPACKED_TYPES - _X86_REPACK_EXACT_WITH_PATCH
+    return _REPACKABLE_TYPES - _REPACK_EXACT_TYPES
+
+
+def repack_is_exact(path: str | os.PathLike[str]) -> bool:
+    """Whether repacking ``path``'s weights for the CPU keeps decoding batch-invariant.
+
+    Reads the GGUF tensor table (no weights). The token embedding is read row by
+    row, never multiplied, so it is never repacked and does not count. An
+    unreadable header says False: loading then reports the real problem.
+    """
+    from localspec.models.gguf_header import read_header
+
+    try:
+        tensors = read_header(path).tensors
+    except Exception:
+        return False
+    inexact = repack_inexact_types()
+    return not any(t.ggml_type in inexact for t in tensors if t.name != "token_embd.weight")
+
+
+def default_threads() -> int:
+    """Threads for decoding: every core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)

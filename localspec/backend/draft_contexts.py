@@ -1,0 +1,260 @@
+"""Contexts that draft from the target itself: its MTP (NextN) layers, and Gemma 4's assistant GGUF."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from localspec.backend.build import clear_log, last_error_line
+from localspec.backend.context import (
+    Context,
+    _flash_attention,
+    _float_view,
+    _OwnedContext,
+    _set_threads,
+)
+from localspec.backend.model import Model
+from localspec.backend.nextn import mtp_unavailable_reason, nextn_api
+from localspec.errors import UnsupportedModelError
+
+
+class _ExtBatchContext(_OwnedContext):
+    """What MtpContext and AssistantContext share: a llama.cpp context fed through a ``llama_batch_ext``."""
+
+    def _free_batch(self) -> None:
+        llama_cpp.llama_batch_ext_free(self._batch)
+
+
+class MtpContext(_ExtBatchContext):
+    """A model's MTP (NextN) layers as a second context over the target's weights.
+
+    Row ``p`` of its cache is built from token ``x_p`` at position ``p`` and
+    the target's hidden state ``h_{p-1}`` (the row before): its logits predict
+    ``x_{p+1}``, and its own hidden output can stand in for the target's to
+    draft one more token. The target's ``Model`` must be loaded with
+    ``load_mtp=True``; ``head`` selects which NextN layer runs (0: the first).
+    Logits and hidden rows are read by batch row and are views valid until the
+    next ``decode``.
+    """
+
+    def __init__(self, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
+        model = target.model
+        reason = mtp_unavailable_reason()
+        if reason is not None:
+            raise UnsupportedModelError(reason)
+        if model.n_nextn_layers < 1 or not model.load_mtp:
+            raise UnsupportedModelError(f"{model.name} was not loaded with its MTP layers")
+        api = nextn_api()
+        assert api is not None
+        self._api = api
+        self.model = model
+        self.n_embd = model.n_embd_out
+        self.n_heads = model.n_nextn_layers
+        params = llama_cpp.llama_context_default_params()
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ctx  # a drafter sharing the target's cache (Gemma 4's assistant) reads it
+        params.n_ctx = target.n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.kv_unified = True
+        _flash_attention(params, target.flash_attn)
+        _set_threads(params, n_threads)
+        ctx = llama_cpp.llama_init_from_model(model._model, params)
+        if not ctx:
+            reason = last_error_line() or "llama.cpp refused the MTP context"
+            raise UnsupportedModelError(f"cannot create the MTP context of {model.name}: {reason}")
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        # Output rows only: the head's hidden state is read for the rows it drafts from.
+        api.set_embeddings_nextn(ctx, True, True)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(ctx)
+        self.n_batch: int = min(n_batch, llama_cpp.llama_n_batch(ctx))
+        self._batch = llama_cpp.llama_batch_ext_init(ctx)
+        self._pos = (llama_cpp.llama_pos * 4)()
+        self.head = 0
+        self.decode_seconds = 0.0
+
+    def set_head(self, head: int) -> None:
+        """Run NextN layer ``head`` (0 .. n_heads-1) from the next decode on."""
+        if not 0 <= head < self.n_heads:
+            raise ValueError(f"head {head} out of range 0..{self.n_heads - 1}")
+        if head != self.head:
+            self._api.set_nextn_layer_offset(self._ctx, head)
+            self.head = head
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
+               outputs: Sequence[bool]) -> None:
+        """One forward pass of the head: row i is (``tokens[i]`` at ``positions[i]``, ``hidden[i]``)."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        rows = np.ascontiguousarray(hidden, dtype=np.float32).reshape(n, self.n_embd)
+        base = rows.ctypes.data
+        stride = self.n_embd * 4
+        b = self._batch
+        llama_cpp.llama_batch_ext_clear(b)
+        for i in range(n):
+            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(tokens[i]))
+            if idx < 0:
+                raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
+            self._pos[0] = positions[i]
+            llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+            # The hidden state rides in the token-embedding slot: llama_batch_ext_set_embd_state is a stub
+            # that returns false in this llama.cpp; its MTP graphs read the row given with set_embd_token.
+            embd = llama_cpp.llama_embd(ctypes.cast(base + i * stride, ctypes.POINTER(ctypes.c_float)),
+                                        1, self.n_embd)
+            if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
+                raise RuntimeError("llama_batch_ext_set_embd_token refused a hidden row")
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, bool(outputs[i]))
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            self.clear()
+            if rc == 1:
+                raise UnsupportedModelError(
+                    f"the MTP context of {self.n_ctx} tokens is full; start a new chat or raise --ctx")
+            raise RuntimeError(f"llama_process (MTP) failed with code {rc}")
+
+    def logits(self, row: int) -> np.ndarray:
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
+                           f"no MTP logits were requested for row {row}")
+
+    def hidden(self, row: int) -> np.ndarray:
+        """The head's own hidden output at batch row ``row`` (an output row): the next draft's input."""
+        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, row), (self.n_embd,),
+                           f"no MTP hidden row for batch row {row}")
+
+    def rollback_to(self, n: int) -> None:
+        """Keep positions [0, n) and drop the rest."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
+
+    @property
+    def n_past(self) -> int:
+        """Positions the head's cache holds (0 when empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+
+# --- Gemma 4 assistant -----------------------------------------------------------
+# Gemma 4 ships its draft as a separate "assistant" GGUF (architecture gemma4-assistant,
+# src/models/gemma4-assistant.cpp). It has no KV cache of its own: its context is created
+# with ctx_other = the target's context, and llama.cpp builds its cache as a view of the
+# target's (llama_model::create_memory, `share`): each sliding-window layer attends to the
+# target's last sliding-window layer's K/V, each global layer to the target's last layer's,
+# over the target's own cells. It embeds tokens with the TARGET's token embedding and reads
+# the target's post-norm hidden state (the NextN rows, llama_get_embeddings_nextn).
+
+ASSISTANT_TARGETS = {"gemma4-assistant": "gemma4"}
+"""Assistant architectures and the target architecture each drafts for."""
+
+
+class AssistantContext(_ExtBatchContext):
+    """A Gemma 4 assistant model run against its target's cache (a draft that needs no cache).
+
+    One decode is one row: token ``x`` at position ``pos`` (where ``x`` sits in the
+    history, not yet in the target's cache) with a hidden row ``h`` of the target's
+    width. Its queries attend to every target cell of sequence 0 at positions <= ``pos``;
+    it writes nothing there, so it never rolls back. ``logits()`` predict the token
+    after ``x``; ``hidden()`` is its own projection back to the target's width, the
+    ``h`` of the next draft step. Both are views valid until the next ``decode``.
+
+    Created right after the target's context and before that context decodes:
+    llama.cpp resets the shared cells' bookkeeping when it builds the view, so the
+    target is cleared here to keep its mirror (``Context.tokens``) true. The
+    assistant's own memory is never cleared (that would clear the target's cells).
+    """
+
+    def __init__(self, assistant: Model, target: Context, *, n_threads: int | None = None) -> None:
+        reason = mtp_unavailable_reason()
+        if reason is not None:
+            raise UnsupportedModelError(reason)
+        want = ASSISTANT_TARGETS.get(assistant.architecture)
+        if want is None or target.model.architecture != want:
+            raise UnsupportedModelError(
+                f"{assistant.path.name} ({assistant.architecture}) is not an assistant for "
+                f"{target.model.path.name} ({target.model.architecture}); pair it with a {want or 'matching'} target")
+        width = int(llama_cpp.llama_model_n_embd(target.model._model))
+        if assistant.n_embd_out != width or assistant.n_vocab != target.model.n_vocab:
+            raise UnsupportedModelError(
+                f"{assistant.path.name} does not fit {target.model.path.name}: it reads hidden rows of "
+                f"{assistant.n_embd_out} and {assistant.n_vocab} tokens, the target has {width} and "
+                f"{target.model.n_vocab}; use the assistant published for this target's size")
+        api = nextn_api()
+        assert api is not None
+        self._api = api
+        self.model = assistant
+        self.target = target
+        self.n_embd = width
+        self.n_layers = assistant.n_nextn_layers
+        target.enable_hidden_rows()
+        params = llama_cpp.llama_context_default_params()
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target._ctx
+        params.n_ctx = target.n_ctx
+        params.n_batch = 1
+        params.n_ubatch = 1
+        params.n_seq_max = 1  # it reads sequence 0 of the target's unified cell pool
+        params.kv_unified = True
+        params.n_rs_seq = 0
+        # The view reads the target's V cache in the layout llama.cpp fixes at creation from the flash
+        # attention setting asked for (transposed only when disabled; "auto" counts as enabled there):
+        # ask as the target did, so both layouts agree.
+        _flash_attention(params, target.flash_attn)
+        _set_threads(params, n_threads)
+        clear_log()
+        ctx = llama_cpp.llama_init_from_model(assistant._model, params)
+        if not ctx:
+            reason = last_error_line() or "llama.cpp refused the assistant context"
+            raise UnsupportedModelError(f"cannot run {assistant.path.name} against {target.model.path.name}: {reason}")
+        self._ctx = ctx
+        target.clear()
+        # Output rows only: the assistant's hidden row is read for the row it drafts from.
+        api.set_embeddings_nextn(ctx, True, True)
+        self._batch = llama_cpp.llama_batch_ext_init(ctx)
+        self._pos = (llama_cpp.llama_pos * 4)()
+        self._row = np.zeros(width, dtype=np.float32)
+        self.decode_seconds = 0.0
+        self.decode_calls = 0
+
+    def decode(self, token: int, position: int, hidden: np.ndarray) -> bool:
+        """Run the assistant on one row; False when the target's cache has no free cell for it (context full)."""
+        np.copyto(self._row, np.asarray(hidden, dtype=np.float32).reshape(self.n_embd))
+        b = self._batch
+        llama_cpp.llama_batch_ext_clear(b)
+        idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(token))
+        if idx < 0:
+            raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
+        self._pos[0] = position
+        llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+        # The hidden row rides in the embedding slot beside the token (the graph reads both).
+        embd = llama_cpp.llama_embd(ctypes.cast(self._row.ctypes.data, ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+        if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
+            raise RuntimeError("llama_batch_ext_set_embd_token refused a hidden row")
+        llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc == 1:
+            return False
+        if rc != 0:
+            raise RuntimeError(f"llama_process (assistant) failed with code {rc}")
+        return True
+
+    def logits(self) -> np.ndarray:
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, 0), (self.model.n_vocab,),
+                           "the assistant returned no logits")
+
+    def hidden(self) -> np.ndarray:
+        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, 0), (self.n_embd,),
+                           "the assistant returned no hidden row")

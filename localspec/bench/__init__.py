@@ -1,0 +1,1 @@
+"""``localspec bench``: does speculation pay on this machine? The runner and its report."""

@@ -1,0 +1,264 @@
+"""A generation in progress: the loop around the speculative step, and its running statistics.
+
+``Generation`` is what ``Engine.generate`` returns: prefill, then per step
+plan (the controller's decision), step (``speculative_step``), observe (the
+controller learns), emit (token and step events, stop checks). It is an
+iterator of events; ``stats()`` reads the running counts at any time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Iterator
+
+from localspec.events import (
+    ControlSummary,
+    DoneEvent,
+    DrafterStats,
+    Event,
+    GenerationStats,
+    StepEvent,
+    TokenEvent,
+)
+from localspec.policy.controller import Controller
+from localspec.policy.decision import Decision
+from localspec.sampling import Sampler
+from localspec.speculative import speculative_step
+from localspec.textstream import TokenReleaser
+
+if TYPE_CHECKING:
+    from localspec.engine import Engine, GenerateOptions
+
+
+class _Tally:
+    """Running counts behind GenerationStats."""
+
+    def __init__(self, prompt_tokens: int, controller: Controller | None = None, n_ctx: int = 0) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
+        self.controller = controller
+        self.control_before = controller.stats.copy() if controller is not None else None
+        self.tokens = self.steps = self.drafted = self.accepted = self.verified = 0
+        self.prefill_ms = self.draft_ms = self.verify_ms = self.python_ms = 0.0
+        self.start = self.end = 0.0
+        self.pos_drafted: list[int] = []
+        self.pos_accepted: list[int] = []
+        self.by_drafter: dict[str, list[int]] = {}
+
+    def add(self, step: StepEvent) -> None:
+        self.steps += 1
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.verified += step.verified
+        self.draft_ms += step.draft_ms
+        self.verify_ms += step.verify_ms
+        self.python_ms += step.python_ms
+        if step.drafted:
+            reached = min(step.drafted, step.accepted + 1)
+            while len(self.pos_drafted) < step.drafted:
+                self.pos_drafted.append(0)
+                self.pos_accepted.append(0)
+            for i in range(reached):
+                self.pos_drafted[i] += 1
+            for i in range(step.accepted):
+                self.pos_accepted[i] += 1
+            row = self.by_drafter.setdefault(step.drafter or "draft", [0, 0, 0])
+            row[0] += 1
+            row[1] += step.drafted
+            row[2] += step.accepted
+
+    def snapshot(self) -> GenerationStats:
+        end = self.end or time.perf_counter()
+        return GenerationStats(
+            prompt_tokens=self.prompt_tokens, tokens=self.tokens, steps=self.steps,
+            drafted=self.drafted, accepted=self.accepted, verified=self.verified,
+            elapsed_s=max(0.0, end - self.start) if self.start else 0.0,
+            prefill_ms=self.prefill_ms, draft_ms=self.draft_ms,
+            verify_ms=self.verify_ms, python_ms=self.python_ms,
+            position_drafted=tuple(self.pos_drafted), position_accepted=tuple(self.pos_accepted),
+            drafters=tuple(DrafterStats(name, *row) for name, row in self.by_drafter.items()),
+            control=self._control(), n_ctx=self.n_ctx,
+        )
+
+    def _control(self) -> ControlSummary | None:
+        if self.controller is None or self.control_before is None:
+            return None
+        c = self.controller.stats.since(self.control_before)
+        return ControlSummary(draft_steps=c.draft_steps, plain_steps=c.plain_steps, probes=c.probes,
+                              mean_draft_len=c.mean_draft_len, expected_gain=c.expected_gain,
+                              measured_gain=c.measured_gain,
+                              last_reason=c.last_reason if c.steps else "")
+
+
+class Generation(Iterator[Event]):
+    """One generation in progress: iterate it for events.
+
+    The loop (``_run``) is prefill, then per step: plan (the controller's
+    decision), step (``speculative_step``), observe (the controller learns),
+    emit (token and step events, stop checks). ``cancel()`` (from another
+    thread, e.g. the TUI's Esc) ends it after the current step with
+    ``finish_reason == "cancelled"``. If iteration is broken by an exception
+    (Ctrl-C), ``interrupted()`` still returns a DoneEvent with everything
+    generated and measured so far.
+    """
+
+    def __init__(self, engine: Engine, prompt: list[int], opts: GenerateOptions) -> None:
+        self.engine = engine
+        self.prompt = prompt
+        self.opts = opts
+        self.sampler = Sampler(opts.sampling)
+        self.drafters = engine.make_drafters(self.sampler, opts)
+        self.controller = engine.controller() if self.drafters else None
+        if self.controller is not None:
+            self.controller.start(self.drafters, draft_len=opts.draft_len, draft_len_limit=engine.draft_len_limit)
+        self.tally = _Tally(len(prompt), self.controller, engine.n_ctx)
+        self.tokens: list[int] = []
+        self.text_parts: list[str] = []
+        self.result: DoneEvent | None = None
+        self.warnings: list[str] = []
+        self._releaser = TokenReleaser(opts.stop)
+        self._cancel = False
+        self._events = self._run()
+
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._events)
+
+    def cancel(self) -> None:
+        self._cancel = True
+
+    def run(self) -> DoneEvent:
+        """Consume the remaining events; the final DoneEvent (for callers that need no streaming)."""
+        for _ in self:
+            pass
+        assert self.result is not None, "a generation always ends with a DoneEvent"
+        return self.result
+
+    def stats(self) -> GenerationStats:
+        return self.tally.snapshot()
+
+    def interrupted(self) -> DoneEvent:
+        """The DoneEvent for a generation stopped by an exception (Ctrl-C)."""
+        if self.result is None:
+            self.tally.end = self.tally.end or time.perf_counter()
+            self.result = DoneEvent("interrupted", "".join(self.text_parts), tuple(self.tokens), self.stats())
+        return self.result
+
+    # --- the loop's stages ---------------------------------------------------
+    def _prefill(self) -> list[int]:
+        """Decode the prompt into the target's cache (all but its last token). Drafters are only reset:
+        a draft model decodes the prompt when the controller first asks it to draft."""
+        t0 = time.perf_counter()
+        ctx = self.engine.ctx
+        history = list(self.prompt)
+        # Keep whatever prefix the cache already holds (the previous chat turn).
+        # A recurrent state drops a suffix only within its last batch; else the prompt is decoded afresh.
+        keep = ctx.keepable(ctx.common_prefix(history[:-1]))
+        ctx.rollback_to(keep)
+        ctx.append(history[keep:-1])
+        for drafter in self.drafters:
+            drafter.reset()
+        self.tally.start = time.perf_counter()
+        self.tally.prefill_ms = (self.tally.start - t0) * 1e3
+        return history
+
+    def _halt_reason(self) -> str:
+        """Why no further step can run ("" when one can)."""
+        if self._cancel:
+            return "cancelled"
+        if len(self.engine.ctx.tokens) >= self.engine.ctx.n_ctx:
+            return "context"
+        return ""
+
+    def _plan(self, history: list[int]) -> Decision | None:
+        if self.controller is None:
+            return None
+        ctx = self.engine.ctx
+        return self.controller.plan(history, room=ctx.n_ctx - len(ctx.tokens) - 1,
+                                    remaining=self.opts.max_tokens - len(self.tokens))
+
+    def _step(self, history: list[int], decision: Decision | None) -> StepEvent:
+        if decision is None:
+            step = speculative_step(self.engine.ctx, history, None, self.sampler, 0)
+        else:
+            step = speculative_step(self.engine.ctx, history, decision.drafter, self.sampler, decision.draft_len,
+                                    decision.proposal, decision.proposal_ms)
+        if decision is None:
+            return dataclasses.replace(step, index=self.tally.steps + 1)
+        # The controller's own time for this step is the step's Python work too (its lookups are in draft_ms).
+        return dataclasses.replace(step, index=self.tally.steps + 1, decision=decision.reason,
+                                   python_ms=step.python_ms + decision.planning_ms)
+
+    def _observe(self, step: StepEvent, history: list[int]) -> None:
+        if self.controller is not None:
+            self.controller.observe(step, history)
+        self.tally.add(step)
+
+    def _emit(self, step: StepEvent) -> Iterator[Event]:
+        """The step's tokens as events, then the step itself; returns the finish reason ("" to go on)."""
+        model = self.engine.target
+        reason = ""
+        for i, tok in enumerate(step.tokens):
+            if model.is_eog(tok):
+                reason = "stop"
+                break
+            self.tokens.append(tok)
+            self.tally.tokens += 1
+            source = step.drafter if i < step.accepted else None
+            for t, text, src in self._releaser.push(tok, model.piece(tok), source):
+                self.text_parts.append(text)
+                yield TokenEvent(t, text, src)
+            if self._releaser.stopped:
+                reason = "stop"
+                break
+            if len(self.tokens) >= self.opts.max_tokens:
+                reason = "length"
+                break
+        yield step
+        return reason
+
+    def _finish(self, reason: str) -> Iterator[Event]:
+        for t, text, src in self._releaser.finish():
+            self.text_parts.append(text)
+            yield TokenEvent(t, text, src)
+        self.tally.end = time.perf_counter()
+        self._remember(reason)
+        self.result = DoneEvent(reason, "".join(self.text_parts), tuple(self.tokens), self.stats())
+        yield self.result
+
+    def _remember(self, reason: str) -> None:
+        """Add a finished reply to the personal store (when an n-gram drafter keeps one)."""
+        if not self.drafters or not self.tokens or reason not in ("stop", "length"):
+            return
+        from localspec.errors import StoreError
+
+        try:
+            for drafter in self.drafters:
+                drafter.remember_reply(self.tokens, self.prompt)
+        except StoreError as err:
+            # The reply itself is complete and delivered; only the drafting history missed it.
+            self.warnings.append(str(err))
+
+    def _run(self) -> Iterator[Event]:
+        try:
+            history = self._prefill()
+            reason = ""
+            while not reason:
+                reason = self._halt_reason()
+                if reason:
+                    break
+                decision = self._plan(history)
+                step = self._step(history, decision)
+                self._observe(step, history)
+                reason = yield from self._emit(step)
+            yield from self._finish(reason)
+        except GeneratorExit:
+            # The consumer stopped listening between steps: the caches are consistent.
+            raise
+        except BaseException:
+            # The caches may be mid-step; the next generation starts from scratch.
+            self.engine.invalidate()
+            raise

@@ -1,0 +1,31 @@
+"""What llama.cpp does that localspec's code relies on, as constants read from its sources.
+
+Each fact names where it was read (the llama.cpp that llama-cpp-python 0.3.36
+vendors). They are internal to llama.cpp, not part of its API, so an upgrade
+must check each one (docs/upgrading-llama.md); nothing here imports llama.cpp,
+so the planner and the registry can use them without loading the library.
+"""
+
+from __future__ import annotations
+
+N_UBATCH = 512        # llama.cpp's default physical batch, which sizes the compute buffers
+# The draft model's physical batch. It decodes one token at a time (and catches up on the prompt in
+# chunks), so a small batch costs it little, while its compute buffer, reserved for a batch that
+# wants every row's logits, shrinks 4x: ~230 MiB less for a Qwen3 draft (152k vocabulary).
+DRAFT_N_UBATCH = 128
+# Recurrent-state snapshots per sequence (llama.cpp's n_rs_seq) a context asks for on a model whose
+# architecture llama.cpp can roll back by snapshots (Qwen3.5, LFM2, Nemotron-H...): the most tokens one
+# rollback takes back, so the longest draft such a target verifies. The engine's automatic draft length
+# stops at 16 as well.
+ROLLBACK_SNAPSHOTS = 16
+# Architectures whose recurrent state llama.cpp snapshots token by token (``n_rs_seq``), as GGUF names
+# them: the list ``llm_arch_supports_rs_rollback`` keeps in the vendored src/llama-arch.cpp (internal C++,
+# not exported). For any other architecture llama.cpp silently sets ``n_rs_seq`` to 0; the backend reads
+# the value back, so an out-of-date entry here shows up as a context that cannot roll back, never as a
+# wrong one.
+SNAPSHOT_ARCHITECTURES = frozenset({
+    "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
+    "lfm2", "lfm2moe", "bailingmoe3", "kimi-k3",
+})
+# Architectures whose every layer is recurrent (llama.cpp's llama_model_is_recurrent).
+ALL_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})

@@ -1,0 +1,346 @@
+"""The TUI without a model: dashboard arithmetic, the worker's message stream, keys, the engine/UI boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.content import Content
+from textual.widgets import Input, TextArea
+
+from localspec.engine import GenerateOptions
+from localspec.events import DoneEvent, DrafterStats, GenerationStats, StepEvent, TokenEvent
+from localspec.history import latest_session
+from localspec_tui.app import LocalspecApp
+from localspec_tui.dashboard import Dashboard, bar, expected_tokens_per_step, tokens_per_step_ceiling
+from localspec_tui.messages import Piece, ReplyFinished, ReplyProgress
+from localspec_tui.streaming import stream_reply
+from localspec_tui.widgets import ReplyView, StatusLine, SystemPromptScreen
+from tui_support import shown_text, stub_engine, svg_text
+
+STATS = GenerationStats(
+    prompt_tokens=20, tokens=30, steps=12, drafted=50, accepted=20, elapsed_s=1.5,
+    prefill_ms=40.0, draft_ms=300.0, verify_ms=600.0, python_ms=100.0,
+    position_drafted=(12, 8, 6, 3, 1), position_accepted=(8, 6, 3, 2, 1),
+    drafters=(DrafterStats("draft", 12, 50, 20),),
+)
+
+
+# --- pure arithmetic ----------------------------------------------------------
+def test_expected_tokens_per_step_formula() -> None:
+    assert expected_tokens_per_step(0.0, 5) == 1.0
+    assert expected_tokens_per_step(0.5, 1) == pytest.approx(1.5)
+    assert expected_tokens_per_step(0.8, 4) == pytest.approx((1 - 0.8 ** 5) / 0.2)
+    assert expected_tokens_per_step(1.0, 5) == 6.0
+    assert tokens_per_step_ceiling(0.75) == pytest.approx(4.0)
+    assert math.isinf(tokens_per_step_ceiling(1.0))
+    # The ceiling bounds the finite-gamma expectation.
+    for a in (0.1, 0.5, 0.9):
+        assert expected_tokens_per_step(a, 8) < tokens_per_step_ceiling(a)
+
+
+def test_bar_widths() -> None:
+    assert bar(0.0, 10) == "·" * 10
+    assert bar(1.0, 10) == "█" * 10
+    assert bar(0.5, 10) == "█" * 5 + "·" * 5
+    assert len(bar(0.33, 10)) == 10 and bar(2.0, 4) == "████"
+
+
+# --- the dashboard on fixed stats: numbers and a screenshot ---------------------
+class DashboardApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield Dashboard(id="dashboard")
+
+
+def test_dashboard_shows_the_engine_numbers_and_a_screenshot_has_them() -> None:
+    async def go() -> tuple[Dashboard, str]:
+        app = DashboardApp()
+        async with app.run_test(size=(60, 50)) as pilot:
+            d = app.query_one(Dashboard)
+            d.drafter, d.draft_len, d.plain_tok_s = "draft", 5, 10.0
+            d.begin_reply()
+            d.show_stats(STATS)
+            await pilot.pause()
+            return d, svg_text(app.export_screenshot())
+
+    d, screen = asyncio.run(go())
+    assert d.alpha == STATS.acceptance_rate == 0.4
+    assert d.reached_alpha == pytest.approx(20 / 30)
+    assert d.tau == STATS.tokens_per_step == 2.5
+    assert d.ceiling == pytest.approx(3.0)
+    assert d.expected_tau == pytest.approx(expected_tokens_per_step(20 / 30, 5))
+    assert d.tokens_per_second == STATS.tokens_per_second == 20.0
+    assert d.speedup == pytest.approx(2.0)
+    assert d.time_split == pytest.approx((0.3, 0.6, 0.1))
+    assert list(d.speed_samples) == [pytest.approx(20.0)]
+    for expected in ("drafter draft  γ 5", "α accepted       0.40  20/50 drafted",
+                     "α reached        0.67  20/30 judged", "τ tokens/step    2.50  30 tokens / 12 steps",
+                     "ceiling 1/(1−α)  3.00", f"expected τ γ=5   {expected_tokens_per_step(20 / 30, 5):.2f}",
+                     "Acceptance by draft position", "0.67 (12)", "0.75 (8)",
+                     "reply 20.0 tok/s · plain 10.0 tok/s", "speedup 2.00× over plain decoding",
+                     "draft 30%", "verify 60%", "python 10%", "prefill 40 ms",
+                     "draft      α 0.40  20/50 in 12 steps"):
+        assert expected in screen, (expected, screen)
+
+
+def test_a_new_draft_length_alone_redraws_the_drafter_line() -> None:
+    async def go() -> tuple[str, str]:
+        app = DashboardApp()
+        async with app.run_test(size=(60, 50)) as pilot:
+            d = app.query_one(Dashboard)
+            d.drafter = "draft"
+            await pilot.pause()
+            before = svg_text(app.export_screenshot())
+            d.draft_len = 7
+            await pilot.pause()
+            return before, svg_text(app.export_screenshot())
+
+    before, after = asyncio.run(go())
+    assert "drafter draft  γ 5" in before and "drafter draft  γ 7" in after, after
+
+
+def test_dashboard_before_any_reply_shows_placeholders() -> None:
+    async def go() -> str:
+        app = DashboardApp()
+        async with app.run_test(size=(60, 50)) as pilot:
+            await pilot.pause()
+            return svg_text(app.export_screenshot())
+
+    screen = asyncio.run(go())
+    assert "no drafts yet" in screen and "speedup …" in screen and "none used" in screen
+
+
+# --- the worker's side: events in, throttled messages out ------------------------
+class FakeGeneration:
+    """Stands in for engine.Generation: yields scripted events, records cancel()."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+        self.cancelled = False
+
+    def __iter__(self) -> Iterator:
+        for event in self.events:
+            if self.cancelled and isinstance(event, StepEvent):
+                yield event
+                yield DoneEvent("cancelled", "ab", (1, 2), GenerationStats(tokens=2, steps=1))
+                return
+            yield event
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def stats(self) -> GenerationStats:
+        return GenerationStats(tokens=1)
+
+
+def test_stream_reply_posts_all_text_before_finishing() -> None:
+    step = StepEvent(1, "draft", 3, 1, 2, 1.0, 2.0, 0.1)
+    events = [TokenEvent(1, "He", "draft"), TokenEvent(2, "llo", None), step,
+              TokenEvent(3, "", None), TokenEvent(4, " wo", None), TokenEvent(5, "rld", None), step,
+              TokenEvent(6, "!", None),
+              DoneEvent("stop", "Hello world!", (1, 2, 3, 4, 5, 6), GenerationStats(tokens=6))]
+    posted: list = []
+    done = stream_reply(FakeGeneration(events), 7, posted.append, drafter="draft", interval_s=3600)  # type: ignore[arg-type]
+    assert done.finish_reason == "stop"
+    assert isinstance(posted[-1], ReplyFinished) and posted[-1].done is done and posted[-1].reply_id == 7
+    progress = [m for m in posted if isinstance(m, ReplyProgress)]
+    # The first step is posted at once; the rest is held (long interval) and flushed before the end.
+    assert len(progress) == 2
+    assert progress[0].pieces == (Piece("He", "draft"), Piece("llo", None))
+    assert progress[1].pieces == (Piece(" world!", None),)
+    assert "".join(p.text for m in progress for p in m.pieces) == done.text
+    assert sum(len(m.steps) for m in progress) == 2
+
+
+def test_stream_reply_cancels_when_asked() -> None:
+    step = StepEvent(1, None, 0, 0, 1, 0.0, 1.0, 0.1)
+    gen = FakeGeneration([TokenEvent(1, "a", None), step, TokenEvent(2, "b", None), step, step])
+    posted: list = []
+    done = stream_reply(gen, 1, posted.append, drafter=None, should_stop=lambda: True)  # type: ignore[arg-type]
+    assert gen.cancelled and done.finish_reason == "cancelled"
+    assert isinstance(posted[-1], ReplyFinished)
+
+
+# --- the app's keys and dialogs, with an engine that never generates -------------
+def test_footer_shows_every_key_and_drafter_colour_system_new_chat_keys_work(tmp_path: Path) -> None:
+    async def go() -> None:
+        app = LocalspecApp(stub_engine(("draft", "ngram")), GenerateOptions(), history_dir=tmp_path,  # type: ignore[arg-type]
+                           measure_on_start=False)
+        async with app.run_test(size=(140, 40)) as pilot:
+            app.query_one(Input).cursor_blink = False
+            await pilot.pause()
+            screen = svg_text(app.export_screenshot())
+            for key, label in (("esc", "Stop reply"), ("^n", "New chat"), ("^s", "System prompt"),
+                               ("^o", "Drafter"), ("^t", "Colours"), ("^r", "Plain speed"), ("^q", "Quit")):
+                assert f"{key} {label}" in screen, (key, screen)
+            assert "target-Q4 → draft draft-Q4_0 · GPU offload:" in screen
+
+            # The drafter key cycles through the engine's drafters, then off, then round again.
+            status = app.query_one(StatusLine)
+            seen = [app.drafter]
+            for _ in range(3):
+                await pilot.press("ctrl+o")
+                seen.append(app.drafter)
+            assert seen == ["draft", "ngram", "off", "draft"]
+            assert status.drafter == "draft"
+            await pilot.press("ctrl+o", "ctrl+o")
+            assert app.reply_options().speculative is False
+            await pilot.press("ctrl+o")
+            assert app.reply_options().drafter == "draft" and app.reply_options().speculative
+
+            # Colours toggle reaches every reply view.
+            view = ReplyView(app.colours, text="")
+            view.append([Piece("drafted", "draft"), Piece(" target", None)])
+            await app.query_one("#chat").mount(view)
+            assert any(s.style for s in view.content.spans)  # type: ignore[union-attr]
+            await pilot.press("ctrl+t")
+            assert app.colour is False and view.colour is False
+            assert isinstance(view.content, Content) and not view.content.spans
+            assert view.text == "drafted target"
+
+            # System prompt: ctrl+s opens the editor, ctrl+s there saves.
+            await pilot.press("ctrl+s")
+            assert isinstance(app.screen, SystemPromptScreen)
+            app.screen.query_one(TextArea).text = "Answer in French."
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert not isinstance(app.screen, SystemPromptScreen)
+            assert app.session.system == "Answer in French."
+            assert shown_text(app.query_one("#system-note")) == "system: Answer in French."
+            assert app.session.chat_messages()[0] == {"role": "system", "content": "Answer in French."}
+            # Esc in the editor cancels without touching the prompt.
+            await pilot.press("ctrl+s")
+            app.screen.query_one(TextArea).text = "discarded"
+            await pilot.press("escape")
+            await pilot.pause()
+            assert app.session.system == "Answer in French."
+
+            # New chat: fresh session id, same system prompt, empty chat.
+            old_id = app.session.id
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            assert app.session.id != old_id and app.session.system == "Answer in French."
+            assert not app.query(ReplyView)
+
+    asyncio.run(go())
+    assert latest_session(tmp_path) is None  # nothing was said, so nothing was written
+
+
+# --- the boundary: the engine never pulls in the UI ------------------------------
+def test_engine_imports_do_not_load_textual() -> None:
+    code = (
+        "import sys, localspec, localspec.engine, localspec.commands.generate, localspec.history\n"
+        "import localspec.commands.run\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'localspec_tui'))\n"
+        "print(' '.join(bad))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", f"importing the engine loaded UI modules: {proc.stdout}"
+
+
+def test_the_gpu_plan_shows_in_the_title_and_a_notification(tmp_path: Path) -> None:
+    from localspec.models.placement import LoadSettings
+
+    placement = LoadSettings(4096, 43, -1, message="GPU plan for --vram 24GiB: 42/80 target layers on the GPU",
+                             brief="plan: 42/80 layers, ctx 4096")
+    notes: list[str] = []
+
+    class Recording(LocalspecApp):
+        def notify(self, message: str, **kwargs) -> None:  # type: ignore[no-untyped-def, override]
+            notes.append(message)
+
+    async def go() -> None:
+        app = Recording(stub_engine(), GenerateOptions(), history_dir=tmp_path, measure_on_start=False,  # type: ignore[arg-type]
+                        placement=placement)
+        async with app.run_test(size=(160, 30)) as pilot:
+            await pilot.pause()
+            assert app.sub_title.endswith(" · plan: 42/80 layers, ctx 4096")
+            assert "plan: 42/80 layers, ctx 4096" in svg_text(app.export_screenshot())
+        assert notes == [placement.message]
+        plain = LocalspecApp(stub_engine(), GenerateOptions(), history_dir=tmp_path, measure_on_start=False)  # type: ignore[arg-type]
+        assert "plan:" not in plain.model_line()
+
+    asyncio.run(go())
+
+
+def test_the_header_reports_the_context_llama_cpp_made_and_what_was_asked(tmp_path: Path) -> None:
+    from localspec.backend import gpu_offload_supported
+    from localspec.models.placement import LoadSettings
+
+    notes: list[str] = []
+
+    class Recording(LocalspecApp):
+        def notify(self, message: str, **kwargs) -> None:  # type: ignore[no-untyped-def, override]
+            notes.append(message)
+
+    engine = stub_engine()
+    engine.n_ctx = 256  # what llama.cpp made of --ctx 17
+
+    async def go() -> None:
+        app = Recording(engine, GenerateOptions(), history_dir=tmp_path, measure_on_start=False,  # type: ignore[arg-type]
+                        placement=LoadSettings(17, 0, 0))
+        async with app.run_test(size=(160, 30)) as pilot:
+            await pilot.pause()
+            offload = "yes" if gpu_offload_supported() else "no (CPU build)"
+            assert app.sub_title.endswith(f"GPU offload: {offload} · ctx 256 (asked 17)")
+            assert "ctx 256 (asked 17)" in svg_text(app.export_screenshot())
+        assert notes == ["the context holds 256 tokens: llama.cpp rounded up the 17 asked for"]
+
+    asyncio.run(go())
+    # Asked and made agree: the size alone, and no notice.
+    same = LocalspecApp(engine, GenerateOptions(), history_dir=tmp_path, measure_on_start=False,  # type: ignore[arg-type]
+                        placement=LoadSettings(256, 0, 0))
+    assert same.model_line().endswith(" · ctx 256")
+
+
+def test_exit_signals_reach_the_app_and_sigcont_resumes_only_after_a_suspend() -> None:
+    import os
+    import signal
+
+    from localspec_tui.signals import ExitSignals
+
+    textual_calls: list[str] = []  # stand-ins for the handlers Textual's driver installs
+
+    def textual_stop(signum: int, frame: object) -> None:
+        textual_calls.append("suspend")
+
+    def textual_continue(signum: int, frame: object) -> None:
+        textual_calls.append("resume")
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTSTP, signal.SIGCONT, signal.SIGTERM)}
+    signal.signal(signal.SIGTSTP, textual_stop)
+    signal.signal(signal.SIGCONT, textual_continue)
+    caught: list[int] = []
+
+    async def go() -> None:
+        signals = ExitSignals(caught.append)
+        signals.install()
+        try:
+            os.kill(os.getpid(), signal.SIGCONT)  # as with the SIGHUP of a closed terminal: no suspend before
+            await asyncio.sleep(0.05)
+            assert textual_calls == []
+            os.kill(os.getpid(), signal.SIGTSTP)
+            os.kill(os.getpid(), signal.SIGCONT)
+            await asyncio.sleep(0.05)
+            assert textual_calls == ["suspend", "resume"]
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)  # else it would end the tests
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            assert caught == [signal.SIGTERM]
+        finally:
+            signals.release()
+        assert signal.getsignal(signal.SIGCONT) is textual_continue
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+    try:
+        asyncio.run(go())
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
