@@ -121,10 +121,11 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
     ``costs`` (verification) only, each step at its depth in the context where ``per_cell`` says what a
     cached cell adds (``CostModel``)."""
     from localspec.policy.controller import Controller
-    from localspec.drafting.base import TreeProposal
     from localspec.events import StepEvent
 
     truth = _cost_model(costs, per_cell, measured_depth, window, past_window)
+    from localspec.speculative import fit_proposal
+
     ctl = Controller(_cost_model(costs, per_cell, measured_depth, window, past_window), [drafter], clock=_Frozen(),
                      ends_line=ends_line)
     history, i = list(prompt), 0
@@ -135,8 +136,7 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
         proposal = None
         if not decision.plain:
             proposal = decision.proposal or drafter.propose(history, decision.draft_len)
-            if isinstance(proposal, TreeProposal):  # as the step cuts it
-                proposal = TreeProposal(proposal.tree.truncated(decision.draft_len), proposal.drafter)
+            proposal = fit_proposal(proposal, decision.draft_len, 1 << 30)  # as the step cuts it
         n, verified = _accepted(proposal, reply, i) if proposal is not None else (0, 0)
         depth = min(len(proposal), decision.draft_len) if proposal is not None else 0
         tokens = tuple(reply[i:i + n + 1])

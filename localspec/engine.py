@@ -37,7 +37,7 @@ from localspec.errors import (
     InvalidOptionError,
 )
 from localspec.generation import Generation
-from localspec.models.planner import DRAFT_N_UBATCH
+from localspec.llama_facts import DRAFT_N_UBATCH
 from localspec.policy.controller import DRAFT_LEN_MAX, Controller
 from localspec.policy.costs import CostModel
 from localspec.sampling import Sampler, SamplingParams

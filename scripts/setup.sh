@@ -41,7 +41,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${1:-}"
 PYTHON="${PYTHON:-python3}"
-LLAMA_VERSION="0.3.36"
+# The llama-cpp-python release: pyproject.toml pins it (one place; docs/upgrading-llama.md).
+LLAMA_VERSION=$(sed -n 's/^ *"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
+[ -n "$LLAMA_VERSION" ] || { echo "setup.sh: pyproject.toml pins no llama-cpp-python version" >&2; exit 2; }
 CFLAGS_EXTRA=""
 case "$(uname -m)" in
   x86_64|amd64|i?86)

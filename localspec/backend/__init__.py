@@ -29,6 +29,7 @@ from localspec.backend.build import (
                                      gpu_devices,
                                      gpu_offload_supported,
                                      library_version,
+                                     patched,
                                      recent_log,
                                      repack_inexact_types,
                                      repack_is_exact,
@@ -46,5 +47,5 @@ from localspec.backend.nextn import mtp_unavailable_reason
 __all__ = [
     "ASSISTANT_TARGETS", "AssistantContext", "Context", "DecodeListener", "Model", "MtpContext", "batch_invariant",
     "cpu_flash_attention", "default_threads", "gpu_devices", "gpu_offload_supported", "library_version",
-    "mtp_unavailable_reason", "quantize", "recent_log", "repack_inexact_types", "repack_is_exact", "system_info",
+    "mtp_unavailable_reason", "patched", "quantize", "recent_log", "repack_inexact_types", "repack_is_exact", "system_info",
 ]

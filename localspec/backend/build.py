@@ -13,6 +13,7 @@ import functools
 import os
 import threading
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
@@ -95,7 +96,7 @@ _GGML_DEVICE_GPU = 1  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL, META 
 def _device_api() -> tuple[Any, ...] | None:
     """ggml's device functions from the loaded llama.cpp library (llama-cpp-python binds none of them);
     None when this build does not export them."""
-    lib = llama_cpp.llama_cpp._lib
+    lib = native_library()
     try:
         count, get, kind, describe, memory = (lib.ggml_backend_dev_count, lib.ggml_backend_dev_get,
                                               lib.ggml_backend_dev_type, lib.ggml_backend_dev_description,
@@ -131,6 +132,37 @@ def gpu_devices() -> list[tuple[str, int, int]]:
     return found
 
 
+@functools.cache
+def native_library() -> ctypes.CDLL:
+    """The libllama that llama-cpp-python loaded, opened again by its path (the loader hands back the
+    same library): for the functions the bindings do not wrap (ggml's device API, the NextN calls)."""
+    folder = Path(llama_cpp.__file__).resolve().parent / "lib"
+    for name in ("libllama.so", "libllama.dylib", "llama.dll"):
+        if (folder / name).exists():
+            return ctypes.CDLL(str(folder / name))
+    raise RuntimeError(f"llama-cpp-python's libllama is not in {folder}; reinstall it (scripts/setup.sh)")
+
+
+def system_flags() -> dict[str, str]:
+    """llama.cpp's system line as ``{flag: value}`` ("AVX2 = 1 | LLAMAFILE = 1 | ..."): the build's
+    switches and features, our patches' among them ("FA_BATCH_INVARIANT", "SGEMM_BATCH_INVARIANT",
+    "REPACK_Q4_K_INVARIANT", "SMALL_BATCH_CHUNKS", "*_COLS": the patches' own interface, read here
+    and by the self-test only)."""
+    flags: dict[str, str] = {}
+    for part in system_info().replace("\n", "|").split("|"):
+        key, sep, value = part.partition("=")
+        key = key.split(":")[-1].strip()
+        if sep and key:
+            flags[key] = value.strip()
+    return flags
+
+
+def patched() -> bool:
+    """Whether this llama.cpp carries localspec's patches (scripts/llama.cpp-patches/: both switches)."""
+    flags = system_flags()
+    return "FA_BATCH_INVARIANT" in flags and "SGEMM_BATCH_INVARIANT" in flags
+
+
 def library_version() -> str:
     """The installed llama-cpp-python's version (it pins the llama.cpp sources it vendors)."""
     return str(getattr(llama_cpp, "__version__", "unknown"))
@@ -154,8 +186,8 @@ def batch_invariant() -> bool:
     near-ties. GPU builds are not assumed to be. ``localspec doctor`` checks it
     for a model by decoding (``selftest``).
     """
-    info = system_info()
-    sgemm_exact = "LLAMAFILE = 1" not in info or "SGEMM_BATCH_INVARIANT = 1" in info
+    flags = system_flags()
+    sgemm_exact = flags.get("LLAMAFILE") != "1" or flags.get("SGEMM_BATCH_INVARIANT") == "1"
     return sgemm_exact and not gpu_offload_supported()
 
 
@@ -170,7 +202,7 @@ def cpu_flash_attention() -> bool:
     (a lone query's chunks still spread over every thread), reported in the
     system info; a stock build has none, and flash attention stays off there.
     """
-    return "FA_BATCH_INVARIANT = 1" in system_info()
+    return system_flags().get("FA_BATCH_INVARIANT") == "1"
 
 
 # Weight types whose repacked CPU kernels (ggml-cpu's "extra buffer types": a gemv for a lone row, a
@@ -190,7 +222,7 @@ _X86_REPACK_EXACT_WITH_PATCH = frozenset({2, 12})  # Q4_0 Q4_K
 
 def repack_inexact_types() -> frozenset[int]:
     """The ggml weight types this build may repack in a batch-dependent way (see above)."""
-    if "REPACK_Q4_K_INVARIANT = 1" in system_info():
+    if system_flags().get("REPACK_Q4_K_INVARIANT") == "1":
         return _X86_REPACKED_TYPES - _X86_REPACK_EXACT_WITH_PATCH
     return _REPACKABLE_TYPES - _REPACK_EXACT_TYPES
 

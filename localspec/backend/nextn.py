@@ -8,6 +8,8 @@ from typing import Any
 
 import llama_cpp
 
+from localspec.backend.build import native_library
+
 # --- MTP (NextN) ---------------------------------------------------------------
 # llama.cpp declares the functions that hand a target's hidden rows to its MTP
 # head in src/llama-ext.h, a staging header: libllama exports them with C++
@@ -50,7 +52,7 @@ class _NextnApi:
 def nextn_api() -> _NextnApi | None:
     """The C++-linkage NextN functions from the loaded libllama; None when any is missing."""
     try:
-        return _NextnApi(llama_cpp.llama_cpp._lib)
+        return _NextnApi(native_library())
     except AttributeError:
         return None
 
@@ -59,7 +61,7 @@ def mtp_unavailable_reason() -> str | None:
     """Why this llama.cpp build cannot run a model's MTP layers (None: it can)."""
     missing = [name for name in _MTP_PUBLIC if not hasattr(llama_cpp, name)]
     if nextn_api() is None:
-        lib = llama_cpp.llama_cpp._lib
+        lib = native_library()
         missing += ["llama_" + name for name, sym in _NEXTN_SYMBOLS.items() if not hasattr(lib, sym)]
     if not missing:
         return None

@@ -53,6 +53,7 @@ def build_info() -> dict[str, object]:
     flags = sorted({m.group(1) for m in re.finditer(r"([A-Z][A-Z0-9_]*) = 1\b", system)})
     return {
         "llama_cpp_python": backend.library_version(),
+        "patched": backend.patched(),
         "system_info": system,
         "cpu_features": [f for f in flags if f not in _BUILD_FLAGS],
         "amx": any(f.startswith("AMX") for f in flags),

@@ -139,8 +139,6 @@ def check_engine_options(args: argparse.Namespace) -> None:
         if isinstance(value, float) and math.isnan(value):
             raise InvalidOptionError(f"--{name.replace('_', '-')} must be a number, not NaN")
     if args.vram is not None:
-        from localspec.models.planner import parse_size
-
         parse_size(args.vram, "--vram")
 
 
@@ -452,7 +450,6 @@ def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) ->
     from localspec import backend
     from localspec.models.gguf_info import read_info
     from localspec.models.placement import Vram, detect_vram, manual_settings, planned_settings
-    from localspec.models.planner import parse_size
 
     ctx = parse_ctx(args.ctx)
     settings = manual_settings(ctx, args.gpu_layers, offload=backend.gpu_offload_supported())
@@ -461,3 +458,26 @@ def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) ->
     vram = Vram(parse_size(args.vram, "--vram"), f"--vram {args.vram}") if args.vram else detect_vram()
     return planned_settings(read_info(target), read_info(draft) if draft is not None else None,
                             ctx=ctx, vram=vram)
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+_GIB = 1 << 30
+_UNITS = {"": _GIB, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20,
+          "mb": 10**6, "g": _GIB, "gib": _GIB, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+
+
+def parse_size(text: str, option: str = "--vram") -> int:
+    """Bytes from a size such as ``24GiB``, ``24G``, ``24000MB`` or ``24``.
+
+    A bare number is GiB; K/M/G/T and KiB/MiB/GiB/TiB are binary; KB/MB/GB/TB are decimal.
+    Raises InvalidOptionError (naming ``option``) for anything else or for zero.
+    """
+    m = _SIZE.fullmatch(text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise InvalidOptionError(f"{option} {text!r} is not a size; use a number with an optional unit, "
+                                 "e.g. 24GiB, 24G, 24000MB or 24 (GiB)")
+    size = int(float(m.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise InvalidOptionError(f"{option} {text!r} must be more than zero")
+    return size

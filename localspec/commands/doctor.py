@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
                                            (chunked, bool(chunked)), ("CUDA", build["cuda"])) if on) or "none"
         out.append(f"llama.cpp     llama-cpp-python {build['llama_cpp_python']}; "
                    f"{'GPU offload' if build['gpu_offload'] else 'CPU only'}")
+        out.append(f"patches       {_patches(build)}")
         out.append(f"CPU features  {' '.join(build['cpu_features']) or 'none reported'}")
         out.append(f"special paths {accel}")
         out.append(f"exactness     {'batch-invariant (greedy speculation is token-identical)' if build['batch_invariant'] else 'not batch-invariant (greedy speculation may part at near-ties)'}")
@@ -115,6 +116,15 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"model exact   {_model_exactness(test)}")
     print("\n".join(out))
     return code
+
+
+def _patches(build: dict[str, Any]) -> str:
+    """Whether the build carries localspec's llama.cpp patches, and what their absence costs."""
+    if build.get("patched"):
+        return "localspec's exactness and speed patches (scripts/llama.cpp-patches/)"
+    return ("none: a stock llama-cpp-python (installed without scripts/setup.sh); greedy speculation then "
+            "equals plain decoding only up to near-ties, flash attention stays off on the CPU and batches take "
+            "upstream's slower kernels; run scripts/setup.sh to build the patched one")
 
 
 def _model_exactness(test: dict[str, Any]) -> str:

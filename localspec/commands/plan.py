@@ -7,7 +7,9 @@ import json
 
 from localspec.commands.common import MODEL_REF_HELP, model_header, parse_ctx, resolve_name
 from localspec.models.gguf_info import check_draft_compatible, read_info
-from localspec.models.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, format_plan, gib, parse_size, plan
+from localspec.models.memory import CONTEXT_FLOOR, DEFAULT_RESERVE, gib
+from localspec.models.planner import Plan, plan
+from localspec.commands.common import parse_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,3 +69,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(result))
     return 0
+
+
+def format_plan(p: Plan) -> str:
+    """The plan for a terminal: one row per model, totals, then notes and advice."""
+    head = f"{'model':<34} {'GPU layers':>14} {'-ngl':>5} {'weights':>10} {'KV cache':>10} {'compute':>10} {'on GPU':>10}"
+    lines = [head]
+    for role, m in (("target", p.target), ("draft", p.draft)):
+        if m is None:
+            continue
+        layers = f"{m.gpu_layers}/{m.n_layers}" + (" +out" if m.output_on_gpu else "")
+        lines.append(f"{role + ' ' + m.label:<34.34} {layers:>14} {m.n_gpu_layers:>5} {gib(m.weights_gpu_bytes):>10} "
+                     f"{gib(m.kv_gpu_bytes):>10} {gib(m.compute_bytes):>10} {gib(m.gpu_bytes):>10}")
+    lines.append(f"GPU total {gib(p.gpu_bytes)} of {gib(p.budget_bytes)} usable "
+                 f"({gib(p.vram_bytes)} card, {gib(p.reserve_bytes)} reserve)")
+    ctx = f"context {p.n_ctx} tokens" + (f" (requested {p.requested_ctx})" if p.n_ctx != p.requested_ctx else "")
+    lines.append(f"{ctx}, KV cache {p.kv_type}, flash attention {'on' if p.flash_attn else 'off'}")
+    ram = sum(m.weights_cpu_bytes + m.kv_cpu_bytes + m.state_cpu_bytes for m in (p.target, p.draft) if m)
+    lines.append(f"system RAM: {gib(ram)} (weights left on the CPU, including token embeddings, and their KV cache)")
+    if p.gpu_offload_supported is not None:
+        lines.append("GPU offload: supported by the installed llama.cpp" if p.gpu_offload_supported else
+                     "GPU offload: NOT supported by the installed llama.cpp (a CPU-only build): everything "
+                     "runs on the CPU; reinstall llama-cpp-python with CUDA to use this plan")
+    for title, items in (("notes", p.notes), ("advice", p.advice)):
+        if items:
+            lines.append(f"{title}:")
+            lines.extend(f"  - {item}" for item in items)
+    return "\n".join(lines)

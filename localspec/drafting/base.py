@@ -19,10 +19,12 @@ Chains come in two kinds:
 * ``probs`` set: the drafter *sampled* each token from a distribution q (a
   draft model). Verification uses exact rejection sampling with p and q.
 * ``probs`` None: the tokens are deterministic guesses (n-gram lookup, a
-  datastore, lookahead). Verification picks the target's own token at each
-  position (its argmax, or a sample of its distribution) and keeps the draft
-  while it matches: every emitted token is then the target's own choice, so
-  the output is exactly plain decoding's.
+  datastore, lookahead). Greedy verification keeps them while they equal the
+  target's argmax; sampled verification treats them as drawn from a one-hot q
+  (``acceptance.accept_sampled``): a token is kept with probability p(x) and a
+  rejection draws from p with x taken out, so the output is exactly plain
+  decoding's. Trees of such guesses are walked with the target's own choices
+  (``acceptance.accept_tree``).
 """
 
 from __future__ import annotations

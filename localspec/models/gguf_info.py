@@ -73,7 +73,7 @@ class GGUFInfo:
     other_bytes: int
     source: BinaryIO | None = field(default=None, compare=False, repr=False)
     # The architecture's own keys with the ``<arch>.`` prefix dropped (e.g. ``ssm.state_size``), for
-    # shapes only some architectures have (recurrent states: localspec.models.planner.recurrent_state_bytes).
+    # shapes only some architectures have (recurrent states: localspec.models.memory.recurrent_state_bytes).
     hparams: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # Multi-token-prediction (NextN) blocks among the last ``n_layers`` (<arch>.nextn_predict_layers).
     n_nextn_layers: int = 0

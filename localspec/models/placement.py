@@ -14,7 +14,9 @@ import subprocess
 from dataclasses import dataclass
 
 from localspec.models.gguf_info import GGUFInfo
-from localspec.models.planner import CONTEXT_FLOOR, DEFAULT_RESERVE, DRAFT_N_UBATCH, Plan, gib, place, plan
+from localspec.llama_facts import DRAFT_N_UBATCH
+from localspec.models.memory import CONTEXT_FLOOR, DEFAULT_RESERVE, gib, place
+from localspec.models.planner import Plan, plan
 
 DEFAULT_CTX = 4096
 """The context when no plan chooses one (a CPU-only build, or ``--gpu-layers`` given)."""

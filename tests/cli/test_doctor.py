@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from patched_build import require_patch
 
 from localspec import doctor
 from localspec.backend.selftest import LONG_PROMPT
@@ -97,13 +98,10 @@ def _flash_attention_decode(model: Path, switch: str, tiles_from: str = "256") -
 
 
 def _cpu_switch_or_skip(flag: str, what: str) -> None:
-    """Skip unless this is a CPU build carrying one of scripts/llama.cpp-patches/' switches."""
-    from localspec import backend
-
-    if flag not in backend.system_info():
-        pytest.skip(f"this llama.cpp build lacks localspec's {what} switch (not built by scripts/setup.sh)")
-    if backend.gpu_offload_supported():
-        pytest.skip("a GPU build: these kernels run on the GPU")
+    """Skip on a GPU build or one made with LOCALSPEC_PATCH=off; fail on a CPU build that should carry
+    one of scripts/llama.cpp-patches/' switches and does not."""
+    key, _, value = flag.partition(" = ")
+    require_patch(key, f"{what} switch", value=value or None)
 
 
 def _x86_without_avx2_skip(what: str) -> None:

@@ -15,7 +15,7 @@ from localspec import cli
 from localspec.errors import LocalspecError
 from localspec.models import placement
 from localspec.models.placement import DEFAULT_CTX, Vram
-from localspec.models.planner import GIB
+from localspec.models.memory import GIB
 from model_shapes import LLAMA_1B, LLAMA_70B
 
 

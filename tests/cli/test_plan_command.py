@@ -12,7 +12,9 @@ from localspec import cli
 from localspec.commands import plan as plan_command
 from localspec.errors import IncompatibleDraftError
 from localspec.models.gguf_info import read_info
-from localspec.models.planner import DRAFT_N_UBATCH, GIB, plan
+from localspec.llama_facts import DRAFT_N_UBATCH
+from localspec.models.memory import GIB
+from localspec.models.planner import plan
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from localspec.drafting.specs import DrafterSpec
 from localspec.engine import Engine, GenerateOptions
 from localspec.errors import UnsupportedModelError
 from localspec.events import StepEvent
-from localspec.models.planner import ROLLBACK_SNAPSHOTS
+from localspec.llama_facts import ROLLBACK_SNAPSHOTS
 from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from patched_build import require_patch
 
 from localspec import backend
 
@@ -60,8 +61,7 @@ def _libggml_cpu() -> ctypes.CDLL:
 
 @pytest.fixture(scope="module")
 def ggml_cpu() -> ctypes.CDLL:
-    if "REPACK_Q4_K_INVARIANT = 1" not in backend.system_info():
-        pytest.skip("this llama.cpp build lacks localspec's repacked-Q4_K fix (x86 with AVX2, scripts/setup.sh)")
+    require_patch("REPACK_Q4_K_INVARIANT", "repacked-Q4_K fix", needs=("AVX2",), x86_only=True)
     return _libggml_cpu()
 
 
@@ -135,10 +135,8 @@ def test_which_weight_files_are_repacked(gemma_path: Path, smollm2_q4_0_path: Pa
 
 @pytest.fixture(scope="module")
 def quant_cols() -> ctypes.CDLL:
-    info = backend.system_info()
-    if not all(f"{kind.upper()}_COLS = 4" in info for kind in QUANT_COLS):
-        pytest.skip("this llama.cpp build lacks localspec's multi-column Q4_1/Q5_K/Q6_K kernels (x86 with AVX2, "
-                    "scripts/setup.sh)")
+    for kind in QUANT_COLS:
+        require_patch(f"{kind.upper()}_COLS", f"multi-column {kind} kernel", needs=("AVX2",), x86_only=True)
     lib = _libggml_cpu()
     lib.ggml_cpu_init()  # fills the FP16 table the kernels read their scales through
     return lib
@@ -274,8 +272,7 @@ def test_a_decode_gives_the_same_bits_on_any_number_of_threads(which: str, smoll
 def test_our_matmul_chunks_and_upstreams_give_the_same_bits(gemma_path: Path) -> None:
     # GGML_CPU_SMALL_BATCH_CHUNKS=0 gives a small batch's matmul upstream's many small chunks again.
     # Only the speed may differ, never a logit.
-    if "SMALL_BATCH_CHUNKS" not in backend.system_info():
-        pytest.skip("this llama.cpp build lacks localspec's matmul chunking (scripts/setup.sh)")
+    require_patch("SMALL_BATCH_CHUNKS", "matmul chunking")
     found = {s: _logit_digests(gemma_path, GGML_CPU_SMALL_BATCH_CHUNKS=s) for s in ("0", "16", "3")}
     assert [found[s]["chunks"] for s in ("0", "16", "3")] == [0, 16, 3]  # the switch was read
     assert len({d for f in found.values() for d in f["digests"].values()}) == 1, found
@@ -287,9 +284,7 @@ Q8_0_BYTES = 2 + QK8_0  # block_q8_0: d, qs
 
 @pytest.fixture(scope="module")
 def q8_0_cols() -> ctypes.CDLL:
-    if "Q8_0_COLS = 4" not in backend.system_info():
-        pytest.skip("this llama.cpp build lacks localspec's multi-column Q8_0 kernel (x86 with AVX-512 VNNI, "
-                    "scripts/setup.sh)")
+    require_patch("Q8_0_COLS", "multi-column Q8_0 kernel", needs=("AVX512", "AVX512_VNNI"), x86_only=True)
     lib = _libggml_cpu()
     lib.ggml_cpu_init()
     return lib

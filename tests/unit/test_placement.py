@@ -13,7 +13,8 @@ from localspec.models import placement
 from localspec.commands.common import parse_ctx
 from localspec.errors import InvalidOptionError
 from localspec.models.placement import DEFAULT_CTX, LoadSettings, Vram, manual_settings, planned_settings
-from localspec.models.planner import GIB, plan
+from localspec.models.memory import GIB
+from localspec.models.planner import plan
 from model_shapes import LLAMA_1B, LLAMA_70B, QWEN3_06B, QWEN3_14B
 
 MIB = 1 << 20

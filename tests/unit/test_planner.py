@@ -10,15 +10,10 @@ import pytest
 from localspec.errors import InvalidOptionError
 from localspec.models.gguf_info import GGUFInfo, read_info
 from model_shapes import LLAMA_1B, LLAMA_70B, QWEN3_06B, QWEN3_14B, synthetic
-from localspec.models.planner import (
-    GIB,
-    compute_buffer_bytes,
-    format_plan,
-    kv_cache_bytes,
-    parse_size,
-    place,
-    plan,
-)
+from localspec.commands.common import parse_size
+from localspec.commands.plan import format_plan
+from localspec.models.memory import GIB, compute_buffer_bytes, kv_cache_bytes, place
+from localspec.models.planner import plan
 
 
 # --- hand-checked byte counts -------------------------------------------------------------------
@@ -206,7 +201,7 @@ def tiny_recurrent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
 
 
 def test_recurrent_state_from_gguf_metadata(tiny_recurrent: tuple[Path, Path]) -> None:
-    from localspec.models.planner import recurrent_layers, recurrent_state_bytes
+    from localspec.models.memory import recurrent_layers, recurrent_state_bytes
 
     lfm2, mamba = (read_info(p) for p in tiny_recurrent)
     # LFM2: conv, conv, attention, conv, attention, conv; a conv layer keeps n_embd x (l_cache - 1) floats.
@@ -238,7 +233,7 @@ def test_snapshots_are_in_the_plan(tiny_recurrent: tuple[Path, Path]) -> None:
 
 def test_qwen35_like_hybrid_state_and_kv(tiny_recurrent: tuple[Path, Path]) -> None:
     """A Qwen3.5-shaped hybrid (no file at hand): every fourth layer attends, the rest run a gated delta net."""
-    from localspec.models.planner import recurrent_layers, recurrent_state_bytes
+    from localspec.models.memory import recurrent_layers, recurrent_state_bytes
 
     base = synthetic("qwen35-like", n_layers=48, n_embd=5120, n_head=24, n_head_kv=4, head_dim=256, n_ff=17408,
                      n_vocab=248320, context_length=262144, layer_bytes=300_000_000, token_embd_bytes=700_000_000,

@@ -14,7 +14,7 @@ from hubserver import REPO_ROOT, cli_env, run_localspec
 from localspec.errors import RegistryError
 from localspec.models.registry import Registry, parse_param_count
 from localspec.models.registry_file import load_registry, shipped_registry_path, user_config_dir, user_registry_path
-from localspec.models.planner import SNAPSHOT_ARCHITECTURES
+from localspec.llama_facts import SNAPSHOT_ARCHITECTURES
 
 BAD = Path(__file__).parents[1] / "data" / "bad_models"
 
