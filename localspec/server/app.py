@@ -1,0 +1,413 @@
+"""The Starlette app: OpenAI's routes over one ``EngineSlot``.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed as server-sent events or
+whole), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``. Every failure is answered in
+OpenAI's error shape with its status and logged in one line; no traceback reaches a client or the
+console. No route reads or writes a file a request names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localspec.errors import LocalspecError
+from localspec.events import DoneEvent, StepEvent, TokenEvent
+from localspec.server import responses
+from localspec.server.metrics import CONTENT_TYPE, ServerMetrics
+from localspec.server.schema import Request, RequestError, matches_model, parse_chat, parse_completion
+from localspec.server.slot import Busy, EngineSlot, Run
+
+if TYPE_CHECKING:
+    from localspec.engine import Engine, GenerateOptions, Generation
+
+log = logging.getLogger("localspec.server")
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""The largest request body read (413 past it): far more text than any context here holds."""
+RETRY_AFTER_S = 1
+"""What a 503 tells a client to wait: about one short reply's time on a small model."""
+PUBLIC_PATHS = ("/health",)
+"""Paths answered without the API key (a liveness probe learns nothing but "ok")."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The model the server answers as: ``id`` in /v1/models, ``aliases`` also accepted as ``model``."""
+
+    id: str
+    aliases: tuple[str, ...] = ()
+    n_ctx: int = 0
+    drafters: tuple[str, ...] = ()
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.id, *self.aliases)
+
+    def meta(self) -> dict[str, Any]:
+        return {"n_ctx": self.n_ctx, "drafters": list(self.drafters), "aliases": list(self.aliases)}
+
+
+def create_app(slot: EngineSlot, metrics: ServerMetrics, model: ServedModel, *, api_key: str | None = None,
+               base: "GenerateOptions | None" = None, max_body: int = MAX_BODY_BYTES) -> ASGIApp:
+    """The ASGI app: the routes behind the request log and, with ``api_key``, the key check.
+
+    ``base`` holds the server's settings for what a request does not choose (the draft length,
+    the draft's p_min); each request's own fields replace the rest.
+    """
+    routes = _Routes(slot, metrics, model, max_body, base)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        slot.stop()  # a generation still running stops within one step; waiting requests get 503
+
+    app = Starlette(
+        routes=[
+            Route("/health", routes.health, methods=["GET"]),
+            Route("/metrics", routes.metrics, methods=["GET"]),
+            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", routes.model, methods=["GET"]),
+            Route("/v1/chat/completions", routes.chat, methods=["POST"]),
+            Route("/v1/completions", routes.completions, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: _http_error},  # type: ignore[dict-item]
+        lifespan=lifespan,
+    )
+    gated: ASGIApp = _KeyGate(app, api_key) if api_key else app
+    return _RequestLog(gated, metrics)
+
+
+# --- routes -----------------------------------------------------------------------------------
+Handler = Callable[[HttpRequest], Awaitable[Response]]
+
+
+def _answers_errors(handler: Handler) -> Handler:
+    """Every failure of a route as an OpenAI error body: the user's with its status, ours as a 500
+    logged in one line (no traceback: the message says what happened)."""
+
+    async def wrapped(request: HttpRequest) -> Response:
+        try:
+            return await handler(request)
+        except RequestError as err:
+            return error_response(err)
+        except ClientDisconnect:  # it left while sending its body: nobody hears the answer
+            return Response(status_code=400)
+        except Busy as err:
+            return error_response(RequestError(str(err), status=503, code="server_busy", kind="server_error"),
+                                  headers={"Retry-After": str(RETRY_AFTER_S)})
+        except LocalspecError as err:  # the engine refused the request (a template, an option)
+            return error_response(RequestError(str(err)))
+        except Exception as err:
+            log.error("%s %s failed: %s: %s", request.method, request.url.path, type(err).__name__, err)
+            return error_response(RequestError(f"internal error: {type(err).__name__}: {err}", status=500,
+                                               kind="server_error"))
+
+    return wrapped
+
+
+class _Routes:
+    def __init__(self, slot: EngineSlot, metrics: ServerMetrics, model: ServedModel, max_body: int,
+                 base: "GenerateOptions | None") -> None:
+        self.slot = slot
+        self.base = base
+        self.metrics_ = metrics
+        self.model_ = model
+        self.max_body = max_body
+        self.health = _answers_errors(self._health)
+        self.metrics = _answers_errors(self._metrics)
+        self.models = _answers_errors(self._models)
+        self.model = _answers_errors(self._model)
+        self.chat = _answers_errors(self._chat)
+        self.completions = _answers_errors(self._completions)
+
+    async def _health(self, request: HttpRequest) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def _metrics(self, request: HttpRequest) -> Response:
+        return Response(self.metrics_.render(), media_type=CONTENT_TYPE)
+
+    async def _models(self, request: HttpRequest) -> Response:
+        m = self.model_
+        return JSONResponse(responses.models_list(m.id, m.created, m.meta()))
+
+    async def _model(self, request: HttpRequest) -> Response:
+        m = self.model_
+        self._check_model(request.path_params["model_id"])
+        return JSONResponse(responses.model_entry(m.id, m.created, m.meta()))
+
+    async def _chat(self, request: HttpRequest) -> Response:
+        parsed = parse_chat(await read_json(request, self.max_body), drafters=self.model_.drafters)
+        return await self._generate(parsed, request)
+
+    async def _completions(self, request: HttpRequest) -> Response:
+        parsed = parse_completion(await read_json(request, self.max_body), drafters=self.model_.drafters)
+        return await self._generate(parsed, request)
+
+    def _check_model(self, name: str | None) -> None:
+        if not matches_model(name, self.model_.names):
+            raise RequestError(f"unknown model {name!r}; this server serves {self.model_.id!r} "
+                               f"(also accepted: {', '.join(repr(a) for a in self.model_.aliases) or 'none'})",
+                               status=404, param="model", code="model_not_found")
+
+    async def _generate(self, parsed: Request, request: HttpRequest) -> Response:
+        self._check_model(parsed.model)
+        reply = responses.Reply.new(parsed.endpoint, self.model_.id)
+        run = await self.slot.open(prepare_for(parsed, self.base))
+        drafter = drafter_label(parsed, self.model_.drafters)
+        if parsed.stream:
+            return EventStream(stream_chunks(run, parsed, reply, drafter), on_disconnect=run.cancel,
+                               on_close=run.close)
+        return await whole_reply(run, reply, drafter, request.receive)
+
+
+def prepare_for(parsed: Request, base: "GenerateOptions | None" = None) -> Callable[["Engine"], "Generation"]:
+    """The work done on the engine's thread before a generation starts: the prompt's tokens (the
+    model's own chat template for a chat), the check that it fits, the options (``base`` with the
+    request's own fields)."""
+
+    def prepare(engine: "Engine") -> "Generation":
+        from localspec.engine import GenerateOptions
+
+        chat = parsed.endpoint == "chat"
+        tokens = engine.chat_tokens(parsed.messages) if chat else engine.tokenize(parsed.prompt)
+        if len(tokens) >= engine.n_ctx:
+            raise RequestError(
+                f"the prompt is {len(tokens)} tokens but the context holds {engine.n_ctx}, and at least one "
+                f"must be left to generate; shorten the {'messages' if chat else 'prompt'} or start the server "
+                "with a larger --ctx", param="messages" if chat else "prompt", code="context_length_exceeded")
+        room = engine.n_ctx - len(tokens)  # no max_tokens: until a stop or the end of the context, as OpenAI does
+        opts = dataclasses.replace(base or GenerateOptions(), max_tokens=parsed.max_tokens or room,
+                                   sampling=parsed.sampling, stop=parsed.stop, speculative=parsed.speculative,
+                                   drafter=parsed.drafter)
+        return engine.generate(tokens, opts)
+
+    return prepare
+
+
+def drafter_label(parsed: Request, drafters: tuple[str, ...]) -> str:
+    """What the request drafts with, as ``speculative.drafter`` reports it."""
+    if not parsed.speculative or not drafters:
+        return "off"
+    return parsed.drafter or drafters[0]  # the first name is every drafter combined (Engine.drafter_names)
+
+
+async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: Receive) -> Response:
+    """A non-streamed reply; the client leaving before it is ready cancels the generation too."""
+    async with run:
+        watch = asyncio.ensure_future(wait_for_disconnect(receive))
+        watch.add_done_callback(lambda task: task.cancelled() or run.cancel())
+        done: DoneEvent | None = None
+        try:
+            async for event in run.events():
+                if isinstance(event, DoneEvent):
+                    done = event
+        finally:
+            watch.cancel()
+    assert done is not None, "a generation always ends with a DoneEvent"
+    if done.finish_reason == "cancelled":  # the client is gone, or the server is stopping
+        raise Busy("the server is stopping")
+    cached = run.generation.cached_tokens
+    return JSONResponse(responses.body(reply, done.text, responses.FINISH_REASONS[done.finish_reason],
+                                       done.stats, cached, drafter))
+
+
+async def stream_chunks(run: Run, parsed: Request, reply: responses.Reply, drafter: str) -> AsyncIterator[bytes]:
+    """The reply as server-sent events: one text chunk per speculative step (the tokens it accepted
+    together), the finish chunk with ``timings`` and ``speculative``, the usage chunk when asked, then
+    ``[DONE]``. A generation that fails midway ends the stream with an error event."""
+    async with run:
+        if reply.endpoint == "chat":
+            yield sse(responses.chunk(reply, "", first=True))
+        pending: list[str] = []
+        done: DoneEvent | None = None
+        try:
+            async for event in run.events():
+                if isinstance(event, TokenEvent):
+                    if event.text:
+                        pending.append(event.text)
+                elif pending and isinstance(event, (StepEvent, DoneEvent)):
+                    yield sse(responses.chunk(reply, "".join(pending)))
+                    pending.clear()
+                if isinstance(event, DoneEvent):
+                    done = event
+        except Exception as err:
+            log.error("a streamed generation failed: %s: %s", type(err).__name__, err)
+            failure = RequestError(f"the generation failed: {type(err).__name__}: {err}", status=500,
+                                   kind="server_error")
+            yield sse(failure.body())
+            yield DONE
+            return
+        assert done is not None, "a generation always ends with a DoneEvent"
+        if done.finish_reason == "cancelled":  # nobody is listening, or the server is stopping
+            yield sse(RequestError("the server is stopping; the reply was cut short", status=503,
+                                   code="server_stopping", kind="server_error").body())
+            yield DONE
+            return
+        cached = run.generation.cached_tokens
+        extras = responses.extras(done.stats, cached, drafter)
+        final = responses.chunk(reply, None, finish_reason=responses.FINISH_REASONS[done.finish_reason])
+        yield sse({**final, **extras})
+        if parsed.include_usage:
+            yield sse({**responses.usage_chunk(reply, done.stats, cached), **extras})
+        yield DONE
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+class EventStream(Response):
+    """A ``text/event-stream`` response that calls ``on_disconnect`` the moment its client leaves,
+    and ``on_close`` when it is over however it ended (even if ``chunks`` never started).
+
+    Starlette's StreamingResponse notices a departure only on some servers' ASGI versions; a
+    generation must stop within one step whatever the server, so this watches ``receive`` itself.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], *, on_disconnect: Callable[[], None],
+                 on_close: Callable[[], None]) -> None:
+        self.chunks = chunks
+        self.on_disconnect = on_disconnect
+        self.on_close = on_close
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = asyncio.ensure_future(wait_for_disconnect(receive))
+        watch.add_done_callback(lambda task: task.cancelled() or self.on_disconnect())
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for data in self.chunks:
+                if watch.done():
+                    break  # the client left: the generation is cancelled, nothing more is sent
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # servers of ASGI 2.4 raise on a send to a closed connection
+            self.on_disconnect()
+        finally:
+            watch.cancel()
+            await self.chunks.aclose()  # type: ignore[attr-defined]  (an async generator)
+            self.on_close()
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return when the client has gone (the request body is read by then)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+# --- request bodies and errors ----------------------------------------------------------------
+async def read_json(request: HttpRequest, limit: int) -> Any:
+    """The body as JSON: 413 past ``limit`` bytes (before reading it, when Content-Length says so),
+    400 when it is not JSON (NaN and Infinity included: JSON has neither)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    data = bytearray()
+    async for piece in request.stream():
+        data += piece
+        if len(data) > limit:
+            raise _too_large(len(data), limit)
+    if not data:
+        raise RequestError("the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        return json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as err:
+        raise RequestError(f"the request body is not valid JSON: {err}", code="invalid_json") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _too_large(size: int, limit: int) -> RequestError:
+    return RequestError(f"the request body is {size:,} bytes or more; at most {limit:,} are read", status=413,
+                        code="request_too_large")
+
+
+def error_response(err: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _http_error(request: HttpRequest, exc: HTTPException) -> Response:
+    """Starlette's own refusals (no such route, wrong method) in OpenAI's error shape."""
+    what = {404: f"no route {request.url.path}; see docs/server.md for the endpoints",
+            405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+    return error_response(RequestError(what, status=exc.status_code, code="not_found" if exc.status_code == 404
+                                       else "method_not_allowed"), headers=exc.headers)
+
+
+# --- middleware -------------------------------------------------------------------------------
+class _KeyGate:
+    """Refuse (401) every request without ``Authorization: Bearer KEY``, but PUBLIC_PATHS."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):  # in constant time: no key guessed by timing
+                err = RequestError("missing or wrong API key; send the header Authorization: Bearer KEY",
+                                   status=401, code="invalid_api_key")
+                response = error_response(err, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+KNOWN_PATHS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
+
+
+class _RequestLog:
+    """One log line and one count per request (a streamed one when its stream ends)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            path = scope["path"]
+            # Paths a client made up are counted together: a label per path would grow without end.
+            endpoint = path if path in KNOWN_PATHS else "/v1/models/*" if path.startswith("/v1/models/") else "other"
+            self.metrics.count_request(endpoint, status)
+            log.info("%s %s %d %.0f ms", scope["method"], path, status, (time.perf_counter() - start) * 1e3)
