@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     # Every name is checked, and the port taken, before anything is downloaded or loaded.
     target_ref = resolve_ref(args.model)
     drafts = resolve_draft_refs(args.draft)
-    sock = listen(args.host, args.port)
+    sock = bind(args.host, args.port)
     try:
         target, draft = fetch_models(target_ref, drafts.model, offline=args.offline)
         if args.draft is None and drafts_for_itself(target):
@@ -112,11 +112,11 @@ def run(args: argparse.Namespace) -> int:
             if engine.drafter_names():
                 engine.controller()  # measures (or loads) the costs now, not during the first request
             model = served_model(target_ref, target, n_ctx=engine.n_ctx, drafters=engine.drafter_names())
-            print(f"localspec: serving {model.id} at {base_url(sock)} (drafters: "
-                  f"{', '.join(d for d in model.drafters if ',' not in d) or 'off'}; context {engine.n_ctx} "
-                  f"tokens; queue {args.queue}; {'API key required' if api_key else 'no API key'}); "
-                  "Ctrl-C stops", file=sys.stderr, flush=True)
-            serve(engine, sock, model, api_key=api_key, queue=args.queue, base=base, log_requests=not args.quiet)
+            ready = (f"localspec: serving {model.id} at {base_url(sock)} (drafters: "
+                     f"{', '.join(d for d in model.drafters if ',' not in d) or 'off'}; context {engine.n_ctx} "
+                     f"tokens; queue {args.queue}; {'API key required' if api_key else 'no API key'}); Ctrl-C stops")
+            serve(engine, sock, model, api_key=api_key, queue=args.queue, base=base, log_requests=not args.quiet,
+                  on_ready=lambda: print(ready, file=sys.stderr, flush=True))
         finally:
             engine.close()
     finally:
@@ -166,8 +166,9 @@ def check_exposure(host: str, api_key: str | None, *, insecure: bool) -> None:
                              "serve it open")
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` and listening (connections wait in its backlog until served)."""
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, not yet listening: the port is ours while the model loads, and a
+    client that connects before the server is ready is refused at once rather than left hanging."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
                                                              flags=socket.AI_PASSIVE)[0]
@@ -178,7 +179,6 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)
     except OSError as err:
         sock.close()
         raise InvalidOptionError(f"cannot listen on {host}:{port}: {err.strerror or err}; pick another --port "

@@ -6,7 +6,7 @@ import logging
 import socket
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import uvicorn
 
@@ -50,9 +50,15 @@ class _Server(uvicorn.Server):
     """uvicorn's server, but a stop signal first cancels the running generation (within one step),
     so that the grace period is not spent generating a reply nobody will read to its end."""
 
-    def __init__(self, config: uvicorn.Config, slot: EngineSlot) -> None:
+    def __init__(self, config: uvicorn.Config, slot: EngineSlot, on_ready: Callable[[], None]) -> None:
         super().__init__(config)
         self.slot = slot
+        self.on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.on_ready()  # listening now: a client told so may connect at once
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.slot.stop()
@@ -60,10 +66,12 @@ class _Server(uvicorn.Server):
 
 
 def serve(engine: "Engine", sock: socket.socket, model: ServedModel, *, api_key: str | None = None,
-          queue: int = 4, base: "GenerateOptions | None" = None, log_requests: bool = True) -> None:
-    """Serve ``engine`` on the listening ``sock`` until a stop signal; the engine stays the caller's.
+          queue: int = 4, base: "GenerateOptions | None" = None, log_requests: bool = True,
+          on_ready: Callable[[], None] = lambda: None) -> None:
+    """Serve ``engine`` on the bound ``sock`` until a stop signal; the engine stays the caller's.
 
-    ``base``: the server's settings for what requests do not choose (``create_app``).
+    ``base``: the server's settings for what requests do not choose (``create_app``); ``on_ready``
+    is called once the socket listens.
     """
     configure_logging(requests=log_requests)
     metrics = ServerMetrics()
@@ -73,6 +81,6 @@ def serve(engine: "Engine", sock: socket.socket, model: ServedModel, *, api_key:
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=GRACE_S)
     try:
-        _Server(config, slot).run(sockets=[sock])
+        _Server(config, slot, on_ready).run(sockets=[sock])
     finally:
         slot.shutdown()  # the worker thread is done with the engine before the caller closes it
