@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import json
 import logging
@@ -94,16 +95,17 @@ def create_app(slot: EngineSlot, metrics: ServerMetrics, model: ServedModel, *, 
 
 
 # --- routes -----------------------------------------------------------------------------------
-Handler = Callable[[HttpRequest], Awaitable[Response]]
+Endpoint = Callable[[Any, HttpRequest], Awaitable[Response]]
 
 
-def _answers_errors(handler: Handler) -> Handler:
+def _answers_errors(endpoint: Endpoint) -> Endpoint:
     """Every failure of a route as an OpenAI error body: the user's with its status, ours as a 500
     logged in one line (no traceback: the message says what happened)."""
 
-    async def wrapped(request: HttpRequest) -> Response:
+    @functools.wraps(endpoint)
+    async def wrapped(self: Any, request: HttpRequest) -> Response:
         try:
-            return await handler(request)
+            return await endpoint(self, request)
         except RequestError as err:
             return error_response(err)
         except ClientDisconnect:  # it left while sending its body: nobody hears the answer
@@ -122,54 +124,56 @@ def _answers_errors(handler: Handler) -> Handler:
 
 
 class _Routes:
+    """The endpoints, each answering its own errors."""
+
     def __init__(self, slot: EngineSlot, metrics: ServerMetrics, model: ServedModel, max_body: int,
                  base: "GenerateOptions | None") -> None:
-        self.slot = slot
-        self.base = base
-        self.metrics_ = metrics
-        self.model_ = model
-        self.max_body = max_body
-        self.health = _answers_errors(self._health)
-        self.metrics = _answers_errors(self._metrics)
-        self.models = _answers_errors(self._models)
-        self.model = _answers_errors(self._model)
-        self.chat = _answers_errors(self._chat)
-        self.completions = _answers_errors(self._completions)
+        self._slot = slot
+        self._base = base
+        self._metrics = metrics
+        self._model = model
+        self._max_body = max_body
 
-    async def _health(self, request: HttpRequest) -> Response:
+    @_answers_errors
+    async def health(self, request: HttpRequest) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def _metrics(self, request: HttpRequest) -> Response:
-        return Response(self.metrics_.render(), media_type=CONTENT_TYPE)
+    @_answers_errors
+    async def metrics(self, request: HttpRequest) -> Response:
+        return Response(self._metrics.render(), media_type=CONTENT_TYPE)
 
-    async def _models(self, request: HttpRequest) -> Response:
-        m = self.model_
+    @_answers_errors
+    async def models(self, request: HttpRequest) -> Response:
+        m = self._model
         return JSONResponse(responses.models_list(m.id, m.created, m.meta()))
 
-    async def _model(self, request: HttpRequest) -> Response:
-        m = self.model_
+    @_answers_errors
+    async def model(self, request: HttpRequest) -> Response:
+        m = self._model
         self._check_model(request.path_params["model_id"])
         return JSONResponse(responses.model_entry(m.id, m.created, m.meta()))
 
-    async def _chat(self, request: HttpRequest) -> Response:
-        parsed = parse_chat(await read_json(request, self.max_body), drafters=self.model_.drafters)
+    @_answers_errors
+    async def chat(self, request: HttpRequest) -> Response:
+        parsed = parse_chat(await read_json(request, self._max_body), drafters=self._model.drafters)
         return await self._generate(parsed, request)
 
-    async def _completions(self, request: HttpRequest) -> Response:
-        parsed = parse_completion(await read_json(request, self.max_body), drafters=self.model_.drafters)
+    @_answers_errors
+    async def completions(self, request: HttpRequest) -> Response:
+        parsed = parse_completion(await read_json(request, self._max_body), drafters=self._model.drafters)
         return await self._generate(parsed, request)
 
     def _check_model(self, name: str | None) -> None:
-        if not matches_model(name, self.model_.names):
-            raise RequestError(f"unknown model {name!r}; this server serves {self.model_.id!r} "
-                               f"(also accepted: {', '.join(repr(a) for a in self.model_.aliases) or 'none'})",
+        if not matches_model(name, self._model.names):
+            raise RequestError(f"unknown model {name!r}; this server serves {self._model.id!r} "
+                               f"(also accepted: {', '.join(repr(a) for a in self._model.aliases) or 'none'})",
                                status=404, param="model", code="model_not_found")
 
     async def _generate(self, parsed: Request, request: HttpRequest) -> Response:
         self._check_model(parsed.model)
-        reply = responses.Reply.new(parsed.endpoint, self.model_.id)
-        run = await self.slot.open(prepare_for(parsed, self.base))
-        drafter = drafter_label(parsed, self.model_.drafters)
+        reply = responses.Reply.new(parsed.endpoint, self._model.id)
+        run = await self._slot.open(prepare_for(parsed, self._base))
+        drafter = drafter_label(parsed, self._model.drafters)
         if parsed.stream:
             return EventStream(stream_chunks(run, parsed, reply, drafter), on_disconnect=run.cancel,
                                on_close=run.close)

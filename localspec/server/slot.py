@@ -71,8 +71,7 @@ class EngineSlot:
         if self._closing:
             raise Busy("the server is stopping")
         if (self._lock.locked() or self._waiting) and self._waiting >= self.queue:
-            raise Busy(f"the model is busy and {self._waiting} request(s) already wait (--queue {self.queue}); "
-                       "retry shortly")
+            raise Busy(f"the model is busy and its line of {self.queue} waiting request(s) is full; retry shortly")
         self._waiting += 1
         try:
             await self._lock.acquire()

@@ -60,7 +60,7 @@ def check(outcome: Outcome) -> None:
     if outcome.status == 503:
         assert outcome.retry_after is not None and outcome.retry_after.isdigit()
         error = json.loads(outcome.body)["error"]
-        assert error["code"] == "server_busy" and error["type"] == "server_error" and "--queue" in error["message"]
+        assert error["code"] == "server_busy" and error["type"] == "server_error" and "line" in error["message"]
         return
     assert outcome.status == 200, outcome
     if outcome.kind == "leave":

@@ -143,11 +143,11 @@ def test_greedy_text_is_what_generate_writes(server: Served, smollm2_path) -> No
 
     client = server.client()
     prompt = "The three primary colours are"
-    cli = generate(str(smollm2_path), "--prompt", prompt, "--max-tokens", "24")
-    api = client.completions.create(model=server.model_id, prompt=prompt, max_tokens=24, temperature=0)
+    cli = generate(str(smollm2_path), "--prompt", prompt, "--max-tokens", "16")
+    api = client.completions.create(model=server.model_id, prompt=prompt, max_tokens=16, temperature=0)
     cli_chat = generate(str(smollm2_path), "--system", "Be brief.", "--prompt", "Name three colours.",
-                        "--max-tokens", "24")
-    api_chat = client.chat.completions.create(model=server.model_id, messages=HELLO, max_tokens=24, temperature=0)
+                        "--max-tokens", "16")
+    api_chat = client.chat.completions.create(model=server.model_id, messages=HELLO, max_tokens=16, temperature=0)
     assert api.usage.prompt_tokens == cli["stats"]["prompt_tokens"]  # type: ignore[union-attr]
     assert api_chat.usage.prompt_tokens == cli_chat["stats"]["prompt_tokens"]  # type: ignore[union-attr]
     if batch_invariant():

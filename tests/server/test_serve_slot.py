@@ -65,7 +65,7 @@ def test_one_at_a_time_and_a_bounded_line() -> None:
         second = asyncio.ensure_future(slot.open(prepare(FakeGeneration())))
         await asyncio.sleep(0.05)
         assert slot.waiting == 1 and not second.done()  # in line
-        with pytest.raises(Busy, match="--queue 1"):
+        with pytest.raises(Busy, match="line of 1"):
             await slot.open(prepare(FakeGeneration()))  # the line is full: refused at once
         events = await reading
         assert isinstance(events[-1], DoneEvent) and events[-1].finish_reason == "length"
