@@ -23,7 +23,7 @@ from localspec.events import DoneEvent, Event, StepEvent
 if TYPE_CHECKING:
     from localspec.engine import Generation
 
-CONTENT_TYPE = prometheus_client.CONTENT_TYPE_PLAIN_0_0_4
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The text format llama-server writes and every Prometheus scrapes."""
 
 # Step times span a 135M model's ~5 ms on a GPU to a large model's seconds on a laptop CPU.
