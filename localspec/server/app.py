@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from localspec.errors import LocalspecError
+from localspec.errors import InvalidOptionError, LocalspecError
 from localspec.events import DoneEvent, StepEvent, TokenEvent
 from localspec.server import responses
 from localspec.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -34,7 +34,8 @@ from localspec.server.schema import Request, RequestError, matches_model, parse_
 from localspec.server.slot import Busy, EngineSlot, Run
 
 if TYPE_CHECKING:
-    from localspec.engine import Engine, GenerateOptions, Generation
+    from localspec.engine import Engine, GenerateOptions
+    from localspec.generation import Generation
 
 log = logging.getLogger("localspec.server")
 
@@ -113,7 +114,9 @@ def _answers_errors(endpoint: Endpoint) -> Endpoint:
         except Busy as err:
             return error_response(RequestError(str(err), status=503, code="server_busy", kind="server_error"),
                                   headers={"Retry-After": str(RETRY_AFTER_S)})
-        except LocalspecError as err:  # the engine refused the request (a template, an option)
+        except InvalidOptionError as err:  # the core's own check; its parameter names are the API's fields
+            return error_response(RequestError(str(err), param=err.param, code="invalid_value"))
+        except LocalspecError as err:  # the engine refused the request (a chat template, a drafter)
             return error_response(RequestError(str(err)))
         except Exception as err:
             log.error("%s %s failed: %s: %s", request.method, request.url.path, type(err).__name__, err)

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from localspec.events import DoneEvent, Event, StepEvent
 
 if TYPE_CHECKING:
-    from localspec.engine import Generation
+    from localspec.generation import Generation
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The text format llama-server writes and every Prometheus scrapes."""

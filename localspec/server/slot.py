@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 from localspec.events import Event
 
 if TYPE_CHECKING:
-    from localspec.engine import Engine, Generation
+    from localspec.engine import Engine
+    from localspec.generation import Generation
 
 Observer = Callable[["Generation", Event], None]
 """Called on the engine's thread with each event of each generation (the metrics)."""

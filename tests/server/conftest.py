@@ -1,4 +1,7 @@
-"""The folder's one server: a real ``localspec serve`` process on a free loopback port (served.py)."""
+"""The folder's one server: a real ``localspec serve`` process on a free loopback port (support/served.py).
+
+Every test here is slow by the folder (tests/conftest.py): each runs a real server.
+"""
 
 from __future__ import annotations
 

@@ -76,7 +76,6 @@ def test_the_engine_imports_no_web_framework() -> None:
     assert proc.stdout.strip() == "", f"importing the engine loaded the web stack: {proc.stdout}"
 
 
-@pytest.mark.slow
 def test_the_key_from_the_environment_and_a_clean_stop_mid_stream(smollm2_path) -> None:
     served = start_server(str(smollm2_path), "--ctx", "512", "--gpu-layers", "0", "--quiet", api_key=None,
                           env={"LOCALSPEC_API_KEY": "sk-from-env"})

@@ -9,7 +9,7 @@ import openai
 import pytest
 from served import Answer, Served
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 HELLO = [{"role": "user", "content": "Hi"}]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 from served import Served, metric, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 CLIENTS, REQUESTS = 8, 5
 KINDS = ("whole", "stream", "leave")  # a whole reply, a stream read to its end, a stream left after one event

@@ -12,7 +12,7 @@ import openai
 import pytest
 from served import Served, metric
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # repetitive: the n-gram drafter finds drafts in it
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colours."}]
