@@ -1,4 +1,5 @@
-"""The Starlette app: OpenAI's routes over one ``EngineSlot``.
+"""The Starlette app: OpenAI's routes over one ``EngineSlot`` (the responses they stream are
+``stream``'s, the key gate and request log ``middleware``'s).
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed as server-sent events or
 whole), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``. Every failure is answered in
@@ -8,10 +9,8 @@ console. No route reads or writes a file a request names.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
-import hmac
 import json
 import logging
 import time
@@ -24,14 +23,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from localspec.errors import InvalidOptionError, LocalspecError
-from localspec.events import DoneEvent, StepEvent, TokenEvent
 from localspec.server import responses
 from localspec.server.metrics import CONTENT_TYPE, ServerMetrics
+from localspec.server.middleware import KeyGate, RequestLog, error_response
 from localspec.server.schema import Request, RequestError, matches_model, parse_chat, parse_completion
-from localspec.server.slot import Busy, EngineSlot, Run
+from localspec.server.slot import Busy, EngineSlot
+from localspec.server.stream import EventStream, stream_chunks, whole_reply
 
 if TYPE_CHECKING:
     from localspec.engine import Engine, GenerateOptions
@@ -43,8 +43,6 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 """The largest request body read (413 past it): far more text than any context here holds."""
 RETRY_AFTER_S = 1
 """What a 503 tells a client to wait: about one short reply's time on a small model."""
-PUBLIC_PATHS = ("/health",)
-"""Paths answered without the API key (a liveness probe learns nothing but "ok")."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +89,8 @@ def create_app(slot: EngineSlot, metrics: ServerMetrics, model: ServedModel, *, 
         exception_handlers={HTTPException: _http_error},  # type: ignore[dict-item]
         lifespan=lifespan,
     )
-    gated: ASGIApp = _KeyGate(app, api_key) if api_key else app
-    return _RequestLog(gated, metrics)
+    gated: ASGIApp = KeyGate(app, api_key) if api_key else app
+    return RequestLog(gated, metrics)
 
 
 # --- routes -----------------------------------------------------------------------------------
@@ -214,118 +212,6 @@ def drafter_label(parsed: Request, drafters: tuple[str, ...]) -> str:
     return parsed.drafter or drafters[0]  # the first name is every drafter combined (Engine.drafter_names)
 
 
-async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: Receive) -> Response:
-    """A non-streamed reply; the client leaving before it is ready cancels the generation too."""
-    async with run:
-        watch = asyncio.ensure_future(wait_for_disconnect(receive))
-        watch.add_done_callback(lambda task: task.cancelled() or run.cancel())
-        done: DoneEvent | None = None
-        try:
-            async for event in run.events():
-                if isinstance(event, DoneEvent):
-                    done = event
-        finally:
-            watch.cancel()
-    assert done is not None, "a generation always ends with a DoneEvent"
-    if done.finish_reason == "cancelled":  # the client is gone, or the server is stopping
-        raise Busy("the server is stopping")
-    cached = run.generation.cached_tokens
-    return JSONResponse(responses.body(reply, done.text, responses.FINISH_REASONS[done.finish_reason],
-                                       done.stats, cached, drafter))
-
-
-async def stream_chunks(run: Run, parsed: Request, reply: responses.Reply, drafter: str) -> AsyncIterator[bytes]:
-    """The reply as server-sent events: one text chunk per speculative step (the tokens it accepted
-    together), the finish chunk with ``timings`` and ``speculative``, the usage chunk when asked, then
-    ``[DONE]``. A generation that fails midway ends the stream with an error event."""
-    async with run:
-        if reply.endpoint == "chat":
-            yield sse(responses.chunk(reply, "", first=True))
-        pending: list[str] = []
-        done: DoneEvent | None = None
-        try:
-            async for event in run.events():
-                if isinstance(event, TokenEvent):
-                    if event.text:
-                        pending.append(event.text)
-                elif pending and isinstance(event, (StepEvent, DoneEvent)):
-                    yield sse(responses.chunk(reply, "".join(pending)))
-                    pending.clear()
-                if isinstance(event, DoneEvent):
-                    done = event
-        except Exception as err:
-            log.error("a streamed generation failed: %s: %s", type(err).__name__, err)
-            failure = RequestError(f"the generation failed: {type(err).__name__}: {err}", status=500,
-                                   kind="server_error")
-            yield sse(failure.body())
-            yield DONE
-            return
-        assert done is not None, "a generation always ends with a DoneEvent"
-        if done.finish_reason == "cancelled":  # nobody is listening, or the server is stopping
-            yield sse(RequestError("the server is stopping; the reply was cut short", status=503,
-                                   code="server_stopping", kind="server_error").body())
-            yield DONE
-            return
-        cached = run.generation.cached_tokens
-        extras = responses.extras(done.stats, cached, drafter)
-        final = responses.chunk(reply, None, finish_reason=responses.FINISH_REASONS[done.finish_reason])
-        yield sse({**final, **extras})
-        if parsed.include_usage:
-            yield sse({**responses.usage_chunk(reply, done.stats, cached), **extras})
-        yield DONE
-
-
-DONE = b"data: [DONE]\n\n"
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
-
-
-class EventStream(Response):
-    """A ``text/event-stream`` response that calls ``on_disconnect`` the moment its client leaves,
-    and ``on_close`` when it is over however it ended (even if ``chunks`` never started).
-
-    Starlette's StreamingResponse notices a departure only on some servers' ASGI versions; a
-    generation must stop within one step whatever the server, so this watches ``receive`` itself.
-    """
-
-    media_type = "text/event-stream"
-
-    def __init__(self, chunks: AsyncIterator[bytes], *, on_disconnect: Callable[[], None],
-                 on_close: Callable[[], None]) -> None:
-        self.chunks = chunks
-        self.on_disconnect = on_disconnect
-        self.on_close = on_close
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch = asyncio.ensure_future(wait_for_disconnect(receive))
-        watch.add_done_callback(lambda task: task.cancelled() or self.on_disconnect())
-        try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            async for data in self.chunks:
-                if watch.done():
-                    break  # the client left: the generation is cancelled, nothing more is sent
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            else:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:  # servers of ASGI 2.4 raise on a send to a closed connection
-            self.on_disconnect()
-        finally:
-            watch.cancel()
-            await self.chunks.aclose()  # type: ignore[attr-defined]  (an async generator)
-            self.on_close()
-
-
-async def wait_for_disconnect(receive: Receive) -> None:
-    """Return when the client has gone (the request body is read by then)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 # --- request bodies and errors ----------------------------------------------------------------
 async def read_json(request: HttpRequest, limit: int) -> Any:
     """The body as JSON: 413 past ``limit`` bytes (before reading it, when Content-Length says so),
@@ -355,66 +241,9 @@ def _too_large(size: int, limit: int) -> RequestError:
                         code="request_too_large")
 
 
-def error_response(err: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
-
-
 async def _http_error(request: HttpRequest, exc: HTTPException) -> Response:
     """Starlette's own refusals (no such route, wrong method) in OpenAI's error shape."""
     what = {404: f"no route {request.url.path}; see docs/server.md for the endpoints",
             405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
     return error_response(RequestError(what, status=exc.status_code, code="not_found" if exc.status_code == 404
                                        else "method_not_allowed"), headers=exc.headers)
-
-
-# --- middleware -------------------------------------------------------------------------------
-class _KeyGate:
-    """Refuse (401) every request without ``Authorization: Bearer KEY``, but PUBLIC_PATHS."""
-
-    def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):  # in constant time: no key guessed by timing
-                err = RequestError("missing or wrong API key; send the header Authorization: Bearer KEY",
-                                   status=401, code="invalid_api_key")
-                response = error_response(err, headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-KNOWN_PATHS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
-
-
-class _RequestLog:
-    """One log line and one count per request (a streamed one when its stream ends)."""
-
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        status = 500
-
-        async def sending(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            path = scope["path"]
-            # Paths a client made up are counted together: a label per path would grow without end.
-            endpoint = path if path in KNOWN_PATHS else "/v1/models/*" if path.startswith("/v1/models/") else "other"
-            self.metrics.count_request(endpoint, status)
-            log.info("%s %s %d %.0f ms", scope["method"], path, status, (time.perf_counter() - start) * 1e3)
