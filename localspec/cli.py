@@ -11,7 +11,7 @@ from localspec.commands.common import Terminated, check_stdout, flag_message, re
 from localspec.errors import LocalspecError
 
 # Subcommand modules, in the order `--help` lists them.
-COMMANDS = ("run", "generate", "bench", "index", "pull", "models", "plan", "doctor")
+COMMANDS = ("run", "generate", "serve", "bench", "index", "pull", "models", "plan", "doctor")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -117,6 +117,7 @@ class Generation(Iterator[Event]):
         self.text_parts: list[str] = []
         self.result: DoneEvent | None = None
         self.warnings: list[str] = []
+        self.cached_tokens = 0  # prompt tokens the prefill found in the cache (the previous turn's prefix)
         self._releaser = TokenReleaser(opts.stop)
         self._cancel = False
         self._events = self._run()
@@ -158,6 +159,7 @@ class Generation(Iterator[Event]):
         # A recurrent state drops a suffix only within its last batch; else the prompt is decoded afresh.
         keep = ctx.keepable(ctx.common_prefix(history[:-1]))
         ctx.rollback_to(keep)
+        self.cached_tokens = keep
         ctx.append(history[keep:-1])
         for drafter in self.drafters:
             drafter.reset()

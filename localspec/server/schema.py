@@ -1,0 +1,435 @@
+"""OpenAI request bodies, parsed and checked as pure functions on plain dicts.
+
+Every top-level field a client may send sits in exactly one table: ``MAPPED`` fields become
+generation options; ``NEUTRAL`` fields are accepted only at the value that changes nothing
+(``n: 1``, ``logprobs: false``) and refused at any other; ``IGNORED`` fields are dropped
+because ignoring them cannot change a reply (``user``, ``metadata``). Any other field is refused
+as unknown, so that no client believes a field took effect when it did not. Every refusal is a
+``RequestError`` whose ``param`` names the field. docs/server.md lists the tables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from localspec.chat import Message
+from localspec.errors import LocalspecError, shown
+from localspec.sampling import SamplingParams
+
+OFF_WORDS = ("off", "plain", "none")
+"""``{"localspec": {"draft": "off"}}``: plain decoding for this request."""
+MAX_STOP_STRINGS = 16
+MAX_SEED = 2**63  # the sampler's range: [0, 2**63)
+MAX_TEMPERATURE = 5.0  # the sampler's range: [0, 5]
+
+
+class RequestError(LocalspecError):
+    """A request the server refuses: an HTTP status and OpenAI's error fields.
+
+    ``str(err)`` is the one-line message; ``param`` names the offending field (dotted and
+    indexed for nested ones: ``messages[1].role``), ``code`` is a machine-readable word.
+    """
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+    def body(self) -> dict[str, Any]:
+        """The error as OpenAI writes it: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a client asked for, checked. ``endpoint`` is ``chat`` or ``completion``.
+
+    ``max_tokens`` None: generate until a stop or the end of the context (as OpenAI does
+    without a limit). ``speculative`` False: plain decoding (the ``localspec.draft`` "off");
+    ``drafter`` None with ``speculative``: every drafter the server was started with.
+    """
+
+    endpoint: str
+    model: str | None = None
+    messages: tuple[Message, ...] = ()
+    prompt: str = ""
+    max_tokens: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    drafter: str | None = None
+    speculative: bool = True
+
+
+# --- the tables -------------------------------------------------------------------------------
+MAPPED_COMMON = ("model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                 "max_tokens", "localspec")
+MAPPED = {
+    "chat": MAPPED_COMMON + ("messages", "max_completion_tokens"),
+    "completion": MAPPED_COMMON + ("prompt",),
+}
+
+IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+           "prompt_cache_retention", "safety_identifier", "cache_prompt")
+"""Dropped: none of them can change the reply. ``store`` asks OpenAI to keep the reply (nothing is kept
+here), ``parallel_tool_calls`` matters only with tools (refused), ``cache_prompt`` is llama-server's
+switch for what this server always does (keep the conversation's prefix in the cache)."""
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+def _is(*neutral: Any) -> Callable[[Any], bool]:
+    """A test for the values that change nothing (None always does)."""
+    return lambda value: value is None or any(value == n and type(value) is type(n) for n in neutral)
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == [] or value == {}
+
+
+def _text_format(value: Any) -> bool:
+    return value is None or value == {"type": "text"}
+
+
+_NO_TOOLS = "tool calling is not supported"
+_NO_LOGPROBS = "log-probabilities are not returned"
+_NO_PENALTIES = "penalties and logit bias are not implemented; localspec samples the target's distribution as it is"
+
+# name -> (does this value change nothing?, why any other value is refused)
+_NEUTRAL_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n": (_is(1), "this server generates one choice per request; send n: 1 or leave it out"),
+    "presence_penalty": (_is(0, 0.0), _NO_PENALTIES),
+    "frequency_penalty": (_is(0, 0.0), _NO_PENALTIES),
+    "logit_bias": (_empty, _NO_PENALTIES),
+}
+NEUTRAL: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "chat": {
+        **_NEUTRAL_COMMON,
+        "logprobs": (_is(False), _NO_LOGPROBS),
+        "top_logprobs": (_is(0), _NO_LOGPROBS),
+        "tools": (_empty, _NO_TOOLS),
+        "tool_choice": (_is("none"), _NO_TOOLS),
+        "functions": (_empty, _NO_TOOLS),
+        "function_call": (_is("none"), _NO_TOOLS),
+        "response_format": (_text_format, 'only {"type": "text"} is supported: structured output is not enforced'),
+        "modalities": (_is(["text"]), "only text is generated"),
+        "audio": (_absent, "only text is generated"),
+        "prediction": (_absent, "predicted outputs are not supported (the drafters already propose the reply)"),
+        "reasoning_effort": (_absent, "reasoning effort is not a setting of these models"),
+        "web_search_options": (_absent, "this server has no web search"),
+        "verbosity": (_absent, "reply length is steered by max_tokens and stop here"),
+    },
+    "completion": {
+        **_NEUTRAL_COMMON,
+        "logprobs": (_absent, _NO_LOGPROBS),
+        "echo": (_is(False), "the prompt is not echoed; prepend it yourself"),
+        "suffix": (_is(""), "insertion (a suffix after the completion) is not supported"),
+        "best_of": (_is(1), "this server generates one choice per request; send best_of: 1 or leave it out"),
+    },
+}
+
+
+# --- the entry points -------------------------------------------------------------------------
+def parse_chat(body: Any, *, drafters: Sequence[str] = ()) -> Request:
+    """A ``POST /v1/chat/completions`` body as a Request; ``drafters`` are the engine's names."""
+    fields = _check_fields(body, "chat")
+    messages = parse_messages(fields.get("messages"))
+    limit = _max_tokens(fields, "max_completion_tokens")
+    legacy = _max_tokens(fields, "max_tokens")
+    if limit is not None and legacy is not None and limit != legacy:
+        raise RequestError(f"max_tokens {legacy} and max_completion_tokens {limit} disagree; send one of them",
+                           param="max_tokens", code="invalid_value")
+    return _request("chat", fields, drafters, messages=messages,
+                    max_tokens=limit if limit is not None else legacy)
+
+
+def parse_completion(body: Any, *, drafters: Sequence[str] = ()) -> Request:
+    """A ``POST /v1/completions`` body as a Request; ``drafters`` are the engine's names."""
+    fields = _check_fields(body, "completion")
+    return _request("completion", fields, drafters, prompt=parse_prompt(fields.get("prompt", _MISSING)),
+                    max_tokens=_max_tokens(fields, "max_tokens"))
+
+
+def matches_model(requested: str | None, names: Sequence[str]) -> bool:
+    """Whether ``requested`` (None: the client named none) names the served model, case aside."""
+    return requested is None or requested.strip().lower() in {n.lower() for n in names}
+
+
+_MISSING = object()
+
+
+def _check_fields(body: Any, endpoint: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, not {_json_type(body)}", code="invalid_type")
+    neutral = NEUTRAL[endpoint]
+    for name, value in body.items():
+        if name in MAPPED[endpoint] or name in IGNORED:
+            continue
+        if name in neutral:
+            changes_nothing, why = neutral[name]
+            if not changes_nothing(value):
+                raise RequestError(f"{name} {_show(value)} is not supported: {why}", param=name,
+                                   code="unsupported_parameter")
+            continue
+        raise RequestError(f"unknown field {shown(str(name))}; see docs/server.md for the fields this server takes",
+                           param=str(name), code="unknown_parameter")
+    return body
+
+
+def _request(endpoint: str, fields: Mapping[str, Any], drafters: Sequence[str], **parsed: Any) -> Request:
+    stream = _boolean(fields, "stream", False)
+    options = fields.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise RequestError("stream_options is only allowed with stream: true", param="stream_options",
+                               code="invalid_value")
+        if not isinstance(options, dict):
+            raise _wrong_type("stream_options", options, "an object")
+        for key in options:
+            if key != "include_usage":
+                raise RequestError(f"unknown field stream_options.{key}; only include_usage is taken",
+                                   param=f"stream_options.{key}", code="unknown_parameter")
+        include_usage = _boolean(options, "include_usage", False, prefix="stream_options.")
+    speculative, drafter = parse_extension(fields.get("localspec"), drafters)
+    return Request(endpoint=endpoint, model=_model(fields.get("model")), sampling=parse_sampling(fields),
+                   stop=parse_stop(fields.get("stop")), stream=stream, include_usage=include_usage,
+                   drafter=drafter, speculative=speculative, **parsed)
+
+
+# --- the fields -------------------------------------------------------------------------------
+def parse_sampling(fields: Mapping[str, Any]) -> SamplingParams:
+    """temperature, top_p, top_k, min_p and seed, each in the sampler's own range (None: its default)."""
+    temperature = _number(fields, "temperature", 1.0, low=0.0, high=MAX_TEMPERATURE,
+                          rule=f"in [0, {MAX_TEMPERATURE:g}]; 0 is greedy")
+    top_p = _number(fields, "top_p", 1.0, low=0.0, high=1.0, low_open=True, rule="in (0, 1]; 1 switches it off")
+    min_p = _number(fields, "min_p", 0.0, low=0.0, high=1.0, high_open=True, rule="in [0, 1); 0 switches it off")
+    top_k = _integer(fields, "top_k", 0, low=0, rule="an integer >= 0; 0 switches it off")
+    seed = _integer(fields, "seed", None, low=0, high=MAX_SEED - 1, rule="an integer in [0, 2**63)")
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+
+
+def parse_messages(value: Any) -> tuple[Message, ...]:
+    """Chat messages: role system/developer/user/assistant, content a string or a list of text parts.
+
+    ``developer`` is OpenAI's newer name for the system role and becomes ``system``, the role
+    chat templates know. Text parts are joined with newlines; any other part is refused.
+    """
+    if value is None or value is _MISSING:
+        raise RequestError("messages is required: a list of {role, content} objects", param="messages",
+                           code="missing_required_parameter")
+    if not isinstance(value, list):
+        raise _wrong_type("messages", value, "a list of {role, content} objects")
+    if not value:
+        raise RequestError("messages is empty; send at least one message", param="messages", code="invalid_value")
+    return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(value))
+
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Keys an echoed assistant message carries (the openai package writes them back as null or empty).
+_MESSAGE_NEUTRAL: dict[str, Callable[[Any], bool]] = {
+    "refusal": _absent, "tool_calls": _empty, "function_call": _absent, "audio": _absent,
+    "annotations": _empty, "tool_call_id": _absent,
+}
+
+
+def _message(value: Any, where: str) -> Message:
+    if not isinstance(value, dict):
+        raise _wrong_type(where, value, "an object with role and content")
+    role = value.get("role")
+    if not isinstance(role, str):
+        raise _wrong_type(f"{where}.role", role, "a string")
+    if role == "tool" or role == "function":
+        raise RequestError(f"{where}.role {role!r} is not supported: {_NO_TOOLS}", param=f"{where}.role",
+                           code="unsupported_value")
+    if role not in _ROLES:
+        raise RequestError(f"{where}.role {shown(role)} is not a role; use system, user or assistant",
+                           param=f"{where}.role", code="invalid_value")
+    for key, item in value.items():
+        if key in ("role", "content", "name"):  # name: who spoke; templates do not render it
+            continue
+        neutral = _MESSAGE_NEUTRAL.get(key)
+        if neutral is None:
+            raise RequestError(f"unknown field {where}.{key}", param=f"{where}.{key}", code="unknown_parameter")
+        if not neutral(item):
+            why = _NO_TOOLS if key.startswith(("tool", "function")) else "only text messages are supported"
+            raise RequestError(f"{where}.{key} is not supported: {why}", param=f"{where}.{key}",
+                               code="unsupported_parameter")
+    return Message(_ROLES[role], _content(value.get("content"), f"{where}.content", role))
+
+
+def _content(value: Any, where: str, role: str) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None and role == "assistant":
+        return ""
+    if not isinstance(value, list):
+        raise _wrong_type(where, value, "a string or a list of text parts")
+    texts: list[str] = []
+    for j, part in enumerate(value):
+        if not isinstance(part, dict):
+            raise _wrong_type(f"{where}[{j}]", part, 'an object like {"type": "text", "text": "..."}')
+        if part.get("type") != "text":
+            raise RequestError(f"{where}[{j}].type {_show(part.get('type'))} is not supported: only text parts are",
+                               param=f"{where}[{j}].type", code="unsupported_value")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise _wrong_type(f"{where}[{j}].text", text, "a string")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def parse_prompt(value: Any) -> str:
+    """A completion prompt: a string, or a list holding one string."""
+    if value is _MISSING or value is None:
+        raise RequestError("prompt is required: the text to continue", param="prompt",
+                           code="missing_required_parameter")
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        raise RequestError(f"prompt holds {len(value)} prompts; this server completes one per request",
+                           param="prompt", code="unsupported_value")
+    if isinstance(value, list) and value and all(isinstance(v, (int, list)) and not isinstance(v, bool)
+                                                 for v in value):
+        raise RequestError("prompt as token ids is not supported; send the text", param="prompt",
+                           code="unsupported_value")
+    raise _wrong_type("prompt", value, "a string")
+
+
+def parse_stop(value: Any) -> tuple[str, ...]:
+    """``stop``: None, one string, or a list of up to MAX_STOP_STRINGS non-empty strings."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise _wrong_type("stop", value, "a string or a list of strings")
+    if len(items) > MAX_STOP_STRINGS:
+        raise RequestError(f"stop has {len(items)} strings; at most {MAX_STOP_STRINGS} are taken", param="stop",
+                           code="invalid_value")
+    if any(not s for s in items):
+        raise RequestError("stop holds an empty string, which would stop before the first token", param="stop",
+                           code="invalid_value")
+    return tuple(items)
+
+
+def parse_extension(value: Any, drafters: Sequence[str]) -> tuple[bool, str | None]:
+    """``"localspec": {"draft": NAME}`` as (speculative, drafter).
+
+    NAME is one of ``drafters`` (the engine's names), several joined by commas, or one of
+    OFF_WORDS for plain decoding; absent: every drafter the server was started with.
+    """
+    if value is None:
+        return True, None
+    if not isinstance(value, dict):
+        raise _wrong_type("localspec", value, 'an object like {"draft": "ngram"}')
+    for key in value:
+        if key != "draft":
+            raise RequestError(f"unknown field localspec.{key}; localspec takes only draft",
+                               param=f"localspec.{key}", code="unknown_parameter")
+    name = value.get("draft")
+    if name is None:
+        return True, None
+    if not isinstance(name, str):
+        raise _wrong_type("localspec.draft", name, "a string")
+    if name.strip().lower() in OFF_WORDS:
+        return False, None
+    singles = [d for d in drafters if "," not in d]
+    parts = [p.strip() for p in name.split(",")]
+    for part in parts:
+        if part not in singles:
+            have = ", ".join(singles) if singles else "none (start it with --draft, e.g. --draft ngram)"
+            raise RequestError(f"unknown drafter {shown(part)}; this server has: {have}; or off for plain decoding",
+                               param="localspec.draft", code="invalid_value")
+    if len(set(parts)) < len(parts):
+        raise RequestError(f"localspec.draft {shown(name)} names a drafter twice", param="localspec.draft",
+                           code="invalid_value")
+    return True, ",".join(parts)
+
+
+def _model(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise _wrong_type("model", value, "a string")
+
+
+def _max_tokens(fields: Mapping[str, Any], name: str) -> int | None:
+    return _integer(fields, name, None, low=1, rule="an integer >= 1")
+
+
+# --- typed values -----------------------------------------------------------------------------
+def _number(fields: Mapping[str, Any], name: str, default: float, *, low: float, high: float, rule: str,
+            low_open: bool = False, high_open: bool = False) -> float:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _wrong_type(name, value, "a number")
+    x = float(value)
+    inside = (math.isfinite(x) and (low < x if low_open else low <= x) and (x < high if high_open else x <= high))
+    if not inside:
+        raise RequestError(f"{name} {_show(value)} is out of range: it must be {rule}", param=name,
+                           code="invalid_value")
+    return x
+
+
+def _integer(fields: Mapping[str, Any], name: str, default: int | None, *, low: int, rule: str,
+             high: int | None = None) -> Any:
+    value = fields.get(name)
+    if value is None:
+        return default
+    # 3.0 is 3 (JavaScript clients have no integers); 3.5 and "3" are not.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong_type(name, value, "an integer")
+    if value < low or (high is not None and value > high):
+        raise RequestError(f"{name} {value} is out of range: it must be {rule}", param=name, code="invalid_value")
+    return value
+
+
+def _boolean(fields: Mapping[str, Any], name: str, default: bool, *, prefix: str = "") -> bool:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _wrong_type(prefix + name, value, "true or false")
+    return value
+
+
+def _wrong_type(name: str, value: Any, want: str) -> RequestError:
+    return RequestError(f"{name} must be {want}, not {_json_type(value)}", param=name, code="invalid_type")
+
+
+def _json_type(value: Any) -> str:
+    """How JSON would name the value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {shown(value, 40)}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _show(value: Any) -> str:
+    """A value for a one-line message, short."""
+    if isinstance(value, str):
+        return shown(value, 40)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"

@@ -1,0 +1,134 @@
+"""A generation's events as an HTTP response: a whole JSON body, or server-sent events.
+
+Either way the client leaving cancels the generation (within one step), and the engine is
+released once its worker thread is done (``slot.Run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator, Callable
+
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from localspec.events import DoneEvent, StepEvent, TokenEvent
+from localspec.server import responses
+from localspec.server.schema import Request, RequestError
+from localspec.server.slot import Busy, Run
+
+log = logging.getLogger("localspec.server")
+
+
+async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: Receive) -> Response:
+    """A non-streamed reply; the client leaving before it is ready cancels the generation too."""
+    async with run:
+        watch = asyncio.ensure_future(wait_for_disconnect(receive))
+        watch.add_done_callback(lambda task: task.cancelled() or run.cancel())
+        done: DoneEvent | None = None
+        try:
+            async for event in run.events():
+                if isinstance(event, DoneEvent):
+                    done = event
+        finally:
+            watch.cancel()
+    assert done is not None, "a generation always ends with a DoneEvent"
+    if done.finish_reason == "cancelled":  # the client is gone, or the server is stopping
+        raise Busy("the server is stopping")
+    cached = run.generation.cached_tokens
+    return JSONResponse(responses.body(reply, done.text, responses.FINISH_REASONS[done.finish_reason],
+                                       done.stats, cached, drafter))
+
+
+async def stream_chunks(run: Run, parsed: Request, reply: responses.Reply, drafter: str) -> AsyncIterator[bytes]:
+    """The reply as server-sent events: one text chunk per speculative step (the tokens it accepted
+    together), the finish chunk with ``timings`` and ``speculative``, the usage chunk when asked, then
+    ``[DONE]``. A generation that fails midway ends the stream with an error event."""
+    async with run:
+        if reply.endpoint == "chat":
+            yield sse(responses.chunk(reply, "", first=True))
+        pending: list[str] = []
+        done: DoneEvent | None = None
+        try:
+            async for event in run.events():
+                if isinstance(event, TokenEvent):
+                    if event.text:
+                        pending.append(event.text)
+                elif pending and isinstance(event, (StepEvent, DoneEvent)):
+                    yield sse(responses.chunk(reply, "".join(pending)))
+                    pending.clear()
+                if isinstance(event, DoneEvent):
+                    done = event
+        except Exception as err:
+            log.error("a streamed generation failed: %s: %s", type(err).__name__, err)
+            failure = RequestError(f"the generation failed: {type(err).__name__}: {err}", status=500,
+                                   kind="server_error")
+            yield sse(failure.body())
+            yield DONE
+            return
+        assert done is not None, "a generation always ends with a DoneEvent"
+        if done.finish_reason == "cancelled":  # nobody is listening, or the server is stopping
+            yield sse(RequestError("the server is stopping; the reply was cut short", status=503,
+                                   code="server_stopping", kind="server_error").body())
+            yield DONE
+            return
+        cached = run.generation.cached_tokens
+        extras = responses.extras(done.stats, cached, drafter)
+        final = responses.chunk(reply, None, finish_reason=responses.FINISH_REASONS[done.finish_reason])
+        yield sse({**final, **extras})
+        if parsed.include_usage:
+            yield sse({**responses.usage_chunk(reply, done.stats, cached), **extras})
+        yield DONE
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+class EventStream(Response):
+    """A ``text/event-stream`` response that calls ``on_disconnect`` the moment its client leaves,
+    and ``on_close`` when it is over however it ended (even if ``chunks`` never started).
+
+    Starlette's StreamingResponse notices a departure only on some servers' ASGI versions; a
+    generation must stop within one step whatever the server, so this watches ``receive`` itself.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], *, on_disconnect: Callable[[], None],
+                 on_close: Callable[[], None]) -> None:
+        self.chunks = chunks
+        self.on_disconnect = on_disconnect
+        self.on_close = on_close
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = asyncio.ensure_future(wait_for_disconnect(receive))
+        watch.add_done_callback(lambda task: task.cancelled() or self.on_disconnect())
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for data in self.chunks:
+                if watch.done():
+                    break  # the client left: the generation is cancelled, nothing more is sent
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # servers of ASGI 2.4 raise on a send to a closed connection
+            self.on_disconnect()
+        finally:
+            watch.cancel()
+            await self.chunks.aclose()  # type: ignore[attr-defined]  (an async generator)
+            self.on_close()
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return when the client has gone (the request body is read by then)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,120 @@
+"""Every way a request can be wrong, against the real server: OpenAI's error shape, the right status,
+the field named, and never a traceback in a response or on the server's console."""
+
+from __future__ import annotations
+
+import socket
+
+import openai
+import pytest
+from served import Answer, Served
+
+pytestmark = pytest.mark.timeout(180)
+
+HELLO = [{"role": "user", "content": "Hi"}]
+
+
+def assert_error(answer: Answer, status: int, *, param: str | None = None, code: str | None = None) -> str:
+    """The answer is OpenAI's error shape with ``status``; its message."""
+    assert answer.status == status, answer.body
+    assert answer.headers["content-type"].startswith("application/json")
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and (code is None or error["code"] == code), error
+    assert error["message"] and "Traceback" not in error["message"]
+    return error["message"]
+
+
+def chat(server: Served, **fields: object) -> Answer:
+    return server.request("POST", "/v1/chat/completions", {"messages": HELLO, "max_tokens": 2, **fields})
+
+
+def test_malformed_json(server: Served) -> None:
+    for body in (b'{"messages": [', b"\xff\xfe not json", b'{"messages": [], "temperature": NaN}', b""):
+        assert_error(server.request("POST", "/v1/chat/completions", body), 400, code="invalid_json")
+
+
+def test_wrong_types_and_ranges_name_the_field(server: Served) -> None:
+    assert_error(chat(server, temperature="hot"), 400, param="temperature", code="invalid_type")
+    assert_error(chat(server, max_tokens=-1), 400, param="max_tokens", code="invalid_value")
+    assert_error(server.request("POST", "/v1/completions", {"prompt": {"text": "x"}}), 400, param="prompt")
+    assert_error(server.request("POST", "/v1/chat/completions", [1, 2]), 400, code="invalid_type")
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"tools": [{"type": "function", "function": {"name": "f"}}]},
+                                                        "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_the_official_client_hears_what_is_refused(server: Served, fields: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(model=server.model_id, messages=HELLO, max_tokens=2,  # type: ignore
+                                                **fields)
+    assert caught.value.status_code == 400 and caught.value.param == param
+    assert "not supported" in caught.value.message
+
+
+def test_an_unknown_model_is_404_and_names_the_served_one(server: Served) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        server.client().chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=2)  # type: ignore
+    assert caught.value.param == "model" and server.model_id in caught.value.message
+    assert_error(server.request("GET", "/v1/models/gpt-4o"), 404, param="model", code="model_not_found")
+
+
+def test_a_prompt_over_the_context_says_the_numbers(server: Served) -> None:
+    message = assert_error(server.request("POST", "/v1/completions", {"prompt": "word " * 1100, "max_tokens": 2}),
+                           400, param="prompt", code="context_length_exceeded")
+    assert "1024" in message and "tokens" in message
+    long_chat = [{"role": "user", "content": "word " * 1100}]
+    assert_error(server.request("POST", "/v1/chat/completions", {"messages": long_chat}), 400, param="messages",
+                 code="context_length_exceeded")
+
+
+def raw(server: Served, head: bytes, body: bytes = b"", timeout: float = 30) -> bytes:
+    """Bytes on a socket as a client sends them, and the server's answer (status line and headers)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
+        sock.sendall(head + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+        return answer
+
+
+def test_a_body_over_the_limit_is_413(server: Served) -> None:
+    auth = f"Authorization: Bearer {server.api_key}\r\n".encode()
+    # Declared too large: refused before a byte of it is read.
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth
+            + b"Content-Length: 50000000\r\n\r\n")
+    assert raw(server, head, b'{"messages": ').startswith(b"HTTP/1.1 413")
+    # Sent in chunks without a length: refused once the bytes read pass the limit.
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth
+            + b"Transfer-Encoding: chunked\r\n\r\n")
+    piece = b"x" * (1 << 20)
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    assert raw(server, head, chunk * 5 + b"0\r\n\r\n").startswith(b"HTTP/1.1 413")
+
+
+def test_the_api_key_is_required(server: Served) -> None:
+    for key in (None, "sk-wrong"):
+        answer = server.request("POST", "/v1/chat/completions", {"messages": HELLO}, key=key)
+        assert_error(answer, 401, code="invalid_api_key")
+        assert answer.headers["www-authenticate"] == "Bearer"
+        assert server.request("GET", "/metrics", key=key).status == 401
+        assert server.request("GET", "/v1/models", key=key).status == 401
+    with pytest.raises(openai.AuthenticationError):
+        server.client(api_key="sk-wrong").models.list()
+
+
+def test_unknown_routes_and_methods(server: Served) -> None:
+    assert_error(server.request("GET", "/v1/chat/completions"), 405, code="method_not_allowed")
+    assert_error(server.request("POST", "/v1/embeddings", {"input": "x"}), 404, code="not_found")
+    # A path that looks like a file is a route like any other: nothing is read from disk.
+    assert_error(server.request("GET", "/../../etc/passwd"), 404, code="not_found")
+
+
+def test_no_traceback_reached_the_console(server: Served) -> None:
+    assert "Traceback" not in server.stderr()
+    assert all(line.startswith("localspec: ") for line in server.stderr().splitlines() if line.strip())

@@ -1,0 +1,200 @@
+"""Request parsing as pure functions on dicts: every field mapped, refused with its name, or ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.chat import Message
+from localspec.sampling import SamplingParams
+from localspec.server.schema import (
+    IGNORED,
+    MAPPED,
+    NEUTRAL,
+    RequestError,
+    matches_model,
+    parse_chat,
+    parse_completion,
+)
+
+DRAFTERS = ["draft,ngram", "draft", "ngram"]
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def refused(parse, body: object, param: str | None, *, status: int = 400, code: str | None = None) -> RequestError:
+    with pytest.raises(RequestError) as caught:
+        parse(body, drafters=DRAFTERS)
+    err = caught.value
+    assert (err.status, err.param) == (status, param), err.body()
+    if code is not None:
+        assert err.code == code
+    assert "\n" not in str(err) and str(err)
+    return err
+
+
+def test_a_minimal_chat_takes_openai_defaults() -> None:
+    req = parse_chat({"model": "m", "messages": HELLO})
+    assert req.endpoint == "chat" and req.model == "m"
+    assert req.messages == (Message("user", "Hello"),)
+    # OpenAI samples at temperature 1 when none is sent; no max_tokens: to the end of the context.
+    assert req.sampling == SamplingParams(temperature=1.0)
+    assert req.max_tokens is None and req.stop == () and not req.stream and not req.include_usage
+    assert req.speculative and req.drafter is None
+
+
+def test_the_sampling_fields_are_mapped() -> None:
+    req = parse_chat({"messages": HELLO, "temperature": 0, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 7,
+                      "stop": ["\n\n", "END"], "max_tokens": 16, "stream": True,
+                      "stream_options": {"include_usage": True}})
+    assert req.sampling == SamplingParams(temperature=0.0, top_k=40, top_p=0.9, min_p=0.05, seed=7)
+    assert req.stop == ("\n\n", "END") and req.max_tokens == 16 and req.stream and req.include_usage
+    assert parse_completion({"prompt": "x", "stop": "END"}).stop == ("END",)
+    assert parse_completion({"prompt": "x", "top_k": 3.0}).sampling.top_k == 3  # JSON clients may write 3.0
+
+
+def test_max_completion_tokens_is_max_tokens() -> None:
+    assert parse_chat({"messages": HELLO, "max_completion_tokens": 9}).max_tokens == 9
+    assert parse_chat({"messages": HELLO, "max_completion_tokens": 9, "max_tokens": 9}).max_tokens == 9
+    refused(parse_chat, {"messages": HELLO, "max_completion_tokens": 9, "max_tokens": 10}, "max_tokens")
+
+
+def test_a_completion_prompt_is_a_string_or_one_string_in_a_list() -> None:
+    assert parse_completion({"prompt": "Once"}).prompt == "Once"
+    assert parse_completion({"prompt": ["Once"]}).prompt == "Once"
+    refused(parse_completion, {"prompt": ["a", "b"]}, "prompt", code="unsupported_value")
+    refused(parse_completion, {"prompt": [1, 2, 3]}, "prompt", code="unsupported_value")
+    refused(parse_completion, {"prompt": 5}, "prompt", code="invalid_type")
+    refused(parse_completion, {}, "prompt", code="missing_required_parameter")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", "hot"), ("temperature", True), ("top_p", [1]), ("top_k", 2.5), ("top_k", "3"), ("seed", 1.5),
+    ("max_tokens", "ten"), ("stream", "yes"), ("stop", 3), ("stop", ["a", 1]), ("model", 3),
+    ("messages", "hello"), ("localspec", "ngram"),
+])
+def test_wrong_types_name_the_field(field: str, value: object) -> None:
+    body = {"messages": HELLO, field: value}
+    err = refused(parse_chat, body, field, code="invalid_type")
+    assert field in str(err)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -0.1), ("temperature", 5.5), ("temperature", float("nan")), ("top_p", 0), ("top_p", 1.01),
+    ("min_p", 1.0), ("top_k", -1), ("seed", -1), ("seed", 2**63), ("max_tokens", 0), ("stop", [""]),
+    ("stop", ["s"] * 17),
+])
+def test_out_of_range_values_name_the_field(field: str, value: object) -> None:
+    refused(parse_chat, {"messages": HELLO, field: value}, field, code="invalid_value")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("n", 2), ("logprobs", True), ("top_logprobs", 3), ("tools", [{"type": "function"}]), ("tool_choice", "auto"),
+    ("response_format", {"type": "json_object"}), ("presence_penalty", 0.5), ("frequency_penalty", 1),
+    ("logit_bias", {"42": 3}), ("functions", [{}]), ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
+])
+def test_features_this_server_lacks_are_refused(field: str, value: object) -> None:
+    err = refused(parse_chat, {"messages": HELLO, field: value}, field, code="unsupported_parameter")
+    assert "not supported" in str(err)
+
+
+@pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "}"), ("best_of", 3), ("logprobs", 0)])
+def test_completion_only_features_are_refused(field: str, value: object) -> None:
+    refused(parse_completion, {"prompt": "x", field: value}, field, code="unsupported_parameter")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("n", 1), ("logprobs", False), ("tools", []), ("tool_choice", "none"), ("response_format", {"type": "text"}),
+    ("presence_penalty", 0), ("frequency_penalty", 0.0), ("logit_bias", {}), ("n", None),
+])
+def test_the_values_that_change_nothing_are_accepted(field: str, value: object) -> None:
+    assert parse_chat({"messages": HELLO, field: value}).messages
+
+
+@pytest.mark.parametrize("field", IGNORED)
+def test_harmless_fields_are_ignored(field: str) -> None:
+    assert parse_chat({"messages": HELLO, field: "anything"}).messages == (Message("user", "Hello"),)
+
+
+def test_an_unknown_field_is_refused_not_ignored() -> None:
+    err = refused(parse_chat, {"messages": HELLO, "temprature": 0.2}, "temprature", code="unknown_parameter")
+    assert "temprature" in str(err)
+    refused(parse_completion, {"prompt": "x", "messages": HELLO}, "messages", code="unknown_parameter")
+    refused(parse_chat, {"messages": HELLO, "prompt": "x"}, "prompt", code="unknown_parameter")
+
+
+def test_every_field_is_in_exactly_one_table() -> None:
+    for endpoint in ("chat", "completion"):
+        tables = [set(MAPPED[endpoint]), set(NEUTRAL[endpoint]), set(IGNORED)]
+        for i, a in enumerate(tables):
+            for b in tables[i + 1:]:
+                assert not a & b, (endpoint, a & b)
+
+
+def test_the_body_must_be_an_object() -> None:
+    refused(parse_chat, [HELLO], None, code="invalid_type")
+    refused(parse_chat, "hello", None, code="invalid_type")
+
+
+def test_messages_are_checked_one_by_one() -> None:
+    refused(parse_chat, {}, "messages", code="missing_required_parameter")
+    refused(parse_chat, {"messages": []}, "messages", code="invalid_value")
+    refused(parse_chat, {"messages": ["hi"]}, "messages[0]", code="invalid_type")
+    refused(parse_chat, {"messages": [*HELLO, {"role": "robot", "content": "x"}]}, "messages[1].role",
+            code="invalid_value")
+    refused(parse_chat, {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages[0].role",
+            code="unsupported_value")
+    refused(parse_chat, {"messages": [{"role": "user", "content": 3}]}, "messages[0].content", code="invalid_type")
+    refused(parse_chat, {"messages": [{"role": "user", "content": "x", "mood": "happy"}]}, "messages[0].mood",
+            code="unknown_parameter")
+    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    refused(parse_chat, {"messages": [{"role": "user", "content": [image]}]}, "messages[0].content[0].type",
+            code="unsupported_value")
+    calls = {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}
+    refused(parse_chat, {"messages": [*HELLO, calls]}, "messages[1].tool_calls", code="unsupported_parameter")
+
+
+def test_message_forms_clients_send() -> None:
+    parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]
+    echoed = {"role": "assistant", "content": "Hi!", "refusal": None, "tool_calls": None, "function_call": None,
+              "audio": None, "annotations": []}
+    req = parse_chat({"messages": [{"role": "developer", "content": "Be brief."},
+                                   {"role": "user", "content": parts, "name": "ann"}, echoed]})
+    assert req.messages == (Message("system", "Be brief."), Message("user", "one\ntwo"), Message("assistant", "Hi!"))
+
+
+def test_stream_options_need_a_stream() -> None:
+    refused(parse_chat, {"messages": HELLO, "stream_options": {"include_usage": True}}, "stream_options")
+    refused(parse_chat, {"messages": HELLO, "stream": True, "stream_options": {"include_usage": 1}},
+            "stream_options.include_usage", code="invalid_type")
+    refused(parse_chat, {"messages": HELLO, "stream": True, "stream_options": {"chunked": True}},
+            "stream_options.chunked", code="unknown_parameter")
+
+
+def test_the_drafter_extension() -> None:
+    def pick(value: object) -> tuple[bool, str | None]:
+        req = parse_chat({"messages": HELLO, "localspec": {"draft": value}}, drafters=DRAFTERS)
+        return req.speculative, req.drafter
+
+    assert pick("ngram") == (True, "ngram")
+    assert pick("draft,ngram") == (True, "draft,ngram")
+    assert pick(None) == (True, None)
+    assert pick("off") == pick("plain") == pick("OFF") == (False, None)
+    assert parse_chat({"messages": HELLO, "localspec": {}}).speculative
+    err = refused(parse_chat, {"messages": HELLO, "localspec": {"draft": "ngrma"}}, "localspec.draft")
+    assert "ngram" in str(err) and "off" in str(err)  # what exists is named
+    refused(parse_chat, {"messages": HELLO, "localspec": {"draft": "ngram,ngram"}}, "localspec.draft")
+    refused(parse_chat, {"messages": HELLO, "localspec": {"draft": 3}}, "localspec.draft", code="invalid_type")
+    refused(parse_chat, {"messages": HELLO, "localspec": {"gamma": 3}}, "localspec.gamma", code="unknown_parameter")
+    with pytest.raises(RequestError, match="start it with --draft"):
+        parse_chat({"messages": HELLO, "localspec": {"draft": "ngram"}}, drafters=[])
+
+
+def test_the_model_is_matched_by_id_or_alias_case_aside() -> None:
+    names = ("smollm2-135m", "smollm2", "SmolLM2-135M-Instruct.Q4_1")
+    assert matches_model(None, names) and matches_model("SmolLM2", names) and matches_model("smollm2-135m", names)
+    assert not matches_model("gpt-4o", names)
+
+
+def test_the_error_body_is_openais_shape() -> None:
+    err = refused(parse_chat, {"messages": HELLO, "n": 3}, "n")
+    assert err.body() == {"error": {"message": str(err), "type": "invalid_request_error", "param": "n",
+                                    "code": "unsupported_parameter"}}
