@@ -417,14 +417,15 @@ class NgramDrafter(DrafterBase):
     class the controller learns apart). A numbered list's next item (``7.``
     where the last line began ``6.``) or a copied line after a renamed
     identifier is continued so at once, where the exact match is one token
-    (``.``) whose continuations split. Replayed on 32 replies of the test
-    models: +1.3% geometric mean, up to +6% (rewrites, numbered lines), with
-    ``gapped_min`` 6 (4: +1.6%, but a loss of 3% on one reply).
+    (``.``) whose continuations split (``benchmarks/replay_ngram.py`` compares
+    ``gapped_min`` values on recorded replies).
 
     A loop: where the history's end repeats a span over and over and the
     proposal carries it on, its evidence says how long the loop has run
     (``Evidence.loop``, see ``loop_run``), and the controller learns such
     offers apart from other matches of their length (``loops=False`` turns it off).
+    A span said three times over at the end is carried on as a loop even when
+    the index's longest match points elsewhere (``end_loop``).
     """
 
     n_min: int = 1

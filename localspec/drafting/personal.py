@@ -7,39 +7,8 @@ is one more ``NgramSource`` of the context n-gram drafter; every draft is
 verified by the target, so a stale or odd history costs a little compute and
 never changes the output. ``LOCALSPEC_NO_HISTORY=1`` turns it off.
 
-File: ``<data dir>/personal/<fingerprint[:16]>.tokens`` (the data dir is
-``$LOCALSPEC_DATA_DIR``, else ``$XDG_DATA_HOME/localspec``, else
-``~/.local/share/localspec``). All integers little-endian::
-
-    magic    8 bytes  b"LSPHIST\\0"
-    version  uint32   FORMAT_VERSION
-    fp_len   uint32   bytes of the fingerprint that follows
-    fp       ascii    the tokenizer fingerprint (gguf_info.tokenizer_fingerprint)
-    records  n uint32 | crc32 uint32 (of n's 4 bytes, then the tokens) | tokens int32[n]
-
-Why an append-only log rather than rewriting the file: two runs saving at once
-would each rewrite the whole file and the last would silently drop the
-other's reply; an append costs the reply's bytes, not the store's. Appends
-(and the occasional compaction or repair) hold an exclusive ``flock`` on a
-sidecar ``.lock`` file, which is never replaced, so every process locks the
-same thing. Readers take no lock: a record still being written, or one torn
-by a crash, is shorter than its length says and reads as the end of the
-file; the next writer (holding the lock, so no live writer is mid-record)
-truncates it away. The size stays bounded: when the file holds more than
-``max_tokens`` by a quarter, it is compacted to the most recent
-``max_tokens`` (temp file, fsync, ``os.replace``).
-
-Damage never costs a good record and never stops a run. Each record is
-checked on its own (its checksum covers its length and tokens), so a damaged
-one is skipped: the scan resumes at the next offset where a whole record
-checks out (a false match needs a 32-bit checksum collision). The first process to see damage repairs the file under
-the lock: the damaged original is kept as ``NAME.corrupt-<UTC time>``, the
-good records are rewritten, and one warning line goes to stderr. A file
-whose header is not ours (bad magic, an unknown version, another tokenizer's
-fingerprint) is moved aside the same way and a new history started; a 0-byte
-file is an empty history. A file written by a newer localspec is left as it
-is and nothing is saved that run. Nothing here raises for a bad file: this
-is a cache, and it never blocks ``run`` or ``generate``.
+The file (a crash-safe append-only log of records, repaired where damaged) is
+``personal_log``'s: its format, why it is a log, and what damage costs.
 
 In memory only the most recent ``index_tokens`` are searched, through a suffix
 array (opening a store this way takes about 0.1 s at 200k tokens; building
@@ -52,44 +21,29 @@ no continuation crosses from one reply into another.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import struct
 import sys
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from localspec.drafting.ngram import Lookup, NgramDrafter, cut_at_separator, rank_continuations
-from localspec.drafting.suffix_array import Store, build_suffix_array, fingerprint_difference
+from localspec.drafting.suffix_array import Store, build_suffix_array
 from localspec.errors import StoreError
-from localspec.paths import atomic_write
+from localspec.drafting.personal_log import (RECORD_HEAD, Scan, Unusable, aside_path,
+                                             header_bytes, locked, parse_header, record, scan_records,
+                                             write_atomically)
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: appends rely on O_APPEND alone
-    fcntl = None  # type: ignore[assignment]
-
-MAGIC = b"LSPHIST\0"
-FORMAT_VERSION = 1
-_HEADER = struct.Struct("<8sII")  # magic, version, fingerprint length
-_RECORD = struct.Struct("<II")  # token count, crc32
 DEFAULT_MAX_TOKENS = 1_000_000
 DEFAULT_INDEX_TOKENS = 200_000
 CONTEXT_TOKENS = 8  # context kept before each reply, so a new chat's first step can match it
 _SLACK = 4  # compact when the file passes max_tokens by 1/_SLACK
 _OPT_OUT = "set LOCALSPEC_NO_HISTORY=1 to stop keeping it"
-# Checksummed bytes spent looking for the next whole record after damage
-# (each candidate offset costs its claimed record's length). Past it, the
-# rest of the file counts as damaged: kept aside, never truncated.
-_RESYNC_BUDGET = 64 << 20
-_NEWEST_PLAUSIBLE_VERSION = 255  # a larger version field is damage, not a newer localspec
 _FINGERPRINT_RE = re.compile(r"^[0-9A-Za-z_-]+$")
 
 
@@ -117,29 +71,6 @@ class LoadReport:
     dropped_bytes: int = 0
     seconds: float = 0.0
     damaged_bytes: int = 0
-
-
-class _Unusable(Exception):
-    """The file's header is not ours; ``newer``: written by a newer localspec."""
-
-    def __init__(self, why: str, newer: bool = False) -> None:
-        super().__init__(why)
-        self.why, self.newer = why, newer
-
-
-@dataclass(frozen=True)
-class _Scan:
-    """The records of a file: ``records`` as (offset of the tokens, count),
-    ``damaged`` byte spans skipped, ``end`` where a torn tail starts
-    (``len(buf)`` when there is none)."""
-
-    records: list[tuple[int, int]]
-    damaged: list[tuple[int, int]]
-    end: int
-
-    @property
-    def damaged_bytes(self) -> int:
-        return sum(stop - start for start, stop in self.damaged)
 
 
 class PersonalStore:
@@ -192,7 +123,7 @@ class PersonalStore:
     # --- reading -----------------------------------------------------------
     def _load(self) -> None:
         started = time.perf_counter()
-        buf, start, scan, damaged = b"", 0, _Scan([], [], 0), 0
+        buf, start, scan, damaged = b"", 0, Scan([], [], 0), 0
         try:
             buf = self.path.read_bytes()
         except FileNotFoundError:
@@ -203,16 +134,16 @@ class PersonalStore:
         if buf:  # a 0-byte file is an empty history: the next save writes its header
             try:
                 start = self._header_end(buf)
-                scan = _scan(buf, start)
+                scan = scan_records(buf, start)
                 healthy = not scan.damaged
-            except _Unusable as bad:
+            except Unusable as bad:
                 if bad.newer:
                     self._stop_saving(f"personal history {self.path} was written by a newer localspec "
                                       f"({bad.why}); left it as it is and kept no history this run "
                                       f"(upgrade localspec, or {_OPT_OUT})")
                     buf = b""
                 else:
-                    scan = _Scan([], [(0, len(buf))], len(buf))  # nothing in it can be trusted
+                    scan = Scan([], [(0, len(buf))], len(buf))  # nothing in it can be trusted
                 healthy = bad.newer
             damaged = scan.damaged_bytes
             if not healthy:
@@ -233,14 +164,14 @@ class PersonalStore:
         self.report = LoadReport(len(records), sum(n for _, n in records), kept, len(buf) - scan.end,
                                  time.perf_counter() - started, damaged)
 
-    def _repair(self, buf: bytes, start: int, scan: _Scan) -> tuple[bytes, int, _Scan]:
+    def _repair(self, buf: bytes, start: int, scan: Scan) -> tuple[bytes, int, Scan]:
         """Set a damaged or foreign file right under the lock (``_read_locked``);
         when that cannot be done, keep what the unlocked read found good
         (nothing, if the header was bad) and save nothing this run."""
         try:
-            with _locked(self._lock_path()):
+            with locked(self._lock_path()):
                 return self._read_locked()
-        except _Unusable as bad:  # replaced by a newer localspec's file meanwhile
+        except Unusable as bad:  # replaced by a newer localspec's file meanwhile
             self._stop_saving(f"personal history {self.path} was written by a newer localspec ({bad.why}); "
                               f"left it as it is and kept no history this run")
         except OSError as err:
@@ -250,35 +181,16 @@ class PersonalStore:
         return buf, start, scan
 
     def _header_end(self, buf: bytes) -> int:
-        """The offset of the first record; _Unusable when the header is not ours."""
-        if buf[:8] != MAGIC:
-            raise _Unusable("bad magic")
-        if len(buf) < _HEADER.size:
-            raise _Unusable("header cut short")
-        _, version, fp_len = _HEADER.unpack_from(buf)
-        if FORMAT_VERSION < version <= _NEWEST_PLAUSIBLE_VERSION:
-            raise _Unusable(f"format version {version}, this localspec reads {FORMAT_VERSION}", newer=True)
-        if version != FORMAT_VERSION:
-            raise _Unusable(f"unknown format version {version}")
-        end = _HEADER.size + fp_len
-        if end > len(buf):
-            raise _Unusable("header cut short")
-        try:
-            fp = buf[_HEADER.size : end].decode("ascii")
-        except UnicodeDecodeError:
-            raise _Unusable("unreadable fingerprint") from None
-        if fp != self.fingerprint:
-            raise _Unusable(f"another tokenizer's: fingerprint {fingerprint_difference(fp, self.fingerprint)}, "
-                            "the file's vs this model's")
-        return end
+        """The offset of the first record; Unusable when the header is not ours."""
+        return parse_header(buf, self.fingerprint)
 
-    def _read_locked(self) -> tuple[bytes, int, _Scan]:
+    def _read_locked(self) -> tuple[bytes, int, Scan]:
         """The file's bytes, where its records start and their scan, after
         setting it right (the lock held): a missing or empty file gets its
         header, one whose header is not ours is moved aside and restarted,
         one with damaged records is kept aside and rewritten with its good
         records. Each change is one warning line. What remains may end in a
-        torn tail (``scan.end``). Raises _Unusable only for a newer format."""
+        torn tail (``scan.end``). Raises Unusable only for a newer format."""
         try:
             buf = self.path.read_bytes()
         except FileNotFoundError:
@@ -286,28 +198,28 @@ class PersonalStore:
         if buf:
             try:
                 start = self._header_end(buf)
-            except _Unusable as bad:
+            except Unusable as bad:
                 if bad.newer:
                     raise
-                aside = _aside_path(self.path)
+                aside = aside_path(self.path)
                 os.replace(self.path, aside)
                 self._warn(f"personal history {self.path} is not usable ({bad.why}); moved it to {aside.name} "
                            "and started a new one")
                 buf = b""
         if not buf:
             buf = self._header_bytes()
-            _write_atomically(self.path, [buf])
-            return buf, len(buf), _Scan([], [], len(buf))
-        scan = _scan(buf, start)
+            write_atomically(self.path, [buf])
+            return buf, len(buf), Scan([], [], len(buf))
+        scan = scan_records(buf, start)
         if not scan.damaged:
             return buf, start, scan
-        aside = _aside_path(self.path)
+        aside = aside_path(self.path)
         try:
             os.link(self.path, aside)  # the original stays whole under the new name
         except OSError:
             shutil.copyfile(self.path, aside)
-        good = [buf[off - _RECORD.size : off + 4 * n] for off, n in scan.records]
-        _write_atomically(self.path, [self._header_bytes(), *good])
+        good = [buf[off - RECORD_HEAD : off + 4 * n] for off, n in scan.records]
+        write_atomically(self.path, [self._header_bytes(), *good])
         self._warn(f"personal history {self.path} was damaged: skipped {scan.damaged_bytes:,} bytes, kept its "
                    f"{len(good)} good records; the damaged file is kept as {aside.name}")
         return self._read_locked()
@@ -425,11 +337,11 @@ class PersonalStore:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with _locked(self._lock_path()):
+            with locked(self._lock_path()):
                 total = self._append_locked(self._pending)
                 if total > self.max_tokens + self.max_tokens // _SLACK:
                     self._compact_locked()
-        except _Unusable as bad:  # a newer localspec's file appeared since this one was opened
+        except Unusable as bad:  # a newer localspec's file appeared since this one was opened
             self._stop_saving(f"personal history {self.path} was written by a newer localspec ({bad.why}); "
                               "left it as it is and kept no history this run")
             self._pending = []
@@ -440,8 +352,7 @@ class PersonalStore:
         self._pending = []
 
     def _header_bytes(self) -> bytes:
-        fp = self.fingerprint.encode("ascii")
-        return _HEADER.pack(MAGIC, FORMAT_VERSION, len(fp)) + fp
+        return header_bytes(self.fingerprint)
 
     def _append_locked(self, docs: list[np.ndarray]) -> int:
         """Append ``docs`` (the lock held); returns the tokens now in the file.
@@ -457,7 +368,7 @@ class PersonalStore:
             if scan.end < len(buf):
                 f.truncate(scan.end)  # a torn tail left by a crashed writer: no live writer holds the lock
             f.seek(scan.end)
-            f.write(b"".join(_record(d) for d in docs))
+            f.write(b"".join(record(d) for d in docs))
             f.flush()
             os.fsync(f.fileno())
         return sum(n for _, n in scan.records) + sum(len(d) for d in docs)
@@ -467,8 +378,8 @@ class PersonalStore:
         buf, _, scan = self._read_locked()
         docs = _most_recent([np.frombuffer(buf, dtype="<i4", count=n, offset=off) for off, n in scan.records],
                             self.max_tokens)
-        body = [self._header_bytes()] + [_record(d) for d in docs]
-        _write_atomically(self.path, body)
+        body = [self._header_bytes()] + [record(d) for d in docs]
+        write_atomically(self.path, body)
 
 
 def _token_array(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -490,114 +401,6 @@ def _most_recent(docs: list[np.ndarray], limit: int) -> list[np.ndarray]:
         out.append(doc[len(doc) - take :])
         kept += take
     return out[::-1]
-
-
-def _record(doc: np.ndarray) -> bytes:
-    n = struct.pack("<I", len(doc))
-    payload = np.ascontiguousarray(doc, dtype="<i4").tobytes()
-    return n + struct.pack("<I", zlib.crc32(payload, zlib.crc32(n))) + payload
-
-
-def _record_at(buf: bytes, pos: int) -> int | None:
-    """The token count of the whole record at ``pos`` when it checks out, else None."""
-    if pos + _RECORD.size > len(buf):
-        return None
-    n, crc = _RECORD.unpack_from(buf, pos)
-    stop = pos + _RECORD.size + 4 * n
-    if n == 0 or stop > len(buf):
-        return None
-    view = memoryview(buf)
-    return n if zlib.crc32(view[pos + _RECORD.size : stop], zlib.crc32(view[pos : pos + 4])) == crc else None
-
-
-def _next_record(buf: bytes, pos: int, budget: list[int]) -> int | None:
-    """The first offset after ``pos`` where a whole record checks out; None
-    when there is none, or when ``budget[0]`` (bytes looked at or
-    checksummed) runs out, which sets it to -1. Every byte offset is a
-    candidate (inserted bytes shift what follows), but only those whose
-    length field fits the file cost a checksum, so garbage is mostly passed
-    over in a few vectorised passes."""
-    size = len(buf)
-    budget[0] -= size - pos
-    fitting: list[np.ndarray] = []
-    for first in range(pos + 1, pos + 5):  # the four alignments of a 4-byte length field
-        count = (size - first - _RECORD.size) // 4 + 1
-        if count <= 0:
-            continue
-        lengths = np.frombuffer(buf, dtype="<u4", count=count, offset=first).astype(np.int64)
-        offsets = first + 4 * np.arange(count, dtype=np.int64)
-        fits = (lengths > 0) & (offsets + _RECORD.size + 4 * lengths <= size)
-        fitting.append(np.stack([offsets[fits], lengths[fits]], axis=1))
-    if not fitting:
-        return None
-    candidates = np.concatenate(fitting)
-    for offset, length in candidates[np.argsort(candidates[:, 0], kind="stable")].tolist():
-        budget[0] -= 4 * length
-        if budget[0] < 0:
-            budget[0] = -1
-            return None
-        if _record_at(buf, offset) is not None:
-            return offset
-    return None
-
-
-def _scan(buf: bytes, start: int) -> _Scan:
-    """Every record from ``start`` that checks out, skipping damaged ones.
-
-    Where a record does not check out, the scan resumes at the next offset
-    where one does; the bytes between are damaged. When none follows, the
-    rest is a torn tail if it is shorter than its length field says (an
-    append cut short), else damaged too.
-    """
-    records: list[tuple[int, int]] = []
-    damaged: list[tuple[int, int]] = []
-    pos, size = start, len(buf)
-    budget = [_RESYNC_BUDGET]
-    while pos < size:
-        n = _record_at(buf, pos)
-        if n is not None:
-            records.append((pos + _RECORD.size, n))
-            pos += _RECORD.size + 4 * n
-            continue
-        following = _next_record(buf, pos, budget)
-        if following is not None:
-            damaged.append((pos, following))
-            pos = following
-            continue
-        claimed = _RECORD.unpack_from(buf, pos)[0] if pos + _RECORD.size <= size else None
-        torn = claimed is None or pos + _RECORD.size + 4 * claimed > size
-        if budget[0] < 0 or not torn:
-            damaged.append((pos, size))
-            pos = size
-        break
-    return _Scan(records, damaged, pos)
-
-
-def _aside_path(path: Path) -> Path:
-    """``NAME.corrupt-<UTC time>``, numbered when that exists already."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside, i = path.with_name(f"{path.name}.corrupt-{stamp}"), 2
-    while aside.exists():
-        aside, i = path.with_name(f"{path.name}.corrupt-{stamp}-{i}"), i + 1
-    return aside
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """An exclusive lock between processes (flock on a file that is never replaced)."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _write_atomically(path: Path, parts: list[bytes]) -> None:
-    with atomic_write(path, mode=0o600) as f:
-        for part in parts:
-            f.write(part)
 
 
 def personal_ngram_drafter(model_path: str | os.PathLike[str], *, max_branches: int = 4,

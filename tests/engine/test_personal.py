@@ -14,12 +14,8 @@ import pytest
 
 from localspec.drafting.base import Proposal
 from localspec.drafting.ngram import NgramDrafter
-from localspec.drafting.personal import (
-    CONTEXT_TOKENS,
-    FORMAT_VERSION,
-    PersonalStore,
-    personal_ngram_drafter,
-)
+from localspec.drafting.personal import CONTEXT_TOKENS, PersonalStore, personal_ngram_drafter
+from localspec.drafting.personal_log import FORMAT_VERSION
 from localspec.errors import StoreError
 
 FP = "ab12" * 16  # a fingerprint-shaped string: 64 hex digits
