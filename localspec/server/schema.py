@@ -192,12 +192,7 @@ def _request(endpoint: str, fields: Mapping[str, Any], drafters: Sequence[str], 
         if not stream:
             raise RequestError("stream_options is only allowed with stream: true", param="stream_options",
                                code="invalid_value")
-        if not isinstance(options, dict):
-            raise _wrong_type("stream_options", options, "an object")
-        for key in options:
-            if key != "include_usage":
-                raise RequestError(f"unknown field stream_options.{key}; only include_usage is taken",
-                                   param=f"stream_options.{key}", code="unknown_parameter")
+        _object_of(options, "stream_options", ("include_usage",), "an object")
         include_usage = _boolean(options, "include_usage", False, prefix="stream_options.")
     speculative, drafter = parse_extension(fields.get("localspec"), drafters)
     return Request(endpoint=endpoint, model=_model(fields.get("model")), sampling=parse_sampling(fields),
@@ -322,6 +317,16 @@ def parse_stop(value: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _object_of(value: Any, name: str, keys: tuple[str, ...], shape: str) -> None:
+    """Refuse ``value`` unless it is an object holding only ``keys`` (a nested field such as stream_options)."""
+    if not isinstance(value, dict):
+        raise _wrong_type(name, value, shape)
+    for key in value:
+        if key not in keys:
+            raise RequestError(f"unknown field {name}.{key}; {name} takes only {', '.join(keys)}",
+                               param=f"{name}.{key}", code="unknown_parameter")
+
+
 def parse_extension(value: Any, drafters: Sequence[str]) -> tuple[bool, str | None]:
     """``"localspec": {"draft": NAME}`` as (speculative, drafter).
 
@@ -330,12 +335,7 @@ def parse_extension(value: Any, drafters: Sequence[str]) -> tuple[bool, str | No
     """
     if value is None:
         return True, None
-    if not isinstance(value, dict):
-        raise _wrong_type("localspec", value, 'an object like {"draft": "ngram"}')
-    for key in value:
-        if key != "draft":
-            raise RequestError(f"unknown field localspec.{key}; localspec takes only draft",
-                               param=f"localspec.{key}", code="unknown_parameter")
+    _object_of(value, "localspec", ("draft",), 'an object like {"draft": "ngram"}')
     name = value.get("draft")
     if name is None:
         return True, None
