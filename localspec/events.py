@@ -128,14 +128,15 @@ class GenerationStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """alpha: accepted draft tokens / drafted tokens."""
+        """The share of drafted tokens kept: accepted / drafted. Not α: it also counts draft tokens after
+        a rejection, which were never in play (``conditional_acceptance`` is α)."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
     def conditional_acceptance(self) -> float:
-        """Acceptance of a draft token given every earlier one was accepted.
+        """α: acceptance of a draft token given every earlier one was accepted.
 
-        This is the alpha of tau = (1 - a^(g+1)) / (1 - a) and of the ceiling
+        This is the α of τ = (1 - a^(g+1)) / (1 - a) and of the ceiling
         1 / (1 - a); ``acceptance_rate`` also counts tokens after a rejection,
         which were never in play, so it reads lower.
         """

@@ -70,7 +70,7 @@ class NgramSource(Protocol):
     needs its last few tokens); None means no match.
     """
 
-    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int) -> Lookup | None: ...
+    def lookup(self, context: Sequence[int], draft_len: int, max_candidates: int) -> Lookup | None: ...
 
 
 class ReplyStore(Protocol):
@@ -175,12 +175,12 @@ class NgramIndex:
                     del idx[key]
         del h[max(length, 0) :]
 
-    def query(self, max_tokens: int, max_candidates: int = 8) -> Lookup | None:
+    def query(self, draft_len: int, max_candidates: int = 8) -> Lookup | None:
         """Continue the indexed history itself: its longest suffix seen before (a continuation that
         runs into the history's end carries on as the text repeats: see ``continuation``)."""
-        return self.lookup(self._tokens, max_tokens, max_candidates, repeats=True)
+        return self.lookup(self._tokens, draft_len, max_candidates, repeats=True)
 
-    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8, *,
+    def lookup(self, context: Sequence[int], draft_len: int, max_candidates: int = 8, *,
                repeats: bool = False) -> Lookup | None:
         """Find the longest suffix of ``context`` (n_max down to n_min tokens)
         that occurs in the index with a continuation, and rank what followed.
@@ -209,13 +209,13 @@ class NgramIndex:
                 grown, recent = self._longest(tail, n, recent)
                 if grown > n:  # the evidence is now the occurrences of the longer match
                     n, occurrences = grown, len(recent)
-            conts = [continuation(h, p, max_tokens) if repeats else h[p : p + max_tokens] for p in recent]
+            conts = [continuation(h, p, draft_len) if repeats else h[p : p + draft_len] for p in recent]
             if self._has_separators:
                 conts = [cut_at_separator(c) for c in conts]
             return rank_continuations(n, occurrences, conts, recent, self._weights, max_candidates)
         return None
 
-    def gapped(self, max_tokens: int, max_candidates: int = 8, *, min_match: int = 6) -> Lookup | None:
+    def gapped(self, draft_len: int, max_candidates: int = 8, *, min_match: int = 6) -> Lookup | None:
         """Continue the indexed history from the place its end copies but for one token: the longest
         suffix that occurred before with exactly one token substituted (never the last one), at least
         ``min_match`` tokens matched besides it. A numbered list's next line (``7.`` after ``6.``) or a
@@ -245,7 +245,7 @@ class NgramIndex:
                 found.append(p)
         if best < min_match:
             return None
-        conts = [continuation(h, p, max_tokens) for p in found]
+        conts = [continuation(h, p, draft_len) for p in found]
         if self._has_separators:
             conts = [cut_at_separator(c) for c in conts]
         return dataclasses.replace(rank_continuations(best, len(found), conts, found, self._weights, max_candidates),
@@ -278,8 +278,8 @@ def _run_back(h: list[int], t: int, q: int, limit: int) -> int:
     return n
 
 
-def continuation(tokens: list[int], start: int, max_tokens: int) -> list[int]:
-    """Up to ``max_tokens`` of what follows ``tokens[:start]``, if the text ending ``tokens`` copies it.
+def continuation(tokens: list[int], start: int, draft_len: int) -> list[int]:
+    """Up to ``draft_len`` of what follows ``tokens[:start]``, if the text ending ``tokens`` copies it.
 
     Where the copied span runs into the end of ``tokens`` (the match is itself
     recent: the text repeats with period ``len(tokens) - start``), the copy is
@@ -288,11 +288,11 @@ def continuation(tokens: list[int], start: int, max_tokens: int) -> list[int]:
     only up to the end of what is written so far.
     """
     end = len(tokens)
-    if start + max_tokens <= end or start >= end:
-        return tokens[start : start + max_tokens]
+    if start + draft_len <= end or start >= end:
+        return tokens[start : start + draft_len]
     period = end - start
     cont = tokens[start:end]
-    while len(cont) < max_tokens:
+    while len(cont) < draft_len:
         cont.append(cont[len(cont) - period])
     return cont
 
@@ -470,13 +470,13 @@ class NgramDrafter(DrafterBase):
         index.truncate(common)
         index.extend(hist[common:])
 
-    def _best_lookup(self, history: Sequence[int], max_tokens: int) -> Lookup | None:
+    def _best_lookup(self, history: Sequence[int], draft_len: int) -> Lookup | None:
         self._sync(history)
-        lookup = self._last_own = self._index.query(max_tokens, self.max_candidates)
+        lookup = self._last_own = self._index.query(draft_len, self.max_candidates)
         if not self.sources:
             return lookup
         tail = _as_list(history[-64:])
-        return strongest([lookup] + [s.lookup(tail, max_tokens, self.max_candidates) for s in self.sources])
+        return strongest([lookup] + [s.lookup(tail, draft_len, self.max_candidates) for s in self.sources])
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal | TreeProposal:
         lookup = self._best_lookup(history, draft_len)
@@ -546,10 +546,10 @@ def end_loop(tokens: list[int]) -> tuple[int, int]:
     return 0, 0
 
 
-def loop_lookup(tokens: list[int], period: int, run: int, max_tokens: int) -> Lookup:
-    """The loop at the end of ``tokens`` carried on for ``max_tokens``, as a lookup of its last period."""
+def loop_lookup(tokens: list[int], period: int, run: int, draft_len: int) -> Lookup:
+    """The loop at the end of ``tokens`` carried on for ``draft_len``, as a lookup of its last period."""
     cycle = tokens[len(tokens) - period:]
-    carried = tuple(cycle[i % period] for i in range(max_tokens))
+    carried = tuple(cycle[i % period] for i in range(draft_len))
     match = run - period
     return Lookup(match, 1, 1, (Candidate(carried, 1, (1.0,) * len(carried), len(tokens) - period),))
 
@@ -583,15 +583,15 @@ def candidate_tree(lookup: Lookup | None, depth: int, max_branches: int) -> Cand
     )
 
 
-def proposal_from_lookup(lookup: Lookup | None, max_tokens: int, max_branches: int,
+def proposal_from_lookup(lookup: Lookup | None, draft_len: int, max_branches: int,
                          name: str) -> Proposal | TreeProposal:
-    """All a lookup offers up to ``max_tokens``, with its evidence: a chain when the evidence points
+    """All a lookup offers up to ``draft_len``, with its evidence: a chain when the evidence points
     one way (or ``max_branches`` is 1), else a trie."""
-    if lookup is None or not lookup.candidates or max_tokens <= 0:
+    if lookup is None or not lookup.candidates or draft_len <= 0:
         return Proposal(drafter=name)
-    best = lookup.candidates[0].tokens[:max_tokens]
+    best = lookup.candidates[0].tokens[:draft_len]
     if max_branches > 1 and len(lookup.candidates) > 1:
-        tree = candidate_tree(lookup, max_tokens, max_branches)
+        tree = candidate_tree(lookup, draft_len, max_branches)
         if len(tree.leaves) > 1:
             return TreeProposal(tree=tree, drafter=name, evidence=evidence(lookup, max(tree.depths)))
     return Proposal(tokens=tuple(best), probs=None, drafter=name, evidence=evidence(lookup, len(best)))

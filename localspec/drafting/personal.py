@@ -39,10 +39,10 @@ from localspec.drafting.personal_log import (RECORD_HEAD, Scan, Unusable, aside_
                                              header_bytes, locked, parse_header, record, scan_records,
                                              write_atomically)
 
-DEFAULT_MAX_TOKENS = 1_000_000
+DEFAULT_CAPACITY = 1_000_000
 DEFAULT_INDEX_TOKENS = 200_000
 CONTEXT_TOKENS = 8  # context kept before each reply, so a new chat's first step can match it
-_SLACK = 4  # compact when the file passes max_tokens by 1/_SLACK
+_SLACK = 4  # compact when the file passes capacity by 1/_SLACK
 _OPT_OUT = "set LOCALSPEC_NO_HISTORY=1 to stop keeping it"
 _FINGERPRINT_RE = re.compile(r"^[0-9A-Za-z_-]+$")
 
@@ -81,16 +81,16 @@ class PersonalStore:
     processes.
     """
 
-    def __init__(self, path: Path, fingerprint: str, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+    def __init__(self, path: Path, fingerprint: str, *, capacity: int = DEFAULT_CAPACITY,
                  index_tokens: int = DEFAULT_INDEX_TOKENS, max_len: int = 16, max_occurrences: int = 32,
                  recency_decay: float = 0.95) -> None:
-        if max_tokens < 1 or index_tokens < 1:
-            raise ValueError("max_tokens and index_tokens must be at least 1")
+        if capacity < 1 or index_tokens < 1:
+            raise ValueError("capacity and index_tokens must be at least 1")
         if not _FINGERPRINT_RE.match(fingerprint):
             raise ValueError("a fingerprint is letters, digits, - and _")
         self.path, self.fingerprint = path, fingerprint
-        self.max_tokens = max_tokens
-        self.index_tokens = min(index_tokens, max_tokens)
+        self.capacity = capacity
+        self.index_tokens = min(index_tokens, capacity)
         self.max_len, self.max_occurrences = max_len, max_occurrences
         self._weights = [recency_decay**r for r in range(max_occurrences)]  # most recent first
         self._docs: list[np.ndarray] = []  # the most recent index_tokens, oldest first
@@ -103,7 +103,7 @@ class PersonalStore:
         self.saving = True  # False once the file must be left alone this run (see _stop_saving)
 
     @classmethod
-    def open(cls, fingerprint: str, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+    def open(cls, fingerprint: str, *, capacity: int = DEFAULT_CAPACITY,
              index_tokens: int = DEFAULT_INDEX_TOKENS, data_dir: str | os.PathLike[str] | None = None
              ) -> "PersonalStore":
         """Load the store for ``fingerprint`` (empty when there is none yet).
@@ -116,7 +116,7 @@ class PersonalStore:
         cut off by the next save.
         """
         path = personal_dir(data_dir) / f"{fingerprint[:16]}.tokens"
-        store = cls(path, fingerprint, max_tokens=max_tokens, index_tokens=index_tokens)
+        store = cls(path, fingerprint, capacity=capacity, index_tokens=index_tokens)
         store._load()
         return store
 
@@ -267,12 +267,12 @@ class PersonalStore:
         """Documents searched in memory."""
         return len(self._docs)
 
-    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8) -> Lookup | None:
+    def lookup(self, context: Sequence[int], draft_len: int, max_candidates: int = 8) -> Lookup | None:
         """Continuations of the longest suffix of ``context`` found in past outputs,
         from its most recent occurrences, recency-weighted (as ``NgramIndex.lookup``)."""
         self.build_index()
         index = self._index
-        if index is None or max_tokens < 1:
+        if index is None or draft_len < 1:
             return None
         m, lo, hi = index.longest_suffix_match(context)
         if m == 0:
@@ -284,7 +284,7 @@ class PersonalStore:
         # Documents are stored oldest first, so a later position is a more recent occurrence.
         starts = (np.sort(positions)[::-1].astype(np.int64) + m).tolist()
         toks = index.tokens
-        conts = [cut_at_separator(toks[p : p + max_tokens].tolist()) for p in starts]
+        conts = [cut_at_separator(toks[p : p + draft_len].tolist()) for p in starts]
         found = rank_continuations(m, hi - lo, conts, starts, self._weights[:k], max_candidates)
         return found if found.candidates else None
 
@@ -311,7 +311,7 @@ class PersonalStore:
             return
         head = _token_array(context)[-CONTEXT_TOKENS:]
         doc = np.concatenate([head, reply]) if len(head) else reply
-        doc = doc[-self.max_tokens :]
+        doc = doc[-self.capacity :]
         self._pending.append(doc)
         self._docs.append(doc)
         self._indexed += len(doc)
@@ -327,7 +327,7 @@ class PersonalStore:
 
     def save(self) -> None:
         """Append the documents added since the last save, then compact the file
-        if it outgrew ``max_tokens``. Raises StoreError when the file cannot be
+        if it outgrew ``capacity``. Raises StoreError when the file cannot be
         written (nothing is lost from memory; a later save retries). Does
         nothing once saving is off (``saving``: the file is left alone)."""
         if not self._pending:
@@ -339,7 +339,7 @@ class PersonalStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with locked(self._lock_path()):
                 total = self._append_locked(self._pending)
-                if total > self.max_tokens + self.max_tokens // _SLACK:
+                if total > self.capacity + self.capacity // _SLACK:
                     self._compact_locked()
         except Unusable as bad:  # a newer localspec's file appeared since this one was opened
             self._stop_saving(f"personal history {self.path} was written by a newer localspec ({bad.why}); "
@@ -374,10 +374,10 @@ class PersonalStore:
         return sum(n for _, n in scan.records) + sum(len(d) for d in docs)
 
     def _compact_locked(self) -> None:
-        """Rewrite the file with its most recent ``max_tokens`` (the lock held)."""
+        """Rewrite the file with its most recent ``capacity`` (the lock held)."""
         buf, _, scan = self._read_locked()
         docs = _most_recent([np.frombuffer(buf, dtype="<i4", count=n, offset=off) for off, n in scan.records],
-                            self.max_tokens)
+                            self.capacity)
         body = [self._header_bytes()] + [record(d) for d in docs]
         write_atomically(self.path, body)
 

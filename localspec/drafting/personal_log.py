@@ -19,8 +19,8 @@ same thing. Readers take no lock: a record still being written, or one torn
 by a crash, is shorter than its length says and reads as the end of the
 file; the next writer (holding the lock, so no live writer is mid-record)
 truncates it away. The size stays bounded: when the file holds more than
-``max_tokens`` by a quarter, it is compacted to the most recent
-``max_tokens`` (temp file, fsync, ``os.replace``).
+``capacity`` by a quarter, it is compacted to the most recent
+``capacity`` (temp file, fsync, ``os.replace``).
 
 Damage never costs a good record and never stops a run. Each record is
 checked on its own (its checksum covers its length and tokens), so a damaged

@@ -419,30 +419,30 @@ class Store:
                 hi_m = m - 1
         return best
 
-    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8) -> Lookup | None:
+    def lookup(self, context: Sequence[int], draft_len: int, max_candidates: int = 8) -> Lookup | None:
         """Continuations of the longest match of ``context``, ranked like the
         n-gram index's (score, i.e. expected shared prefix; then the latest
         position in the store). None when nothing matches or nothing follows."""
         m, lo, hi = self.longest_suffix_match(context)
-        if m == 0 or max_tokens < 1:
+        if m == 0 or draft_len < 1:
             return None
         step = -(-(hi - lo) // self.max_occurrences)
         starts = self.suffixes[lo:hi:step].astype(np.int64) + m
         if len(starts) <= self.python_rows:
             # Few occurrences: plain Python beats two dozen tiny numpy calls.
             toks, where = self.tokens, starts.tolist()
-            conts = [cut_at_separator(toks[p : p + max_tokens].tolist()) for p in where]
+            conts = [cut_at_separator(toks[p : p + draft_len].tolist()) for p in where]
             found = rank_continuations(m, hi - lo, conts, where, [1.0] * len(where), max_candidates)
             return found if found.candidates else None
-        return self._rank_many(m, hi - lo, starts, max_tokens, max_candidates)
+        return self._rank_many(m, hi - lo, starts, draft_len, max_candidates)
 
     def _rank_many(
-        self, m: int, occurrences: int, starts: np.ndarray, max_tokens: int, max_candidates: int
+        self, m: int, occurrences: int, starts: np.ndarray, draft_len: int, max_candidates: int
     ) -> Lookup | None:
         """rank_continuations, vectorized for many occurrences."""
         rows = len(starts)
         # The array ends with a separator, so clipped reads land on one: dead.
-        conts = self.tokens[np.minimum(starts[:, None] + np.arange(max_tokens), len(self.tokens) - 1)]
+        conts = self.tokens[np.minimum(starts[:, None] + np.arange(draft_len), len(self.tokens) - 1)]
         dead = np.logical_or.accumulate(conts < 0, axis=1)  # from the first separator on
         conts[dead] = -1
         # Rows are in suffix-array order, so rows sharing a prefix of length d
@@ -450,14 +450,14 @@ class Store:
         # from the previous one at or before d.
         departs = np.zeros(rows, dtype=np.int64)
         ne = conts[1:] != conts[:-1]
-        departs[1:] = np.where(ne.any(axis=1), ne.argmax(axis=1), max_tokens)
-        starts_group = departs[:, None] <= np.arange(max_tokens)
-        gid = np.cumsum(starts_group, axis=0) + np.arange(max_tokens) * (rows + 1)  # distinct per depth
+        departs[1:] = np.where(ne.any(axis=1), ne.argmax(axis=1), draft_len)
+        starts_group = departs[:, None] <= np.arange(draft_len)
+        gid = np.cumsum(starts_group, axis=0) + np.arange(draft_len) * (rows + 1)  # distinct per depth
         support = np.where(dead, 0.0, np.bincount(gid.ravel())[gid] / rows)
-        first = np.flatnonzero(departs < max_tokens)  # first row of each distinct continuation
+        first = np.flatnonzero(departs < draft_len)  # first row of each distinct continuation
         counts = np.diff(first, append=rows)
         last_seen = np.maximum.reduceat(starts, first)
-        lengths = max_tokens - dead[first].sum(axis=1)
+        lengths = draft_len - dead[first].sum(axis=1)
         scores = support[first].sum(axis=1)
         order = np.lexsort((-last_seen, -np.round(scores, 9)))
         order = order[lengths[order] > 0][:max_candidates]
@@ -471,9 +471,9 @@ class Store:
         )
         return Lookup(m, occurrences, rows, candidates)
 
-    def continuations(self, context: Sequence[int], max_tokens: int, max_candidates: int = 8) -> list[Candidate]:
+    def continuations(self, context: Sequence[int], draft_len: int, max_candidates: int = 8) -> list[Candidate]:
         """The candidates of ``lookup`` (tokens with counts), best first."""
-        found = self.lookup(context, max_tokens, max_candidates)
+        found = self.lookup(context, draft_len, max_candidates)
         return list(found.candidates) if found else []
 
 

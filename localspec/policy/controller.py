@@ -606,7 +606,7 @@ class Controller:
 
     def _learn_unused(self, history: Sequence[int], used: str | None, *, start: int) -> None:
         """The drafters the step did not use follow the text (``accepted(history, 0)``); the lookups made
-        while planning wait to be scored against the text that follows (``observe_shadow``)."""
+        while planning wait to be scored against the text that follows (``observe_unused``)."""
         for other, drafter in self._members.items():
             if other == used:
                 continue
@@ -617,7 +617,7 @@ class Controller:
             drafter.accepted(history, 0)
         self._asked = {}
         for other, branches, followed, evidence, known in self._unused.ready(history):
-            self.observe_shadow(other, branches, followed, deferred=True, evidence=evidence, known=known)
+            self.observe_unused(other, branches, followed, deferred=True, evidence=evidence, known=known)
 
     def _count(self, step: StepEvent, decision: Decision, t0: float) -> None:
         """The counters, the probe budget (earned by every step but a probe, which spends it) and a
@@ -660,7 +660,7 @@ class Controller:
         speedup = expected_tokens_per_step(alpha, draft_len) / self.step_ms(name, draft_len) * self.costs.plain_ms()
         return speedup >= 1.0 + self.margin
 
-    def observe_shadow(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
+    def observe_unused(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
                        deferred: bool = False, evidence: Evidence | None = None, known: int = 0) -> None:
         """Score a deterministic drafter's proposal that was not verified.
 

@@ -321,7 +321,7 @@ class UnusedProposals:
     position; so an unused proposal stays pending while the text follows it,
     and each step reports the positions the text has newly judged (``known``:
     how many were reported before), until its depth is covered or the text
-    parts from it (``Controller.observe_shadow``). The controller so learns a
+    parts from it (``Controller.observe_unused``). The controller so learns a
     lookup's acceptance by position without paying for a verification, and
     learns it while the text is still copying: a proposal 15 tokens deep
     teaches its first position one step after it was made, not 15.

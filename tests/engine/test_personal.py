@@ -80,29 +80,29 @@ def test_separators_keep_ngrams_within_a_reply(data_dir: Path) -> None:
 
 
 def test_size_is_bounded_and_the_oldest_go_first(data_dir: Path) -> None:
-    store = PersonalStore.open(FP, max_tokens=200, index_tokens=100)
+    store = PersonalStore.open(FP, capacity=200, index_tokens=100)
     for seed in range(1, 31):  # 30 documents of 20 tokens: 600 tokens written
         store.add(doc(seed))
         store.save()
         assert len(store) <= 100
     size = store.path.stat().st_size
-    assert size < 300 * 4 + 30 * 8 + 200  # never much more than max_tokens + a quarter
-    again = PersonalStore.open(FP, max_tokens=200, index_tokens=100)
+    assert size < 300 * 4 + 30 * 8 + 200  # never much more than capacity + a quarter
+    again = PersonalStore.open(FP, capacity=200, index_tokens=100)
     assert 200 <= again.report.tokens <= 250
     assert again.report.indexed == len(again) == 100 and again.documents == 5
     assert again.lookup(doc(30)[:4], 4) is not None  # the newest is searched
     assert again.lookup(doc(25)[:4], 4) is None  # on disk, but older than the index window
     assert again.lookup(doc(1)[:4], 4) is None
-    bigger = PersonalStore.open(FP, max_tokens=200, index_tokens=1000)
+    bigger = PersonalStore.open(FP, capacity=200, index_tokens=1000)
     assert bigger.lookup(doc(25)[:4], 4) is not None
     assert bigger.lookup(doc(1)[:4], 4) is None  # trimmed from the file
 
 
 def test_a_reply_longer_than_the_bound_keeps_its_end(data_dir: Path) -> None:
-    store = PersonalStore.open(FP, max_tokens=50)
+    store = PersonalStore.open(FP, capacity=50)
     store.add(list(range(1000, 1100)))
     store.save()
-    again = PersonalStore.open(FP, max_tokens=50)
+    again = PersonalStore.open(FP, capacity=50)
     assert again.report.tokens == 50 and len(again) == 50
     assert again.lookup([1060, 1061], 2).candidates[0].tokens == (1062, 1063)
     assert again.lookup([1000, 1001], 2) is None
@@ -303,8 +303,8 @@ WRITER = textwrap.dedent(
     """
     import os, sys, time
     from localspec.drafting.personal import PersonalStore
-    fp, seed0, count, max_tokens, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    store = PersonalStore.open(fp, max_tokens=max_tokens)
+    fp, seed0, count, capacity, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    store = PersonalStore.open(fp, capacity=capacity)
     while not os.path.exists(go):  # start together, so the saves interleave
         time.sleep(0.001)
     for seed in range(seed0, seed0 + count):
@@ -314,16 +314,16 @@ WRITER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("max_tokens", [1_000_000, 1500])  # appends only; appends and compactions
-def test_two_processes_appending_do_not_corrupt_the_file(data_dir: Path, max_tokens: int) -> None:
+@pytest.mark.parametrize("capacity", [1_000_000, 1500])  # appends only; appends and compactions
+def test_two_processes_appending_do_not_corrupt_the_file(data_dir: Path, capacity: int) -> None:
     env = {**os.environ, "LOCALSPEC_DATA_DIR": str(data_dir)}
     go = data_dir.parent / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, FP, str(seed0), "80", str(max_tokens), str(go)], env=env)
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, FP, str(seed0), "80", str(capacity), str(go)], env=env)
              for seed0 in (1, 101)]
     time.sleep(0.5)
     go.touch()
     assert [p.wait(timeout=60) for p in procs] == [0, 0]
-    store = PersonalStore.open(FP, max_tokens=max_tokens, index_tokens=max_tokens)
+    store = PersonalStore.open(FP, capacity=capacity, index_tokens=capacity)
     assert store.report.dropped_bytes == 0
     docs = store._docs
     for d in docs:  # every record whole and in order: seed * 1000 + 0..19
@@ -331,10 +331,10 @@ def test_two_processes_appending_do_not_corrupt_the_file(data_dir: Path, max_tok
         assert d.tolist() == doc(seed)[20 - len(d):]
     seeds = [int(d[-1]) // 1000 for d in docs]
     assert len(set(seeds)) == len(seeds)
-    if max_tokens > 3200:
+    if capacity > 3200:
         assert sorted(seeds) == list(range(1, 81)) + list(range(101, 181))  # no reply lost
     else:
-        assert max_tokens <= store.report.tokens <= max_tokens * 5 // 4
+        assert capacity <= store.report.tokens <= capacity * 5 // 4
         assert {80, 180} <= set(seeds)  # both writers' last replies survive compaction
     # Each writer's replies stay in its own order.
     for lo in (1, 101):

@@ -198,15 +198,15 @@ def test_unused_proposals_are_scored_position_by_position_as_the_text_comes() ->
     # Told in parts, an outcome counts each position once, and forgets once, like one told whole.
     ctl, whole = controller(CPU, "a"), controller(CPU, "a")
     for emitted, known in (([1], 0), ([1, 2, 3], 1), ([1, 2, 3, 4], 3)):
-        ctl.observe_shadow("a", [(1, 2, 3, 4)], emitted, deferred=True, known=known)
-    whole.observe_shadow("a", [(1, 2, 3, 4)], [1, 2, 3, 4], deferred=True)
+        ctl.observe_unused("a", [(1, 2, 3, 4)], emitted, deferred=True, known=known)
+    whole.observe_unused("a", [(1, 2, 3, 4)], [1, 2, 3, 4], deferred=True)
     assert ctl.acceptance("a").reached == pytest.approx(whole.acceptance("a").reached)
     assert ctl.acceptance("a").kept == pytest.approx(whole.acceptance("a").kept)
     # Scored that way, deep positions learn: a lookup right 4 deep raises the rate at position 3.
     ctl = controller(CPU, "ngram")
     before = ctl.acceptance("ngram").rate(3)
     for _ in range(5):
-        ctl.observe_shadow("ngram", [(1, 2, 3, 4)], [1, 2, 3, 4], deferred=True)
+        ctl.observe_unused("ngram", [(1, 2, 3, 4)], [1, 2, 3, 4], deferred=True)
     assert ctl.acceptance("ngram").rate(3) > before
 
 
@@ -220,10 +220,10 @@ def test_reason_says_when_the_next_probe_comes() -> None:
 
 def test_shadow_scoring_counts_only_known_outcomes() -> None:
     ctl = controller(CPU, "ngram")
-    ctl.observe_shadow("ngram", [(5, 6, 7, 8)], emitted=(5, 6))  # matched all 2 emitted: position 2 unknown
+    ctl.observe_unused("ngram", [(5, 6, 7, 8)], emitted=(5, 6))  # matched all 2 emitted: position 2 unknown
     est = ctl.acceptance("ngram")
     assert est.reached == [1.0, 1.0] and est.kept == [1.0, 1.0]
-    ctl.observe_shadow("ngram", [(9, 9), (5, 7, 1)], emitted=(5, 6, 4))  # best branch kept 1, rejected at 2
+    ctl.observe_unused("ngram", [(9, 9), (5, 7, 1)], emitted=(5, 6, 4))  # best branch kept 1, rejected at 2
     assert est.reached[:2] == pytest.approx([1.95, 1.95]) and est.kept[:2] == pytest.approx([1.95, 0.95])
 
 

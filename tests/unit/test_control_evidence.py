@@ -61,8 +61,8 @@ def test_each_class_of_evidence_learns_its_acceptance_from_the_text() -> None:
     ctl = Controller(CostModel(CPU), [Named("ngram", cheap=True)])
     before = ctl.expected_tokens("ngram", 8, evidence=four)
     for _ in range(30):
-        ctl.observe_shadow("ngram", [(1, 2, 3, 4, 5, 6, 7, 8)], [9] * 8, deferred=True, evidence=four)
-        ctl.observe_shadow("ngram", [(1, 2, 3, 4, 5, 6, 7, 8)], [1, 2, 3, 4, 5, 6, 7, 8], deferred=True,
+        ctl.observe_unused("ngram", [(1, 2, 3, 4, 5, 6, 7, 8)], [9] * 8, deferred=True, evidence=four)
+        ctl.observe_unused("ngram", [(1, 2, 3, 4, 5, 6, 7, 8)], [1, 2, 3, 4, 5, 6, 7, 8], deferred=True,
                            evidence=long_copy)
     assert ctl.expected_tokens("ngram", 8, evidence=four) < 1.25 < 3.0 < before
     assert ctl.expected_tokens("ngram", 8, evidence=long_copy) > 8.0
@@ -84,7 +84,7 @@ def test_a_loop_is_learned_apart_from_matches_of_its_length() -> None:
     loop = Evidence(10, 1, (1.0,) * 8, loop=12)
     ctl = Controller(CostModel(CPU), [Named("ngram", cheap=True)])
     for _ in range(30):
-        ctl.observe_shadow("ngram", [tokens], [9] * 8, deferred=True, evidence=left)
+        ctl.observe_unused("ngram", [tokens], [9] * 8, deferred=True, evidence=left)
     assert ctl.expected_tokens("ngram", 8, evidence=left) < 1.25 < 3.0 < ctl.expected_tokens("ngram", 8, evidence=loop)
     for evidence, drafts in ((left, False), (loop, True)):
         offer = Controller(ctl.costs, [EvidenceLookup(tokens, evidence)])
@@ -117,8 +117,8 @@ def copies_that_part_where_lines_start(ctl: Controller, evidence: Evidence, roun
         for cut in (2, 3, 4, 5):
             draft = tuple(range(1, cut)) + (NL,) + tuple(range(10, 18 - cut))
             text = list(draft[:cut]) + [7] * (8 - cut)
-            ctl.observe_shadow("ngram", [draft], text, deferred=True, evidence=evidence)
-        ctl.observe_shadow("ngram", [tuple(range(20, 28))], list(range(20, 28)), deferred=True, evidence=evidence)
+            ctl.observe_unused("ngram", [draft], text, deferred=True, evidence=evidence)
+        ctl.observe_unused("ngram", [tuple(range(20, 28))], list(range(20, 28)), deferred=True, evidence=evidence)
 
 
 def test_a_draft_token_that_starts_a_line_is_judged_by_how_line_starts_fare() -> None:
@@ -159,7 +159,7 @@ def test_a_loops_line_starts_are_judged_by_its_class() -> None:
     lines = (1, 2, NL) * 3
     loop = Evidence(6, 1, (1.0,) * 8, loop=9)
     for _ in range(10):  # the loop holds
-        ctl.observe_shadow("ngram", [lines[:8]], list(lines[:8]), deferred=True, evidence=loop)
+        ctl.observe_unused("ngram", [lines[:8]], list(lines[:8]), deferred=True, evidence=loop)
     crossing = ctl._expected_by_length("ngram", 8, evidence=loop, tokens=lines[:8])
     assert crossing == ctl._expected_by_length("ngram", 8, evidence=loop, tokens=tuple(range(1, 9)))
     assert crossing[8] > 7.0
@@ -167,7 +167,7 @@ def test_a_loops_line_starts_are_judged_by_its_class() -> None:
     offer._states = ctl._states
     assert plan(offer).draft_len == 8
     rate = state.line_start_rate
-    ctl.observe_shadow("ngram", [lines[:8]], [1, 2, NL, 5, 5, 5, 5, 5], deferred=True, evidence=loop)
+    ctl.observe_unused("ngram", [lines[:8]], [1, 2, NL, 5, 5, 5, 5, 5], deferred=True, evidence=loop)
     assert state.line_start_rate == rate  # the loop's break taught its class
     assert state.evidence_acceptance(loop).reached[3] > state.evidence_acceptance(loop).kept[3]
 

@@ -27,15 +27,15 @@ from localspec.drafting.ngram import (
 tokens = st.lists(st.integers(0, 3), max_size=80)
 
 
-def repeated(hist: list[int], p: int, max_tokens: int) -> tuple[int, ...]:
+def repeated(hist: list[int], p: int, draft_len: int) -> tuple[int, ...]:
     """``hist[p:]`` continued as if ``hist`` went on copying from p (the text extended by its period)."""
     text = list(hist)
-    while len(text) < p + max_tokens:
+    while len(text) < p + draft_len:
         text.append(text[len(text) - (len(hist) - p)])
-    return tuple(text[p : p + max_tokens])
+    return tuple(text[p : p + draft_len])
 
 
-def brute_lookup(hist: list[int], context: list[int], n_min: int, n_max: int, max_tokens: int, max_occ: int):
+def brute_lookup(hist: list[int], context: list[int], n_min: int, n_max: int, draft_len: int, max_occ: int):
     """Longest suffix of ``context`` (n_max..n_min) ending before the end of
     ``hist``; the most recent ``max_occ`` continuations of it (when ``context`` is
     ``hist`` itself, a continuation reaching its end repeats as the text would)."""
@@ -46,12 +46,12 @@ def brute_lookup(hist: list[int], context: list[int], n_min: int, n_max: int, ma
         if ends:
             recent = ends[::-1][:max_occ]
             own = context is hist
-            return n, len(ends), recent, [repeated(hist, p, max_tokens) if own else tuple(hist[p : p + max_tokens])
+            return n, len(ends), recent, [repeated(hist, p, draft_len) if own else tuple(hist[p : p + draft_len])
                                           for p in recent]
     return None
 
 
-def check_against_brute(found: Lookup | None, expected, max_tokens: int) -> None:
+def check_against_brute(found: Lookup | None, expected, draft_len: int) -> None:
     if expected is None:
         assert found is None
         return
@@ -72,29 +72,29 @@ def check_against_brute(found: Lookup | None, expected, max_tokens: int) -> None
     hist=tokens,
     n_min=st.integers(1, 2),
     extra=st.integers(0, 3),
-    max_tokens=st.integers(1, 6),
+    draft_len=st.integers(1, 6),
     max_occ=st.integers(1, 8),
 )
-def test_query_matches_brute_force(hist: list[int], n_min: int, extra: int, max_tokens: int, max_occ: int) -> None:
+def test_query_matches_brute_force(hist: list[int], n_min: int, extra: int, draft_len: int, max_occ: int) -> None:
     index = NgramIndex(n_min, n_min + extra, max_occurrences=max_occ, recency_decay=1.0)
     index.extend(hist)
-    found = index.query(max_tokens, max_candidates=100)
-    check_against_brute(found, brute_lookup(hist, hist, n_min, n_min + extra, max_tokens, max_occ), max_tokens)
+    found = index.query(draft_len, max_candidates=100)
+    check_against_brute(found, brute_lookup(hist, hist, n_min, n_min + extra, draft_len, max_occ), draft_len)
 
 
 @settings(max_examples=200, deadline=None)
-@given(hist=tokens, context=tokens, max_tokens=st.integers(1, 5))
-def test_lookup_of_another_context_matches_brute_force(hist: list[int], context: list[int], max_tokens: int) -> None:
+@given(hist=tokens, context=tokens, draft_len=st.integers(1, 5))
+def test_lookup_of_another_context_matches_brute_force(hist: list[int], context: list[int], draft_len: int) -> None:
     index = NgramIndex(1, 4, max_occurrences=6, recency_decay=1.0)
     index.extend(np.array(hist, dtype=np.int32))
-    found = index.lookup(context, max_tokens, max_candidates=100)
-    check_against_brute(found, brute_lookup(hist, context, 1, 4, max_tokens, 6), max_tokens)
+    found = index.lookup(context, draft_len, max_candidates=100)
+    check_against_brute(found, brute_lookup(hist, context, 1, 4, draft_len, 6), draft_len)
 
 
-def brute_longest(hist: list[int], context: list[int], n_max: int, max_match: int, max_tokens: int, max_occ: int):
+def brute_longest(hist: list[int], context: list[int], n_max: int, max_match: int, draft_len: int, max_occ: int):
     """brute_lookup (n_min 1), then a full-length match grown backwards up to ``max_match`` tokens at
     each considered occurrence; only the occurrences with the longest match stay."""
-    found = brute_lookup(hist, context, 1, n_max, max_tokens, max_occ)
+    found = brute_lookup(hist, context, 1, n_max, draft_len, max_occ)
     if found is None or found[0] < n_max:
         return found
     tail = context[-max_match:]
@@ -111,20 +111,20 @@ def brute_longest(hist: list[int], context: list[int], n_max: int, max_match: in
         return found
     kept = [p for p in recent if length(p) == best]
     own = context is hist
-    return best, len(kept), kept, [repeated(hist, p, max_tokens) if own else tuple(hist[p : p + max_tokens])
+    return best, len(kept), kept, [repeated(hist, p, draft_len) if own else tuple(hist[p : p + draft_len])
                                    for p in kept]
 
 
 @settings(max_examples=300, deadline=None)
 @given(hist=tokens, context=tokens, n_max=st.integers(1, 3), grow=st.integers(0, 6),
-       max_tokens=st.integers(1, 5), max_occ=st.integers(1, 8))
+       draft_len=st.integers(1, 5), max_occ=st.integers(1, 8))
 def test_longer_matches_match_brute_force(hist: list[int], context: list[int], n_max: int, grow: int,
-                                          max_tokens: int, max_occ: int) -> None:
+                                          draft_len: int, max_occ: int) -> None:
     index = NgramIndex(1, n_max, max_occurrences=max_occ, recency_decay=1.0, max_match=n_max + grow)
     index.extend(hist)
     for ctx in (context, hist):
-        found = index.lookup(ctx, max_tokens, max_candidates=100, repeats=ctx is hist)
-        check_against_brute(found, brute_longest(hist, ctx, n_max, n_max + grow, max_tokens, max_occ), max_tokens)
+        found = index.lookup(ctx, draft_len, max_candidates=100, repeats=ctx is hist)
+        check_against_brute(found, brute_longest(hist, ctx, n_max, n_max + grow, draft_len, max_occ), draft_len)
 
 
 def test_a_longer_match_finds_the_place_being_copied() -> None:
@@ -257,7 +257,7 @@ class _FixedSource:
         self.result = lookup
         self.contexts: list[list[int]] = []
 
-    def lookup(self, context: Sequence[int], max_tokens: int, max_candidates: int) -> Lookup | None:
+    def lookup(self, context: Sequence[int], draft_len: int, max_candidates: int) -> Lookup | None:
         self.contexts.append(list(context))
         return self.result
 

@@ -77,21 +77,21 @@ def test_longest_suffix_match_matches_brute_force(tmp_path: Path, docs: list, co
 @given(
     docs=small_docs,
     context=st.lists(st.integers(0, 3), min_size=1, max_size=6),
-    max_tokens=st.integers(1, 5),
+    draft_len=st.integers(1, 5),
     python_rows=st.sampled_from([0, 1000]),  # the vectorized ranking, or the plain one
 )
 def test_continuations_match_brute_force(
-    tmp_path: Path, docs: list, context: list, max_tokens: int, python_rows: int
+    tmp_path: Path, docs: list, context: list, draft_len: int, python_rows: int
 ) -> None:
     write_store(tmp_path / "s.lsp", [np.array(d) for d in docs], FP)
     with open_store(tmp_path / "s.lsp", FP) as store:
         store.python_rows = python_rows
-        found = store.lookup(context, max_tokens, max_candidates=1000)
+        found = store.lookup(context, draft_len, max_candidates=1000)
         flat = _flat(docs)
         m, hits = _brute_match(flat, context, store.max_len)
         conts = []
         for i in hits:
-            cont = flat[i + m : i + m + max_tokens]
+            cont = flat[i + m : i + m + draft_len]
             cut = next((j for j, t in enumerate(cont) if t < 0), len(cont))
             conts.append(tuple(cont[:cut]))
         expected = Counter(c for c in conts if c)
@@ -108,7 +108,7 @@ def test_continuations_match_brute_force(
             assert cand.last_seen == max(i + m for i, c in zip(hits, conts) if c == cand.tokens)
         ranks = [(-round(c.score, 9), -c.last_seen) for c in found.candidates]
         assert ranks == sorted(ranks)
-        assert store.continuations(context, max_tokens, 1000) == list(found.candidates)
+        assert store.continuations(context, draft_len, 1000) == list(found.candidates)
 
 
 def test_lookup_samples_frequent_matches(tmp_path: Path) -> None:
