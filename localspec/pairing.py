@@ -16,7 +16,7 @@ from localspec.drafting.specs import MTP, DrafterSpec
 from localspec.errors import UnsupportedModelError
 from localspec.models.gguf_info import GGUFInfo, check_draft_compatible
 
-_MTP_FIX = "draft with ngram, lookahead or a draft model instead (--draft ngram)"
+_MTP_FIX = "draft with ngram, lookahead or a draft model instead"
 
 
 def check_files(target: GGUFInfo, draft: GGUFInfo | None, specs: Sequence[DrafterSpec]) -> None:
@@ -68,7 +68,7 @@ def _refuse_mtp(name: str, architecture: str, n_nextn_layers: int, has_weights: 
     """Refuse ``mtp`` for a target without usable NextN layers (``no_weights``: why its weights are missing)."""
     reason = mtp_unavailable_reason()
     if reason is not None:
-        raise UnsupportedModelError(f"--draft mtp is unavailable: {reason}")
+        raise UnsupportedModelError(f"drafting with mtp is unavailable: {reason}")
     if n_nextn_layers < 1:
         raise UnsupportedModelError(
             f"{name} has no MTP (NextN) layers ({architecture}.nextn_predict_layers is absent), "

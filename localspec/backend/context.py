@@ -320,12 +320,12 @@ class Context(_OwnedContext):
         if not self.n_rs_seq:
             raise UnsupportedModelError(
                 f"{self.model.path.name} cannot roll back its cache ({self.model.architecture} keeps one "
-                "running state); use plain decoding (no --draft)"
+                "running state); decode it plainly, without a drafter"
             )
         raise UnsupportedModelError(
             f"{self.model.path.name} cannot take back {cut} tokens: its recurrent state keeps snapshots "
             f"of at most the last {self._rollback_room} tokens of its last batch (n_rs_seq={self.n_rs_seq}); "
-            "draft fewer tokens (--draft-max)"
+            "draft fewer tokens at once"
         )
 
     def remove_seq(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
