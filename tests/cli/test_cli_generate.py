@@ -10,21 +10,7 @@ import sys
 import time
 
 import pytest
-
-
-def localspec(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localspec", *args], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("localspec: error: ")
-    for needle in needles:
-        assert needle.lower() in lines[0].lower(), lines[0]
+from cli import assert_clean_error, localspec
 
 
 def test_json_output_parses_and_is_consistent(smollm2_path, smollm2_q4_0_path):

@@ -28,7 +28,7 @@ from localspec.speculative import speculative_step
 from greedy import assert_matches_plain, plain_greedy
 from hybrid_model import write_lfm2
 from stats import assert_follows
-from test_cli_generate import assert_clean_error, localspec
+from cli import assert_clean_error, localspec
 
 REPETITIVE = "one two three four one two three four one two three four one two three"
 

@@ -11,7 +11,7 @@ from localspec.engine import Engine, GenerateOptions
 from localspec.errors import UnsupportedModelError
 from localspec.models.gguf_info import check_draft_compatible
 
-from test_cli_generate import assert_clean_error, localspec
+from cli import assert_clean_error, localspec
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 
-def localspec(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def localspec(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """A real process, so a traceback would show; the personal store stays out of it."""
-    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "localspec", *args], input=stdin, capture_output=True, text=True,
                           timeout=timeout,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", "LOCALSPEC_NO_HISTORY": "1"})
 
@@ -22,3 +22,10 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("localspec: error: ")
     return lines[0]
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """``proc`` failed with the one error line, which names every one of ``needles`` (any case)."""
+    line = one_error_line(proc)
+    for needle in needles:
+        assert needle.lower() in line.lower(), line
