@@ -389,3 +389,123 @@ class Eagle3Context(_ExtBatchContext):
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
+
+
+# --- DFlash ------------------------------------------------------------------------
+# A DFlash draft (src/models/dflash.cpp) keeps a KV cache built from the target's features
+# rather than from tokens: a batch of embedding rows (the target's tapped layer inputs at a
+# position, side by side) is projected (``fc``, then ``enc.output_norm``) and written into
+# every layer's K/V at that position. A token batch ``[x_last, MASK * k]`` at the positions
+# after the features then attends to that cache and, non-causally, to itself: row i predicts
+# the token i places after ``x_last``, all k of them in ONE pass.
+
+class DFlashContext(_ExtBatchContext):
+    """A DFlash draft model run beside its target's context.
+
+    ``inject(features, positions)`` writes rows of the target's tapped layer inputs
+    (``Context.layer_features``) into the draft's cache; ``draft_block(token, position, k)``
+    decodes ``[token, MASK * k]`` from ``position``, and ``logits(i)`` (i = 1..k) is the
+    distribution of the token i places after ``token``. ``block_size``: the block the
+    draft was trained on (at most ``block_size - 1`` drafts a pass).
+    """
+
+    def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
+        from localspec.backend.feature_taps import eagle3_unavailable_reason, tap_api
+
+        reason = eagle3_unavailable_reason()
+        if reason is not None:
+            raise UnsupportedModelError(reason.replace("an EAGLE-3 draft", "a DFlash draft"))
+        taps = tap_api()
+        assert taps is not None
+        self.model = draft
+        self.target = target
+        n_ids = int(taps.model_target_layer_ids_n(draft._model))
+        ids = taps.model_target_layer_ids(draft._model)
+        self.layers: tuple[int, ...] = tuple(int(ids[i]) for i in range(n_ids))
+        self.n_embd = n_ids * int(llama_cpp.llama_model_n_embd(target.model._model))
+        self.block_size = int(draft.metadata("dflash.block_size") or 16)  # llama.cpp's default
+        self.mask_token = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(draft._model)))
+        causal = (draft.metadata("dflash.attention.causal") or "false") == "true"
+        params = llama_cpp.llama_context_default_params()
+        params.ctx_other = target._ctx  # the target's token embedding and output matrix, if the draft has none
+        params.n_ctx = target.n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.kv_unified = True
+        _flash_attention(params, target.flash_attn)
+        _set_threads(params, n_threads)
+        clear_log()
+        ctx = llama_cpp.llama_init_from_model(draft._model, params)
+        if not ctx:
+            reason = last_error_line() or "llama.cpp refused the DFlash context"
+            raise UnsupportedModelError(f"cannot run {draft.path.name} beside {target.model.path.name}: {reason}")
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        llama_cpp.llama_set_causal_attn(ctx, causal)  # the block attends to itself both ways
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_batch = min(n_batch, int(llama_cpp.llama_n_batch(ctx)))
+        self._batch = llama_cpp.llama_batch_ext_init(ctx)
+        self._pos = (llama_cpp.llama_pos * 4)()
+        self.decode_seconds = 0.0
+
+    def inject(self, features: np.ndarray, positions: Sequence[int]) -> None:
+        """Write the target's features for ``positions`` into the draft's cache (rows of ``n_embd``)."""
+        rows = np.ascontiguousarray(features, dtype=np.float32).reshape(-1, self.n_embd)
+        stride = self.n_embd * 4
+        for start in range(0, len(rows), self.n_batch):
+            chunk = rows[start:start + self.n_batch]
+            base = chunk.ctypes.data
+            b = self._batch
+            llama_cpp.llama_batch_ext_clear(b)
+            for i in range(len(chunk)):
+                embd = llama_cpp.llama_embd(ctypes.cast(base + i * stride, ctypes.POINTER(ctypes.c_float)),
+                                            1, self.n_embd)
+                idx = llama_cpp.llama_batch_ext_add_embd(b, 0, embd)
+                if idx < 0:
+                    raise RuntimeError(f"llama_batch_ext_add_embd failed ({idx})")
+                self._pos[0] = positions[start + i]
+                llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+            self._run(b)
+
+    def draft_block(self, token: int, position: int, k: int) -> None:
+        """Decode ``[token, MASK * k]`` at ``position..position + k`` with the logits of every row."""
+        if k + 1 > self.n_batch:
+            raise ValueError(f"a block of {k + 1} tokens exceeds n_batch={self.n_batch}")
+        b = self._batch
+        llama_cpp.llama_batch_ext_clear(b)
+        for i in range(k + 1):
+            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(token) if i == 0 else self.mask_token)
+            if idx < 0:
+                raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
+            self._pos[0] = position + i
+            llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, i > 0)
+        self._run(b)
+
+    def _run(self, b: Any) -> None:
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            self.clear()
+            if rc == 1:
+                raise UnsupportedModelError(
+                    f"the DFlash context of {self.n_ctx} tokens is full; start a new chat or raise --ctx")
+            raise RuntimeError(f"llama_process (DFlash) failed with code {rc}")
+
+    def logits(self, row: int) -> np.ndarray:
+        """The logits at block position ``row`` (1..k) of the last ``draft_block``."""
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
+                           f"no DFlash logits for row {row}")
+
+    def rollback_to(self, n: int) -> None:
+        """Keep positions [0, n) and drop the rest."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
+
+    @property
+    def n_past(self) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)

@@ -116,3 +116,73 @@ def write_eagle3_draft(path: Path, *, seed: int = 1, agree: bool = False, target
         writer.add_tensor(p + "ffn_up.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
         writer.add_tensor(p + "ffn_down.weight", normal(n_embd, N_FF, std=ffn_down_std))
     return path
+
+
+# --- DFlash ---------------------------------------------------------------------------
+# A DFlash draft (src/models/dflash.cpp, the plain DFlash-1 graph) for the same target. Its
+# decoder takes two kinds of batch: embedding rows (the target's tapped layer inputs at a
+# position), which it projects (``fc``, then ``enc.output_norm``) and writes into its K/V cache
+# at that position; and a token block ``[x_last, MASK, MASK, ...]``, attended non-causally
+# over the cache, whose row i predicts the token i places after ``x_last``. Its features are
+# ``len(target_layers) x n_embd`` wide, the draft's own width: it must be the target's.
+#
+# ``agree=True``: the draft carries its own copy of the target's token embedding with the mask
+# token's row zeroed (and a copy of its output matrix), so a mask row has no query (it attends uniformly) and adds nothing to its
+# residual; the injected rows are scaled almost to nothing (``enc.output_norm``) and the FFN is
+# tiny. A mask row then holds, after the final norm, mostly ``norm(embedding(x_last))``: each
+# row drafts what the target (a bigram model, see above) predicts after ``x_last``. The first
+# draft agrees often, deeper ones rarely: both branches of the acceptance rule run.
+DFLASH_BLOCK = 4
+
+
+def target_embedding_and_output(seed: int = 0, logit_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """The token embedding and output matrix ``write_llama_target(seed=seed)`` writes (its first two draws)."""
+    import tokenizer as tokenizer_file  # benchmarks/gpu/tokenizer.py, on the path by tiny_gguf
+
+    n_vocab = len(tokenizer_file.load()["tokens"])
+    weights = RandomWeights(seed)
+    return weights.normal(n_vocab, N_EMBD, std=1.0), weights.normal(n_vocab, N_EMBD, std=logit_scale)
+
+
+def write_dflash_draft(path: Path, *, seed: int = 2, agree: bool = False, target_seed: int = 0,
+                       target_layers: Sequence[int] = TARGET_LAYERS, n_embd: int = N_EMBD,
+                       n_layer: int = 1, block_size: int = DFLASH_BLOCK, mask_token: int | None = None) -> Path:
+    """A ``dflash`` draft reading ``target_layers`` of ``write_llama_target(seed=target_seed)``."""
+    weights = RandomWeights(seed)
+    normal, ones = weights.normal, weights.ones
+    n_head = n_embd // HEAD_DIM
+    n_head_kv = n_head if agree else max(1, n_head // 2)
+    n_enc = len(target_layers) * n_embd
+    with gguf_writer(path, "dflash", "random-dflash-tiny") as (writer, n_vocab):
+        _common_hparams(writer, n_embd, n_head, n_head_kv, n_layer, N_FF)
+        writer.add_array("dflash.target_layers", [int(i) for i in target_layers])
+        writer.add_uint32("dflash.block_size", block_size)
+        mask = n_vocab - 1 if mask_token is None else mask_token
+        writer.add_mask_token_id(mask)
+        writer.add_tensor("fc.weight", normal(n_embd, n_enc, std=n_enc ** -0.5))
+        writer.add_tensor("enc.output_norm.weight", np.full(n_embd, 1e-3 if agree else 1.0, dtype=np.float32))
+        writer.add_tensor("output_norm.weight", ones(n_embd))
+        if agree:
+            embd, output = target_embedding_and_output(target_seed)
+            embd[mask] = 0.0
+            writer.add_tensor("token_embd.weight", embd)
+            # With its own embedding and no output matrix llama.cpp would tie the two: copy the target's.
+            writer.add_tensor("output.weight", output)
+        for i in range(n_layer):
+            p = f"blk.{i}."
+            writer.add_tensor(p + "attn_norm.weight", ones(n_embd))
+            writer.add_tensor(p + "attn_q.weight", normal(n_head * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "attn_k.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+            if agree:  # V and the output pass the (averaged) embedding on
+                writer.add_tensor(p + "attn_v.weight", np.eye(n_embd, dtype=np.float32))
+                writer.add_tensor(p + "attn_output.weight", np.eye(n_embd, dtype=np.float32))
+            else:
+                writer.add_tensor(p + "attn_v.weight", normal(n_head_kv * HEAD_DIM, n_embd, std=n_embd ** -0.5))
+                writer.add_tensor(p + "attn_output.weight", normal(n_embd, n_head * HEAD_DIM, std=n_embd ** -0.5))
+            writer.add_tensor(p + "attn_q_norm.weight", ones(HEAD_DIM))
+            writer.add_tensor(p + "attn_k_norm.weight", ones(HEAD_DIM))
+            writer.add_tensor(p + "ffn_norm.weight", ones(n_embd))
+            writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "ffn_up.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
+            writer.add_tensor(p + "ffn_down.weight", normal(n_embd, N_FF, std=(1e-3 if agree else 1.0) * N_FF ** -0.5))
+    return path
