@@ -188,3 +188,43 @@ def test_missing_tap_functions_refuse_eagle3(pair, monkeypatch):
         monkeypatch.undo()
         feature_taps.tap_api.cache_clear()
     assert feature_taps.eagle3_unavailable_reason() is None
+
+
+def test_siblings_drawn_from_the_draft_follow_the_target(pair):
+    """Multi-draft acceptance on a real pair's rows: three siblings drawn without replacement from the
+    EAGLE-3 draft's q at a position, judged against the target's p there (``acceptance.accept_siblings``),
+    emit tokens distributed as p (chi-square), and accept more often than one draft alone."""
+    from localspec.acceptance import accept_siblings, draw_siblings
+    from stats import assert_follows
+
+    target_path, draft_path = pair
+    target, draft = Model(target_path), Model(draft_path)
+    tctx = Context(target, n_ctx=256, n_threads=1)
+    head = Eagle3Context(draft, tctx, n_threads=1)
+    try:
+        tctx.enable_layer_taps(head.layers)
+        sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=3))
+        tokens = target.tokenize(PROMPT)
+        tctx.append(tokens, outputs="all")
+        n = len(tokens) - 1
+        head.decode(tokens[1:], range(n), head.encode(tctx.layer_features(len(tokens))[:n]), [True] * n)
+        p = sampler.distribution(tctx.logits(n)).copy()  # the target's next token after the prompt
+        q = sampler.distribution(head.logits(n - 1)).copy()  # the draft's for the same token
+        assert 0.05 < float(np.minimum(p, q).sum()) < 0.95  # the draft is neither right nor useless
+        rng = np.random.default_rng(11)
+        counts: dict[int, int] = {}
+        accepted = {1: 0, 3: 0}
+        trials = 4000
+        for k in (1, 3):
+            for _ in range(trials):
+                verdict = accept_siblings(draw_siblings(q, k, rng), q, p, rng)
+                accepted[k] += verdict.accepted is not None
+                if k == 3:
+                    counts[verdict.token] = counts.get(verdict.token, 0) + 1
+        assert_follows(counts, {int(t): float(p[t]) for t in np.flatnonzero(p)}, trials, min_outcomes=3)
+        assert accepted[3] > accepted[1]
+    finally:
+        head.close()
+        tctx.close()
+        target.close()
+        draft.close()
