@@ -17,6 +17,10 @@ prefix, then ``next_token`` (a correction, or the bonus token if everything was 
   distinct tokens, so at most one child matches; when none does, the target's token is the next
   token and the walk ends. Every emitted token is the target's own choice at its position, so the
   output is exactly plain decoding's, greedy or sampled.
+* :func:`accept_siblings` for several SAMPLED candidates at one position (a draft model's tree,
+  SpecInfer / SpecTr multi-draft verification): recursive rejection sampling over the siblings,
+  each tried against what the earlier ones left of p; :func:`draw_siblings` draws them. Its proof
+  is in the notes below the function.
 """
 
 from __future__ import annotations
@@ -220,3 +224,120 @@ def accept_tree(
         tokens.append(token)
         nodes.append(nxt)
         node = nxt
+
+
+# --- several sampled candidates at one position (multi-draft) -----------------------------------
+#
+# A draft model's tree offers, at one position, k children x_1..x_k drawn from its distribution q
+# there. Recursive rejection sampling (SpecInfer, Miao et al. 2024; SpecTr, Sun et al. 2023;
+# Jeon et al. 2024 for the without-replacement form) tries them in the order drawn:
+#
+#     r_1 = p
+#     round j: accept x_j with probability min(1, r_j(x_j) / q_j(x_j));
+#              on rejection r_{j+1} = norm(max(0, r_j - q_j)) and try x_{j+1};
+#     all k rejected: emit a draw from r_{k+1}.
+#
+# where q_j is the distribution x_j was drawn from GIVEN x_1..x_{j-1}. Which q_j that is depends
+# on how the siblings were drawn, and the residual must use it:
+#
+# * with replacement (i.i.d. from q): q_j = q for every j (siblings may repeat a token);
+# * without replacement (what this module implements by default, ``replacement=False``): x_j is
+#   drawn from q with x_1..x_{j-1} removed and renormalised, q_j = q restricted to the tokens not
+#   yet drawn, divided by 1 - q(x_1) - ... - q(x_{j-1}). Using q instead of q_j here would be
+#   wrong: a token the draft cannot draw again would still be subtracted from the residual as if
+#   it could.
+#
+# Claim: for ANY history H_j of rounds 1..j-1 (the tokens drawn, all rejected), conditional on H_j
+# the emitted token is distributed as r_j (a function of H_j). Then with H_1 empty and r_1 = p the
+# emitted token follows p, which is what exactness asks.
+#
+# Proof, by induction from the last round down. After round k all were rejected and the emitted
+# token is drawn from r_{k+1}: the claim for j = k + 1. Round j, given H_j: x_j has distribution
+# q_j (by how it was drawn; q_j is a function of H_j). It is emitted through acceptance as token y
+# with probability q_j(y) * min(1, r_j(y)/q_j(y)) = min(r_j(y), q_j(y)). It is rejected with
+# probability Z_j = 1 - sum_y min(r_j(y), q_j(y)) = sum_y max(0, r_j(y) - q_j(y)); then the history
+# is H_{j+1} = (H_j, x_j) and, by the induction hypothesis, the token emitted from there follows
+# r_{j+1}, which depends on H_j only (not on which x_j was rejected): r_{j+1} = max(0, r_j - q_j) / Z_j.
+# Summing: P(y | H_j) = min(r_j(y), q_j(y)) + Z_j * max(0, r_j(y) - q_j(y)) / Z_j = r_j(y), since
+# min(a, b) + max(0, a - b) = a. (Z_j = 0 means r_j <= q_j everywhere, so r_j = q_j and round j
+# accepts surely; r_{j+1} is never needed.) The step after an accepted child continues at the
+# child's position with the target's distribution there, as in the chain rule, so a tree walk
+# that applies this rule at every node it reaches emits exactly the target's sequence distribution.
+#
+# Why recursive beats independent tries: after a rejection the residual r_{j+1} is zero where q_j
+# put more mass than r_j, so later siblings are judged only where the draft under-covered the
+# target; acceptance of the best of k grows with k without biasing the output.
+
+
+@dataclass(frozen=True)
+class SiblingVerdict:
+    """The outcome of verifying one position's sampled siblings."""
+
+    accepted: int | None
+    """The index (in the order given) of the accepted sibling, or None when all were rejected."""
+    token: int
+    """The emitted token: the accepted sibling's, or a draw from the final residual."""
+
+
+def draw_siblings(q: np.ndarray, k: int, rng: np.random.Generator, *, replacement: bool = False) -> list[int]:
+    """Draw ``k`` siblings from ``q`` in the order :func:`accept_siblings` tries them.
+
+    Without replacement (the default) the draw is Gumbel-top-k: the k largest of
+    log q(x) + Gumbel noise, in decreasing order, are distributed as k successive draws
+    without replacement (fewer when q has fewer than k tokens of mass). With replacement:
+    k independent draws.
+    """
+    q = _as_dist(q, "q", 0)
+    if replacement:
+        return [sample(q, rng) for _ in range(k)]
+    support = np.flatnonzero(q > 0)
+    keys = np.log(q[support]) + rng.gumbel(size=support.size)
+    order = np.argsort(-keys)[: min(k, support.size)]
+    return [int(support[i]) for i in order]
+
+
+def accept_siblings(
+    siblings: Sequence[int],
+    q: np.ndarray,
+    p: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    replacement: bool = False,
+) -> SiblingVerdict:
+    """Recursive rejection sampling over ``siblings``, drawn from ``q`` in this order (see the notes).
+
+    ``replacement`` says how they were drawn (:func:`draw_siblings`): without replacement
+    each later sibling is judged against q with the earlier siblings removed and renormalised.
+    The emitted token is distributed exactly as ``p``. Raises ValueError when a sibling could
+    not have been drawn (probability 0 under its q_j) or the shapes differ.
+    """
+    residual = _as_dist(p, "p", 0).copy()
+    base = _as_dist(q, "q", 0)
+    if base.size != residual.size:
+        raise ValueError(f"q has {base.size} entries, p has {residual.size}")
+    q_j = base.copy()
+    for j, x in enumerate(int(t) for t in siblings):
+        if not 0 <= x < residual.size:
+            raise ValueError(f"sibling {j} = {x} is not a token id for a vocabulary of {residual.size}")
+        qx = float(q_j[x])
+        if not qx > 0.0:
+            raise ValueError(f"sibling {j} = {x} has probability {qx} under its q, so it cannot have been drawn")
+        rx = float(residual[x])
+        if rx >= qx or rng.random() < rx / qx:
+            return SiblingVerdict(j, x)
+        residual -= q_j
+        np.maximum(residual, 0.0, out=residual)
+        mass = residual.sum()
+        if not mass > 0.0:
+            # Rejection implies r_j(x) < q_j(x), so the residual keeps mass >= q_j(x) - r_j(x) > 0 in
+            # exact arithmetic; it vanishes only through rounding. p keeps the output a valid target draw.
+            residual = _as_dist(p, "p", 0).copy()
+        else:
+            residual /= mass
+        if not replacement:
+            q_j[x] = 0.0
+            left = q_j.sum()
+            if not left > 0.0:
+                break  # q's support is exhausted: no further sibling can have been drawn
+            q_j /= left
+    return SiblingVerdict(None, sample(residual, rng))

@@ -17,6 +17,8 @@ from localspec.backend import (
     ASSISTANT_TARGETS,
     AssistantContext,
     Context,
+    DFlashContext,
+    Eagle3Context,
     Model,
     MtpContext,
 )
@@ -30,6 +32,8 @@ from localspec.drafting.factory import (
     model_free_drafter,
 )
 from localspec.drafting.model import ModelDrafter
+from localspec.drafting.dflash import DFLASH, DFlashDrafter
+from localspec.drafting.eagle3 import EAGLE3, Eagle3Drafter
 from localspec.drafting.mtp import MtpDrafter
 from localspec.drafting.specs import MTP, DrafterSpec
 from localspec.errors import (
@@ -110,6 +114,10 @@ class Engine:
         recurrent_draft = draft is not None and draft.rollback != "cache"
         # Gemma 4's assistant keeps no cache: it runs against the target's (backend.AssistantContext).
         assistant = draft is not None and draft.architecture in ASSISTANT_TARGETS
+        # An EAGLE-3 draft decodes from the target's layer inputs, in its own context (backend.Eagle3Context).
+        eagle3 = draft is not None and draft.architecture == EAGLE3
+        # A DFlash draft drafts a block per pass from the target's layer inputs (backend.DFlashContext).
+        dflash = draft is not None and draft.architecture == DFLASH
         self.assistant_ctx: AssistantContext | None = None
         if assistant:
             assert draft is not None
@@ -119,7 +127,19 @@ class Engine:
             self.assistant_ctx = AssistantContext(draft, self.ctx, n_threads=n_threads)
         self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
                                   n_seq=2 if recurrent_draft else 1, n_rs_seq=0 if recurrent_draft else None)
-                          if draft is not None and not assistant else None)
+                          if draft is not None and not (assistant or eagle3 or dflash) else None)
+        self.eagle3_ctx: Eagle3Context | None = None
+        if eagle3:
+            assert draft is not None
+            self.eagle3_ctx = Eagle3Context(draft, self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH),
+                                            n_threads=n_threads)
+            self.ctx.enable_layer_taps(self.eagle3_ctx.layers)
+        self.dflash_ctx: DFlashContext | None = None
+        if dflash:
+            assert draft is not None
+            self.dflash_ctx = DFlashContext(draft, self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH),
+                                            n_threads=n_threads)
+            self.ctx.enable_layer_taps(self.dflash_ctx.layers)
         self.personal_history = personal_history
         self._model_free_specs = model_free
         self._factories: dict[str, DrafterFactory] = {}
@@ -131,6 +151,14 @@ class Engine:
             assistant_ctx = self.assistant_ctx
             self._factories["draft"] = self._listener(
                 lambda sampler, opts: AssistantDrafter(assistant_ctx, self.ctx, sampler, p_min=opts.p_min))
+        if self.eagle3_ctx is not None:
+            eagle3_ctx = self.eagle3_ctx
+            self._factories["draft"] = self._listener(
+                lambda sampler, opts: Eagle3Drafter(eagle3_ctx, self.ctx, sampler, p_min=opts.p_min))
+        if self.dflash_ctx is not None:
+            dflash_ctx = self.dflash_ctx
+            self._factories["draft"] = self._listener(
+                lambda sampler, opts: DFlashDrafter(dflash_ctx, self.ctx, sampler, p_min=opts.p_min))
         # The MTP head: a second context over the target's own weights, fed the target's hidden rows.
         self.mtp_ctx: MtpContext | None = None
         if any(s.kind == MTP for s in specs):
@@ -182,6 +210,19 @@ class Engine:
                 share = (1 + self.assistant_ctx.n_layers) / (self.target.n_layers + 1)
                 one = self._costs.verify_ms(1) * share
                 self._costs.set_draft_cost("draft", one, one)
+            if self.eagle3_ctx is not None:
+                # A first guess, refined by every proposal the controller observes: one block and the
+                # output matrix per drafted token, against the trunk's layers and the same matrix (the
+                # encoder's projection of the caught-up rows is small beside them).
+                one = self._costs.verify_ms(1) * 2 / (self.target.n_layers + 1)
+                self._costs.set_draft_cost(EAGLE3, one, one)
+            if self.dflash_ctx is not None:
+                # One pass drafts the whole block: a fixed cost (its layers and the output matrix, against
+                # the trunk's) and, per drafted token, what one more row adds to a batch, scaled alike.
+                # A first guess, refined by every proposal the controller observes.
+                share = (self.dflash_ctx.model.n_layers + 1) / (self.target.n_layers + 1)
+                per_row = max(0.0, self._costs.verify_ms(8) - self._costs.verify_ms(1)) / 7
+                self._costs.set_draft_cost(DFLASH, self._costs.verify_ms(1) * share, per_row * share)
         return self._costs
 
     @classmethod
@@ -296,6 +337,6 @@ class Engine:
         for listener in self._listeners:
             listener.close()
         # The MTP and assistant contexts before the target's: they were created over it (ctx_other).
-        for obj in (self.mtp_ctx, self.assistant_ctx, self.ctx, self.draft_ctx, self.target, self.draft):
+        for obj in (self.mtp_ctx, self.assistant_ctx, self.eagle3_ctx, self.dflash_ctx, self.ctx, self.draft_ctx, self.target, self.draft):
             if obj is not None:
                 obj.close()

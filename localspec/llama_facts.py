@@ -29,3 +29,13 @@ SNAPSHOT_ARCHITECTURES = frozenset({
 })
 # Architectures whose every layer is recurrent (llama.cpp's llama_model_is_recurrent).
 ALL_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+# Target architectures whose graph exposes every layer's input to llama_set_embeddings_layer_inp (they
+# set ``res->t_layer_inp[il]``, src/models/*.cpp of the vendored llama.cpp): the targets an EAGLE-3 draft
+# can read. On any other, llama.cpp aborts ("layer input tensor is null"), so the pairing refuses it first.
+LAYER_TAP_ARCHITECTURES = frozenset({
+    "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2", "minimax-01",
+    "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe", "qwen3moe",
+    "qwen3next", "qwen4exp",
+})
+# The layers an EAGLE-3 draft reads: llama.cpp's loader requires exactly this many (src/models/eagle3.cpp).
+EAGLE3_N_TARGET_LAYERS = 3

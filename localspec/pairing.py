@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from localspec.backend import ASSISTANT_TARGETS, Model, mtp_unavailable_reason
+from localspec.backend import ASSISTANT_TARGETS, Model, eagle3_unavailable_reason, mtp_unavailable_reason
+from localspec.drafting.dflash import DFLASH
+from localspec.drafting.eagle3 import EAGLE3
 from localspec.drafting.specs import MTP, DrafterSpec
 from localspec.errors import UnsupportedModelError
 from localspec.models.gguf_info import GGUFInfo, check_draft_compatible
@@ -26,6 +28,10 @@ def check_files(target: GGUFInfo, draft: GGUFInfo | None, specs: Sequence[Drafte
         check_draft_compatible(target, draft)
         if draft.architecture in ASSISTANT_TARGETS:
             check_assistant(target, draft)
+        if draft.architecture == EAGLE3:
+            check_eagle3(target, draft)
+        if draft.architecture == DFLASH:
+            check_dflash(target, draft)
     if any(s.kind == MTP for s in specs):
         _refuse_mtp(target.name, target.architecture, target.n_nextn_layers, target.has_mtp,
                     f"declares {target.n_nextn_layers} MTP layer(s) but this GGUF carries no weights for them "
@@ -47,7 +53,13 @@ def check_models(target: Model, draft: Model | None, specs: Sequence[DrafterSpec
 
 
 def refuse_assistant_as_target(name: str, architecture: str) -> None:
-    """An assistant has no cache of its own: it can only draft beside its target."""
+    """An assistant has no cache of its own, an EAGLE-3 draft reads a target's layers: either can only
+    draft beside its target."""
+    if architecture in (EAGLE3, DFLASH):
+        kind = "an EAGLE-3" if architecture == EAGLE3 else "a DFlash"
+        raise UnsupportedModelError(
+            f"{name} is {kind} draft ({architecture}): it drafts from a target's layer inputs and cannot run "
+            "alone; give the target model as the model and this file as --draft")
     if architecture in ASSISTANT_TARGETS:
         want = ASSISTANT_TARGETS[architecture]
         raise UnsupportedModelError(
@@ -62,6 +74,25 @@ def check_assistant(target: GGUFInfo, assistant: GGUFInfo) -> None:
     if reason := mtp_unavailable_reason():
         raise UnsupportedModelError(f"the assistant draft {assistant.label} cannot run: {reason}")
     check_assistant_fits(target, assistant)
+
+
+def check_eagle3(target: GGUFInfo, draft: GGUFInfo) -> None:
+    """Refuse an EAGLE-3 draft that this build cannot run or that does not fit the target."""
+    from localspec.drafting.eagle3 import check_eagle3_fits
+
+    if reason := eagle3_unavailable_reason():
+        raise UnsupportedModelError(f"the EAGLE-3 draft {draft.label} cannot run: {reason}")
+    check_eagle3_fits(target, draft)
+
+
+def check_dflash(target: GGUFInfo, draft: GGUFInfo) -> None:
+    """Refuse a DFlash draft that this build cannot run or that does not fit the target."""
+    from localspec.drafting.dflash import check_dflash_fits
+
+    if reason := eagle3_unavailable_reason():
+        raise UnsupportedModelError(f"the DFlash draft {draft.label} cannot run: "
+                                    + reason.replace("an EAGLE-3 draft", "a DFlash draft"))
+    check_dflash_fits(target, draft)
 
 
 def _refuse_mtp(name: str, architecture: str, n_nextn_layers: int, has_weights: bool, no_weights: str) -> None:

@@ -22,9 +22,11 @@ import numpy as np
 
 from localspec.acceptance import (
     ROOT,
+    TreeAcceptance,
     Verdict,
     accept_greedy,
     accept_sampled,
+    accept_siblings,
     accept_tree,
 )
 from localspec.backend import Context
@@ -139,12 +141,13 @@ def fit_proposal(proposal: Proposal | TreeProposal, draft_len: int, free_cells: 
     """
     if isinstance(proposal, TreeProposal):
         if max(proposal.tree.depths, default=0) > draft_len:
-            proposal = TreeProposal(proposal.tree.truncated(draft_len), proposal.drafter, proposal.extra)
+            proposal = TreeProposal(proposal.tree.truncated(draft_len), proposal.drafter, proposal.extra,
+                                    child_q=proposal.child_q)
         extra = len(proposal.extra.tokens) if proposal.extra is not None else 0
         if 1 + len(proposal.tree) + extra <= free_cells:
             return proposal
         if 1 + len(proposal.tree) <= free_cells:
-            return TreeProposal(proposal.tree, proposal.drafter)
+            return TreeProposal(proposal.tree, proposal.drafter, child_q=proposal.child_q)
         return Proposal(proposal.tokens[: max(0, free_cells - 1)], None, proposal.drafter)
     depth = max(0, min(draft_len, free_cells - 1))
     if len(proposal.tokens) <= depth:
@@ -219,6 +222,9 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
 
     if sampler.params.greedy:
         result = accept_tree(tree, lambda node: _argmax(target.logits(row_of(node))))
+    elif proposal.child_q is not None:
+        result = _accept_sampled_tree(tree, proposal.child_q, _LazyRows(target, len(tree) + 1, sampler.distribution),
+                                      row_of, sampler)
     else:
         rows = _LazyRows(target, len(tree) + 1, sampler.distribution)
         result = accept_tree(tree, lambda node: sample(rows[row_of(node)], sampler.rng))
@@ -235,6 +241,30 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
         target.remove_seq(seq)
     target.tokens.extend([history[-1], *result.tokens])
     return result.tokens, result.next_token
+
+
+def _accept_sampled_tree(tree, child_q: dict[tuple[int, ...], np.ndarray], rows: Sequence[np.ndarray],  # noqa: ANN001
+                         row_of: Callable[[int], int], sampler: Sampler) -> TreeAcceptance:
+    """Walk a tree of sampled children: at each node, recursive rejection sampling over its children in
+    the order drawn (``accept_siblings``) against the target's p there; an accepted child is descended
+    into, a node without children emits the bonus from p. Exact: see ``acceptance.accept_siblings``."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(node)
+    tokens: list[int] = []
+    nodes: list[int] = []
+    node = ROOT
+    while True:
+        p = rows[row_of(node)]
+        kids = children.get(node, [])
+        if not kids:
+            return TreeAcceptance(tuple(tokens), tuple(nodes), sample(p, sampler.rng))
+        verdict = accept_siblings([tree.tokens[k] for k in kids], child_q[tuple(tokens)], p, sampler.rng)
+        if verdict.accepted is None:
+            return TreeAcceptance(tuple(tokens), tuple(nodes), verdict.token)
+        node = kids[verdict.accepted]
+        tokens.append(tree.tokens[node])
+        nodes.append(node)
 
 
 def _depth_first(tree) -> list[int]:

@@ -15,7 +15,12 @@ bindings and offers what the engine needs and nothing more, one module a job:
   their mangled names;
 * ``draft_contexts``: ``MtpContext`` (the target's own MTP layers as a second
   context over its weights) and ``AssistantContext`` (Gemma 4's assistant GGUF,
-  which reads the target's KV cache and hidden rows instead of keeping one).
+  which reads the target's KV cache and hidden rows instead of keeping one) and
+  ``Eagle3Context`` (an EAGLE-3 draft: an encoder over the target's tapped layer
+  inputs and one decoder block) and ``DFlashContext`` (a DFlash draft: the target's
+  features injected into its cache, a block of drafts from one pass);
+* ``feature_taps``: the layer-input taps an EAGLE-3 draft reads, bound by their
+  mangled names like the NextN functions.
 
 Logits returned by ``Context.logits`` are views on llama.cpp's output buffer:
 valid until the next ``decode`` on that context, and read-only by contract.
@@ -39,13 +44,18 @@ from localspec.backend.context import Context, DecodeListener
 from localspec.backend.draft_contexts import (
                                      ASSISTANT_TARGETS,
                                      AssistantContext,
+                                     DFlashContext,
+                                     Eagle3Context,
                                      MtpContext,
 )
 from localspec.backend.model import Model, quantize
+from localspec.backend.feature_taps import eagle3_unavailable_reason
 from localspec.backend.nextn import mtp_unavailable_reason
 
 __all__ = [
-    "ASSISTANT_TARGETS", "AssistantContext", "Context", "DecodeListener", "Model", "MtpContext", "batch_invariant",
+    "ASSISTANT_TARGETS", "AssistantContext", "Context", "DFlashContext", "DecodeListener", "Eagle3Context", "Model",
+    "MtpContext", "batch_invariant",
     "cpu_flash_attention", "default_threads", "gpu_devices", "gpu_offload_supported", "library_version",
-    "mtp_unavailable_reason", "patched", "quantize", "recent_log", "repack_inexact_types", "repack_is_exact", "system_info",
+    "eagle3_unavailable_reason", "mtp_unavailable_reason", "patched", "quantize", "recent_log", "repack_inexact_types",
+    "repack_is_exact", "system_info",
 ]

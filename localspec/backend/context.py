@@ -160,6 +160,7 @@ class Context(_OwnedContext):
         # copies the target's hidden rows here, before the next decode overwrites them.
         self._decode_listeners: list[DecodeListener] = []
         self._hidden_rows = False
+        self._layer_taps: tuple[int, ...] = ()
 
     # --- decoding ----------------------------------------------------------
     def decode(self, tokens: Sequence[int], positions: Sequence[int],
@@ -247,6 +248,34 @@ class Context(_OwnedContext):
             raise RuntimeError("hidden rows were not enabled on this context")
         return _float_view(api.get_embeddings_nextn(self._ctx), (n, self.model.n_embd_out),
                            "llama.cpp returned no hidden rows for the last decode")
+
+    # --- layer inputs for an EAGLE-3 draft ---------------------------------------
+    def enable_layer_taps(self, layers: Sequence[int]) -> None:
+        """Keep the input of each layer in ``layers`` for EVERY row of each decode (an EAGLE-3 draft's
+        features). Read them with ``layer_features``. The caller checks the ids against ``n_layers``
+        and the architecture (``localspec.llama_facts.LAYER_TAP_ARCHITECTURES``): llama.cpp aborts on
+        a layer its graph does not expose."""
+        from localspec.backend.feature_taps import eagle3_unavailable_reason, tap_api
+
+        api = tap_api()
+        if api is None:
+            raise UnsupportedModelError(eagle3_unavailable_reason() or "no feature-tap API")
+        for lid in layers:
+            api.set_embeddings_layer_inp(self._ctx, int(lid), True)
+        self._layer_taps = tuple(int(i) for i in layers)
+
+    def layer_features(self, n: int) -> np.ndarray:
+        """The tapped layers' inputs for the last decode's ``n`` batch rows, side by side in the order the
+        taps were given: ``(n, len(taps) * n_embd)`` float32 (a copy)."""
+        from localspec.backend.feature_taps import tap_api
+
+        api = tap_api()
+        if not self._layer_taps or api is None:
+            raise RuntimeError("layer taps were not enabled on this context")
+        width = int(llama_cpp.llama_model_n_embd(self.model._model))
+        return np.concatenate([_float_view(api.get_embeddings_layer_inp(self._ctx, lid), (n, width),
+                                           f"llama.cpp returned no input for layer {lid}")
+                               for lid in self._layer_taps], axis=1)
 
     def add_decode_listener(self, listener: "DecodeListener") -> None:
         """Call ``listener(tokens, positions, seq_ids)`` after every successful decode (seq_ids None: all 0)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import llama_cpp
 import numpy as np
@@ -23,10 +23,54 @@ from localspec.errors import UnsupportedModelError
 
 
 class _ExtBatchContext(_OwnedContext):
-    """What MtpContext and AssistantContext share: a llama.cpp context fed through a ``llama_batch_ext``."""
+    """What MtpContext, AssistantContext and Eagle3Context share: a llama.cpp context fed through a
+    ``llama_batch_ext``."""
+
+    _pos: Any
+    n_embd: int
+    n_batch: int
+    n_ctx: int
+    decode_seconds: float
 
     def _free_batch(self) -> None:
         llama_cpp.llama_batch_ext_free(self._batch)
+
+    def _process_rows(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
+                      outputs: Sequence[bool], what: str) -> None:
+        """One decode: row i is (``tokens[i]`` at ``positions[i]``, the row ``hidden[i]`` of ``n_embd``)."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        rows = np.ascontiguousarray(hidden, dtype=np.float32).reshape(n, self.n_embd)
+        base = rows.ctypes.data
+        stride = self.n_embd * 4
+        b = self._batch
+        llama_cpp.llama_batch_ext_clear(b)
+        for i in range(n):
+            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(tokens[i]))
+            if idx < 0:
+                raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
+            self._pos[0] = positions[i]
+            llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+            # The hidden state rides in the token-embedding slot: llama_batch_ext_set_embd_state is a stub
+            # that returns false in this llama.cpp; its MTP and EAGLE-3 graphs read the row given with
+            # set_embd_token.
+            embd = llama_cpp.llama_embd(ctypes.cast(base + i * stride, ctypes.POINTER(ctypes.c_float)),
+                                        1, self.n_embd)
+            if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
+                raise RuntimeError("llama_batch_ext_set_embd_token refused a hidden row")
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, bool(outputs[i]))
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
+            if rc == 1:
+                raise UnsupportedModelError(
+                    f"the {what} context of {self.n_ctx} tokens is full; start a new chat or raise --ctx")
+            raise RuntimeError(f"llama_process ({what}) failed with code {rc}")
 
 
 class MtpContext(_ExtBatchContext):
@@ -90,38 +134,7 @@ class MtpContext(_ExtBatchContext):
     def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
                outputs: Sequence[bool]) -> None:
         """One forward pass of the head: row i is (``tokens[i]`` at ``positions[i]``, ``hidden[i]``)."""
-        n = len(tokens)
-        if n == 0:
-            return
-        if n > self.n_batch:
-            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
-        rows = np.ascontiguousarray(hidden, dtype=np.float32).reshape(n, self.n_embd)
-        base = rows.ctypes.data
-        stride = self.n_embd * 4
-        b = self._batch
-        llama_cpp.llama_batch_ext_clear(b)
-        for i in range(n):
-            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(tokens[i]))
-            if idx < 0:
-                raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
-            self._pos[0] = positions[i]
-            llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
-            # The hidden state rides in the token-embedding slot: llama_batch_ext_set_embd_state is a stub
-            # that returns false in this llama.cpp; its MTP graphs read the row given with set_embd_token.
-            embd = llama_cpp.llama_embd(ctypes.cast(base + i * stride, ctypes.POINTER(ctypes.c_float)),
-                                        1, self.n_embd)
-            if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
-                raise RuntimeError("llama_batch_ext_set_embd_token refused a hidden row")
-            llama_cpp.llama_batch_ext_set_output_logits(b, idx, bool(outputs[i]))
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
-        self.decode_seconds += time.perf_counter() - t0
-        if rc != 0:
-            self.clear()
-            if rc == 1:
-                raise UnsupportedModelError(
-                    f"the MTP context of {self.n_ctx} tokens is full; start a new chat or raise --ctx")
-            raise RuntimeError(f"llama_process (MTP) failed with code {rc}")
+        self._process_rows(tokens, positions, hidden, outputs, "MTP")
 
     def logits(self, row: int) -> np.ndarray:
         return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
@@ -258,3 +271,241 @@ class AssistantContext(_ExtBatchContext):
     def hidden(self) -> np.ndarray:
         return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, 0), (self.n_embd,),
                            "the assistant returned no hidden row")
+
+
+# --- EAGLE-3 -----------------------------------------------------------------------
+# An EAGLE-3 draft (src/models/eagle3.cpp) is two graphs in one context: the encoder
+# (LLAMA_PROCESS_TYPE_ENCODE on embedding rows) projects the target's three tapped layer
+# inputs at a position, side by side, to one row g of the draft's width (``fc``); the
+# decoder, one transformer block with its own KV cache, reads at position P the token
+# x_{P+1} and g_P and predicts x_{P+2}. Both hand back a row through the NextN output
+# (``llama_get_embeddings_nextn``): the encoder's g, the decoder's pre-norm state, which
+# stands in for g when the draft drafts on from its own output. A draft without its own
+# token embedding or output matrix borrows the target's (the context's ``ctx_other``).
+
+class Eagle3Context(_ExtBatchContext):
+    """An EAGLE-3 draft model run beside its target's context.
+
+    ``encode(features)`` turns rows of the target's tapped layer inputs
+    (``Context.layer_features``) into rows g of the draft's width; ``decode``
+    runs the decoder block (row i: ``tokens[i]`` at ``positions[i]`` with
+    ``g[i]``), ``logits(row)``/``hidden(row)`` read an output row back (views
+    valid until the next call). ``layers``: the target layers it reads.
+    """
+
+    def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
+        from localspec.backend.feature_taps import eagle3_unavailable_reason, tap_api
+
+        reason = eagle3_unavailable_reason()
+        if reason is not None:
+            raise UnsupportedModelError(reason)
+        taps, api = tap_api(), nextn_api()
+        assert taps is not None and api is not None
+        self._api = api
+        self.model = draft
+        self.target = target
+        n_ids = int(taps.model_target_layer_ids_n(draft._model))
+        ids = taps.model_target_layer_ids(draft._model)
+        self.layers: tuple[int, ...] = tuple(int(ids[i]) for i in range(n_ids))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(draft._model))
+        self.n_features = n_ids * int(llama_cpp.llama_model_n_embd(target.model._model))
+        params = llama_cpp.llama_context_default_params()
+        params.ctx_other = target._ctx  # the target's token embedding and output matrix, if the draft has none
+        params.n_ctx = target.n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.kv_unified = True
+        _flash_attention(params, target.flash_attn)
+        _set_threads(params, n_threads)
+        clear_log()
+        ctx = llama_cpp.llama_init_from_model(draft._model, params)
+        if not ctx:
+            reason = last_error_line() or "llama.cpp refused the EAGLE-3 context"
+            raise UnsupportedModelError(f"cannot run {draft.path.name} beside {target.model.path.name}: {reason}")
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        # Output rows only: the encoder marks every row as one, the decoder the rows it drafts from.
+        api.set_embeddings_nextn(ctx, True, True)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_batch = min(n_batch, int(llama_cpp.llama_n_batch(ctx)))
+        self._batch = llama_cpp.llama_batch_ext_init(ctx)
+        self._pos = (llama_cpp.llama_pos * 4)()
+        self.decode_seconds = 0.0
+        self.encode_seconds = 0.0
+
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        """g for each row of ``features`` (``(n, n_features)``): ``(n, n_embd)`` float32, a copy."""
+        rows = np.ascontiguousarray(features, dtype=np.float32).reshape(-1, self.n_features)
+        out = np.empty((len(rows), self.n_embd), dtype=np.float32)
+        stride = self.n_features * 4
+        for start in range(0, len(rows), self.n_batch):
+            chunk = rows[start:start + self.n_batch]
+            base = chunk.ctypes.data
+            b = self._batch
+            llama_cpp.llama_batch_ext_clear(b)
+            # The encoder has no attention: positions are placeholders after what the cache holds
+            # (as llama.cpp's draft-eagle3 does), which the batch check accepts.
+            pos = self.n_past
+            for i in range(len(chunk)):
+                embd = llama_cpp.llama_embd(ctypes.cast(base + i * stride, ctypes.POINTER(ctypes.c_float)),
+                                            1, self.n_features)
+                idx = llama_cpp.llama_batch_ext_add_embd(b, 0, embd)
+                if idx < 0:
+                    raise RuntimeError(f"llama_batch_ext_add_embd failed ({idx})")
+                self._pos[0] = pos + i
+                llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+                llama_cpp.llama_batch_ext_set_output_embd(b, idx, True)
+            t0 = time.perf_counter()
+            rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_ENCODE, b)
+            self.encode_seconds += time.perf_counter() - t0
+            if rc != 0:
+                raise RuntimeError(f"llama_process (EAGLE-3 encoder) failed with code {rc}")
+            out[start:start + len(chunk)] = _float_view(self._api.get_embeddings_nextn(self._ctx),
+                                                        (len(chunk), self.n_embd), "the EAGLE-3 encoder returned nothing")
+        return out
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], g: np.ndarray,
+               outputs: Sequence[bool]) -> None:
+        """One pass of the decoder block: row i is (``tokens[i]`` at ``positions[i]``, ``g[i]``)."""
+        self._process_rows(tokens, positions, g, outputs, "EAGLE-3")
+
+    def logits(self, row: int) -> np.ndarray:
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
+                           f"no EAGLE-3 logits were requested for row {row}")
+
+    def hidden(self, row: int) -> np.ndarray:
+        """The decoder's pre-norm state at output row ``row``: the g of the next draft step."""
+        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, row), (self.n_embd,),
+                           f"no EAGLE-3 hidden row for batch row {row}")
+
+    def rollback_to(self, n: int) -> None:
+        """Keep positions [0, n) and drop the rest."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
+
+    @property
+    def n_past(self) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+
+# --- DFlash ------------------------------------------------------------------------
+# A DFlash draft (src/models/dflash.cpp) keeps a KV cache built from the target's features
+# rather than from tokens: a batch of embedding rows (the target's tapped layer inputs at a
+# position, side by side) is projected (``fc``, then ``enc.output_norm``) and written into
+# every layer's K/V at that position. A token batch ``[x_last, MASK * k]`` at the positions
+# after the features then attends to that cache and, non-causally, to itself: row i predicts
+# the token i places after ``x_last``, all k of them in ONE pass.
+
+class DFlashContext(_ExtBatchContext):
+    """A DFlash draft model run beside its target's context.
+
+    ``inject(features, positions)`` writes rows of the target's tapped layer inputs
+    (``Context.layer_features``) into the draft's cache; ``draft_block(token, position, k)``
+    decodes ``[token, MASK * k]`` from ``position``, and ``logits(i)`` (i = 1..k) is the
+    distribution of the token i places after ``token``. ``block_size``: the block the
+    draft was trained on (at most ``block_size - 1`` drafts a pass).
+    """
+
+    def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
+        from localspec.backend.feature_taps import eagle3_unavailable_reason, tap_api
+
+        reason = eagle3_unavailable_reason()
+        if reason is not None:
+            raise UnsupportedModelError(reason.replace("an EAGLE-3 draft", "a DFlash draft"))
+        taps = tap_api()
+        assert taps is not None
+        self.model = draft
+        self.target = target
+        n_ids = int(taps.model_target_layer_ids_n(draft._model))
+        ids = taps.model_target_layer_ids(draft._model)
+        self.layers: tuple[int, ...] = tuple(int(ids[i]) for i in range(n_ids))
+        self.n_embd = n_ids * int(llama_cpp.llama_model_n_embd(target.model._model))
+        self.block_size = int(draft.metadata("dflash.block_size") or 16)  # llama.cpp's default
+        self.mask_token = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(draft._model)))
+        causal = (draft.metadata("dflash.attention.causal") or "false") == "true"
+        params = llama_cpp.llama_context_default_params()
+        params.ctx_other = target._ctx  # the target's token embedding and output matrix, if the draft has none
+        params.n_ctx = target.n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.kv_unified = True
+        _flash_attention(params, target.flash_attn)
+        _set_threads(params, n_threads)
+        clear_log()
+        ctx = llama_cpp.llama_init_from_model(draft._model, params)
+        if not ctx:
+            reason = last_error_line() or "llama.cpp refused the DFlash context"
+            raise UnsupportedModelError(f"cannot run {draft.path.name} beside {target.model.path.name}: {reason}")
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        llama_cpp.llama_set_causal_attn(ctx, causal)  # the block attends to itself both ways
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_batch = min(n_batch, int(llama_cpp.llama_n_batch(ctx)))
+        self._batch = llama_cpp.llama_batch_ext_init(ctx)
+        self._pos = (llama_cpp.llama_pos * 4)()
+        self.decode_seconds = 0.0
+
+    def inject(self, features: np.ndarray, positions: Sequence[int]) -> None:
+        """Write the target's features for ``positions`` into the draft's cache (rows of ``n_embd``)."""
+        rows = np.ascontiguousarray(features, dtype=np.float32).reshape(-1, self.n_embd)
+        stride = self.n_embd * 4
+        for start in range(0, len(rows), self.n_batch):
+            chunk = rows[start:start + self.n_batch]
+            base = chunk.ctypes.data
+            b = self._batch
+            llama_cpp.llama_batch_ext_clear(b)
+            for i in range(len(chunk)):
+                embd = llama_cpp.llama_embd(ctypes.cast(base + i * stride, ctypes.POINTER(ctypes.c_float)),
+                                            1, self.n_embd)
+                idx = llama_cpp.llama_batch_ext_add_embd(b, 0, embd)
+                if idx < 0:
+                    raise RuntimeError(f"llama_batch_ext_add_embd failed ({idx})")
+                self._pos[0] = positions[start + i]
+                llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+            self._run(b)
+
+    def draft_block(self, token: int, position: int, k: int) -> None:
+        """Decode ``[token, MASK * k]`` at ``position..position + k`` with the logits of every row."""
+        if k + 1 > self.n_batch:
+            raise ValueError(f"a block of {k + 1} tokens exceeds n_batch={self.n_batch}")
+        b = self._batch
+        llama_cpp.llama_batch_ext_clear(b)
+        for i in range(k + 1):
+            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(token) if i == 0 else self.mask_token)
+            if idx < 0:
+                raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
+            self._pos[0] = position + i
+            llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, i > 0)
+        self._run(b)
+
+    def _run(self, b: Any) -> None:
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            self.clear()
+            if rc == 1:
+                raise UnsupportedModelError(
+                    f"the DFlash context of {self.n_ctx} tokens is full; start a new chat or raise --ctx")
+            raise RuntimeError(f"llama_process (DFlash) failed with code {rc}")
+
+    def logits(self, row: int) -> np.ndarray:
+        """The logits at block position ``row`` (1..k) of the last ``draft_block``."""
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
+                           f"no DFlash logits for row {row}")
+
+    def rollback_to(self, n: int) -> None:
+        """Keep positions [0, n) and drop the rest."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
+
+    @property
+    def n_past(self) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)

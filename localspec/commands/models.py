@@ -4,7 +4,8 @@ Columns: name, vocabulary family, parameter count, file size, the drafter used w
 none is named ("mtp (self)" for a model that drafts with its own MTP layers), the
 recommended draft models, what the file is beyond a plain transformer ("hybrid":
 recurrent layers beside attention; "mtp": it carries MTP layers; "assistant": a
-draft that only runs beside its target) and whether a copy is on disk. Looking for
+draft that only runs beside its target; "eagle3", "dflash": a draft that reads its target's
+layers) and whether a copy is on disk. Looking for
 copies touches no network.
 """
 
@@ -71,6 +72,8 @@ def traits(spec: ModelSpec) -> list[str]:
         words.append("mtp")
     if spec.assistant:
         words.append("assistant")
+    if spec.arch in ("eagle3", "dflash"):
+        words.append(spec.arch)  # a draft that reads its target's layers: EAGLE-3, or DFlash's block
     return words
 
 

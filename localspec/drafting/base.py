@@ -117,7 +117,8 @@ class BatchExtra:
 
 @dataclass(frozen=True)
 class TreeProposal:
-    """Several deterministic candidate continuations sharing their prefixes, as one trie.
+    """Several candidate continuations sharing their prefixes, as one trie (deterministic, or sampled
+    with ``child_q``).
 
     All branches are verified in one batch: a token shared by several branches
     is computed once, carrying the sequence ids of every branch below it.
@@ -127,7 +128,12 @@ class TreeProposal:
     drafter: str = ""
     extra: BatchExtra | None = None
     evidence: Evidence | None = field(default=None, compare=False)  # for the most probable path (see Proposal)
-    probs = None  # deterministic: verified by sampling the target and following the match
+    child_q: dict[tuple[int, ...], np.ndarray] | None = field(default=None, compare=False)
+    """Sampled children (a draft model's tree): for each node with children, keyed by its token path from
+    the root (``()`` for the root), the distribution q its children were drawn from, without replacement,
+    in node order. Verified by recursive rejection sampling (``acceptance.accept_siblings``). None: the
+    children are deterministic candidates, verified by following the target's own choice."""
+    probs = None  # a chain's q; a tree's are ``child_q``
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -176,15 +176,15 @@ def test_an_assistant_of_other_sizes_is_refused_before_loading(pair, tmp_path, c
 def test_missing_nextn_functions_refuse_the_assistant(pair, monkeypatch):
     """A libllama without the C++-linkage functions the assistant needs: refused in one line."""
     target, assistant = pair
-    monkeypatch.setitem(backend._NEXTN_SYMBOLS, "get_embeddings_nextn", "_Z99llama_no_such_function")
-    backend._nextn_api.cache_clear()
+    monkeypatch.setitem(backend.nextn._NEXTN_SYMBOLS, "get_embeddings_nextn", "_Z99llama_no_such_function")
+    backend.nextn.nextn_api.cache_clear()
     try:
         with pytest.raises(UnsupportedModelError, match="llama_get_embeddings_nextn") as err:
             Engine.load(target, assistant)
         assert "\n" not in str(err.value)
     finally:
         monkeypatch.undo()
-        backend._nextn_api.cache_clear()
+        backend.nextn.nextn_api.cache_clear()
     assert backend.mtp_unavailable_reason() is None
 
 

@@ -226,7 +226,7 @@ def test_chained_drafts_are_each_heads_own_prediction(tmp_path):
 def test_cli_refuses_mtp_for_a_model_without_mtp_layers(smollm2_path):
     line = one_error_line(localspec("generate", str(smollm2_path), "--draft", "mtp", "--prompt", "Hi",
                                       "--threads", "1"))
-    assert "no MTP (NextN) layers" in line and "nextn_predict_layers" in line and "--draft ngram" in line
+    assert "no MTP (NextN) layers" in line and "nextn_predict_layers" in line and "draft with ngram" in line
 
 
 def test_cli_drafts_with_mtp_by_default(agreeing_path):
@@ -252,8 +252,8 @@ def test_a_stripped_head_is_refused_before_loading(tmp_path):
 
 def test_missing_nextn_functions_refuse_mtp(agreeing_path, monkeypatch):
     """A libllama without the C++-linkage NextN functions: --draft mtp is refused in one line."""
-    monkeypatch.setitem(backend._NEXTN_SYMBOLS, "get_embeddings_nextn_ith", "_Z99llama_no_such_function")
-    backend._nextn_api.cache_clear()
+    monkeypatch.setitem(backend.nextn._NEXTN_SYMBOLS, "get_embeddings_nextn_ith", "_Z99llama_no_such_function")
+    backend.nextn.nextn_api.cache_clear()
     try:
         reason = backend.mtp_unavailable_reason()
         assert reason is not None and "llama_get_embeddings_nextn_ith" in reason
@@ -262,7 +262,7 @@ def test_missing_nextn_functions_refuse_mtp(agreeing_path, monkeypatch):
         assert "\n" not in str(err.value)
     finally:
         monkeypatch.undo()
-        backend._nextn_api.cache_clear()
+        backend.nextn.nextn_api.cache_clear()
     assert backend.mtp_unavailable_reason() is None
 
 

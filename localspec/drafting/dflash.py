@@ -1,0 +1,194 @@
+"""A DFlash draft as the drafter: a whole block of drafts from ONE draft pass.
+
+A DFlash draft (block diffusion over the target's features) keeps a KV cache
+built from the target's tapped layer inputs, one row per position, written by
+an "injection" decode (``backend.DFlashContext.inject``). To draft k tokens
+after the history's last token ``x``, it decodes the block ``[x, MASK * k]``
+once, attending non-causally within the block: row i gives the distribution
+``q_i`` of the token i places after ``x``. A draft model needs k decodes for k
+tokens; DFlash needs one (its cost grows with the block's rows, not passes).
+
+The cache is kept in step lazily, as the EAGLE-3 drafter's is: the target's
+tapped rows wait in ``rows`` (keyed by position and token) until ``propose``
+injects those the cache lacks (positions up to ``len(history) - 2``); the block
+is dropped from the cache right after it is read.
+
+Exactness: each draft token ``d_i`` is sampled from ``q_i`` under the target's
+sampling settings, independently of the others (the block's distributions are
+computed before any token is chosen). Rejection sampling needs, at each depth,
+the draft token's distribution given everything the verifier has seen so far;
+``d_i`` is independent of ``d_1 .. d_{i-1}`` and of the verifier's uniforms, so
+that distribution is ``q_i`` itself, and accepting with min(1, p/q_i) and
+resampling from norm(max(p - q_i, 0)) keeps the output distributed exactly as
+the target's (``acceptance.accept_sampled``). llama.cpp's ``draft-dflash`` takes
+each row's top token and keeps it on an exact match; at temperature 0 both are
+greedy matches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
+from localspec.drafting.draft_tree import grow_tree
+from localspec.drafting.eagle3 import MAX_ROW_BYTES, FeatureSource
+from localspec.drafting.hidden_rows import HiddenRows
+from localspec.errors import IncompatibleDraftError
+from localspec.llama_facts import LAYER_TAP_ARCHITECTURES
+from localspec.sampling import Sampler
+
+DFLASH = "dflash"
+
+
+def check_dflash_fits(target: Any, draft: Any) -> None:
+    """Raise IncompatibleDraftError unless llama.cpp can run the DFlash ``draft`` beside ``target``.
+
+    Both are ``models.gguf_info.GGUFInfo``. The rules are what ``src/models/dflash.cpp``
+    assumes: target layers it has and whose inputs its graph exposes; features
+    ``len(layers) x n_embd`` wide in the DRAFT's width (so it must be the target's);
+    the target's vocabulary; a mask token; and only the plain DFlash graph (DFlash-2's
+    selector, DSpark's Markov head and its DeepSeek-V4 stages are not run here).
+    """
+    hp = draft.hparams
+
+    def fail(problem: str, fix: str = "use the DFlash draft published for this target model") -> IncompatibleDraftError:
+        return IncompatibleDraftError(f"DFlash draft {draft.label} does not fit target {target.label}: {problem}; {fix}")
+
+    if target.architecture not in LAYER_TAP_ARCHITECTURES:
+        raise fail(f"this llama.cpp cannot hand a {target.architecture} target's layer inputs to a draft",
+                   "draft with ngram or an ordinary draft model instead")
+    layers = hp.get("target_layers")
+    layers = [int(v) for v in layers] if isinstance(layers, (list, tuple)) else []
+    if not layers:
+        raise fail("it names no target layers (dflash.target_layers)", "convert the draft again with llama.cpp's converter")
+    beyond = [i for i in layers if not 0 <= i < target.n_layers]
+    if beyond:
+        raise fail(f"it reads layer(s) {', '.join(map(str, beyond))}, the target has layers 0..{target.n_layers - 1}")
+    if draft.n_embd != target.n_embd:
+        raise fail(f"it reads features {draft.n_embd} wide, the target's are {target.n_embd}")
+    if draft.n_vocab != target.n_vocab:
+        raise fail(f"vocabulary size differs (target {target.n_vocab}, draft {draft.n_vocab})")
+    if hp.get("selector_top_k") or hp.get("hyper_connection_count"):
+        raise fail("it is a DFlash-2 (selector) or DSpark DeepSeek-V4 draft, which localspec does not run yet",
+                   "use a plain DFlash draft")
+
+
+class BlockHead(Protocol):
+    """The draft's context (``backend.DFlashContext``)."""
+
+    n_embd: int
+    block_size: int
+
+    def inject(self, features: np.ndarray, positions: Sequence[int]) -> None: ...
+
+    def draft_block(self, token: int, position: int, k: int) -> None: ...
+
+    def logits(self, row: int) -> np.ndarray: ...
+
+    def rollback_to(self, n: int) -> None: ...
+
+
+class DFlashDrafter(DrafterBase):
+    """Drafts a block with a DFlash model; ``accepted``/``reset`` follow the drafter protocol.
+
+    Proposes at most ``block_size - 1`` tokens (the block it was trained on holds the
+    last token and the masks). ``p_min``: the block is cut at the first row whose top
+    probability falls below it. ``tree_nodes`` > 0: propose a tree of that many nodes
+    grown from the same one pass (``draft_tree.grow_tree``; the block's row i is the
+    draft's q at depth i whatever the path), ``tree_width`` children a node at most.
+    """
+
+    name = DFLASH
+
+    def __init__(self, head: BlockHead, target: FeatureSource, sampler: Sampler, *, p_min: float = 0.0,
+                 max_row_bytes: int | None = None, tree_nodes: int = 0, tree_width: int = 3) -> None:
+        self.head = head
+        self.tree_nodes = tree_nodes
+        self.tree_width = tree_width
+        self.target = target
+        self.sampler = sampler
+        self.p_min = p_min
+        self.max_block = max(1, head.block_size - 1)
+        max_rows = (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_embd)
+        self.rows = HiddenRows(head.n_embd, max(2, max_rows))
+        # The history prefix whose features the cache holds, at positions 0 .. len - 1.
+        self._tokens: list[int] = []
+        target.add_decode_listener(self.observe)
+
+    def observe(self, tokens: Sequence[int], positions: Sequence[int],
+                seq_ids: Sequence[Sequence[int]] | None) -> None:
+        if tokens:
+            self.rows.add(tokens, positions, self.target.layer_features(len(tokens)))
+
+    def _fed(self, history: Sequence[int]) -> int:
+        n = 0
+        for a, b in zip(self._tokens, history):
+            if a != b:
+                break
+            n += 1
+        return min(n, len(history) - 1)
+
+    def behind(self, history: Sequence[int]) -> int:
+        return max(0, len(history) - 1 - self._fed(history))
+
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal | TreeProposal:
+        k = min(draft_len, self.max_block)
+        if k <= 0 or len(history) < 2:
+            return Proposal(drafter=self.name)
+        start, last = self._fed(history), len(history) - 1
+        try:
+            self.head.rollback_to(start)
+            if start < last:
+                positions = range(start, last)
+                self.head.inject(np.stack([self.rows.row(history, p) for p in positions]), positions)
+            self._tokens = list(history[:last])
+            self.rows.drop_before(last - 1)
+            self.head.draft_block(history[-1], last, k)
+            greedy = self.sampler.params.greedy
+            if self.tree_nodes > 0:
+                return self._tree(k, greedy)
+            tokens: list[int] = []
+            probs: list[np.ndarray] = []
+            for i in range(1, k + 1):
+                picked = draft_token(self.head.logits(i), self.sampler, self.p_min)
+                if picked is None:
+                    break
+                tok, q = picked
+                tokens.append(tok)
+                if q is not None:
+                    probs.append(np.array(q))
+        except BaseException:
+            self._tokens.clear()  # a failed decode leaves the cache unknown (it was cleared)
+            raise
+        finally:
+            self.head.rollback_to(last)  # the block's rows are not features
+        return Proposal(tuple(tokens), None if greedy else tuple(probs), self.name)
+
+    def _tree(self, k: int, greedy: bool) -> TreeProposal:
+        """A tree from the block just decoded: the children of a node at depth d drawn from row d + 1."""
+        rows: dict[int, np.ndarray] = {}
+
+        def q_at(path: tuple[int, ...]) -> np.ndarray:
+            depth = len(path) + 1
+            if depth not in rows:
+                logits = np.asarray(self.head.logits(depth), dtype=np.float64)
+                if greedy:  # scores only: the children are the most probable tokens
+                    e = np.exp(logits - logits.max())
+                    rows[depth] = e / e.sum()
+                else:
+                    rows[depth] = np.array(self.sampler.distribution(logits), dtype=np.float64)
+            return rows[depth]
+
+        return grow_tree(q_at, max_nodes=self.tree_nodes, max_depth=k, max_width=self.tree_width,
+                         rng=None if greedy else self.sampler.rng, drafter=self.name)
+
+    def accepted(self, history: Sequence[int], n_accepted: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.target.remove_decode_listener(self.observe)

@@ -1,0 +1,86 @@
+"""Dynamic draft trees from a model's distributions (EAGLE-2's growth, SpecInfer's verification).
+
+``grow_tree`` builds a tree of at most ``max_nodes`` drafted tokens, best-first by
+the draft's cumulative probability: each step it takes the open slot with the
+highest score and adds one node there. A slot is "the next child of node v",
+scored ``score(v) * (the draft mass at v not yet drawn)``; a node's score is its
+parent's times the probability of its token. So the tree grows where the draft
+is confident, deep along a sure path, wide where it hesitates.
+
+At temperature > 0 a child is DRAWN from q at its parent, without replacement
+among its siblings, and the proposal carries each parent's q (``child_q``), so
+verification is recursive rejection sampling over the siblings
+(``acceptance.accept_siblings``), exact. Which slot grows next depends only on
+draws already made (a stopping rule), never on draws to come or on the target:
+each node's children are a sequential sample without replacement, what the
+rule's proof assumes. (Taking each node's top-k tokens instead would not be a
+sample from q, and the rule would no longer be exact at T > 0.) At temperature
+0 the children are the most probable tokens in order, verified by following
+the target's argmax.
+
+``q_at(path)`` gives the draft's distribution after a node's token path (``()``:
+right after the history); a DFlash block gives one per depth, whatever the path.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+import numpy as np
+
+from localspec.acceptance import ROOT
+from localspec.drafting.base import TreeProposal
+from localspec.drafting.tree import CandidateTree
+
+
+def grow_tree(q_at: Callable[[tuple[int, ...]], np.ndarray], *, max_nodes: int, max_depth: int, max_width: int,
+              rng: np.random.Generator | None, drafter: str = "") -> TreeProposal:
+    """A tree of at most ``max_nodes`` nodes, ``max_depth`` deep, ``max_width`` children a node.
+
+    ``rng`` None: deterministic (temperature 0), the children being q's most probable tokens in
+    order; else children are drawn from q without replacement and the proposal carries ``child_q``.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    scores: list[float] = []
+    paths: dict[int, tuple[int, ...]] = {ROOT: ()}
+    q_of: dict[int, np.ndarray] = {}
+    left: dict[int, np.ndarray] = {}  # q at a node, its drawn children removed (unnormalised)
+    width: dict[int, int] = {}
+    # Slots: (-priority, order, node); order breaks ties by age.
+    slots: list[tuple[float, int, int]] = [(-1.0, 0, ROOT)]
+    order = 1
+    while slots and len(tokens) < max_nodes:
+        _, _, node = heapq.heappop(slots)
+        if node not in q_of:
+            q = np.asarray(q_at(paths[node]), dtype=np.float64)
+            q_of[node], left[node] = q, q.copy()
+        rest = left[node]
+        mass = float(rest.sum())
+        if not mass > 0.0:
+            continue
+        if rng is None:
+            tok = int(np.argmax(rest))
+        else:
+            tok = int(rng.choice(rest.size, p=rest / mass))
+        prob = float(q_of[node][tok])
+        rest[tok] = 0.0
+        width[node] = width.get(node, 0) + 1
+        parent_score = 1.0 if node == ROOT else scores[node]
+        child = len(tokens)
+        tokens.append(tok)
+        parents.append(node)
+        depths.append(1 if node == ROOT else depths[node] + 1)
+        scores.append(parent_score * prob)
+        paths[child] = (*paths[node], tok)
+        if depths[child] < max_depth:
+            heapq.heappush(slots, (-scores[child], order, child))
+            order += 1
+        if width[node] < max_width and rest.sum() > 0.0:
+            heapq.heappush(slots, (-parent_score * float(rest.sum()), order, node))
+            order += 1
+    tree = CandidateTree(tuple(tokens), tuple(parents), tuple(depths), tuple(scores))
+    child_q = None if rng is None else {paths[n]: q for n, q in q_of.items() if width.get(n, 0) > 0}
+    return TreeProposal(tree, drafter, child_q=child_q)
