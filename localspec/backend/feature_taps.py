@@ -15,7 +15,6 @@ import ctypes
 import functools
 from typing import Any
 
-import llama_cpp
 
 from localspec.backend.build import native_library
 from localspec.backend.nextn import mtp_unavailable_reason
