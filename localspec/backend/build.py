@@ -209,7 +209,7 @@ def cpu_flash_attention() -> bool:
 # gemm for groups of 4 rows) give the same logits for a row alone and inside a batch; measured here,
 # bitwise, over 1..9-row batches (SmolLM2 Q4_0). Stock repacked Q4_K is not (Gemma 3 270M Q4_K_M:
 # logits up to 3.3 apart): its x86 gemv rounds differently from its gemm until our patch
-# (scripts/llama.cpp-patches/matmul-batch-invariant.patch) makes it sum in the gemm's order; the
+# (scripts/llama.cpp-patches/20-exact-repack-sgemm.patch) makes it sum in the gemm's order; the
 # build then says REPACK_Q4_K_INVARIANT, which it does only on x86 with AVX2, where ggml repacks just
 # Q4_0, Q4_K, IQ4_NL, MXFP4 and (with AVX-512) Q2_K. Elsewhere any repackable type but Q4_0 (Q2_K,
 # Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, MXFP4...) is not known to be exact, so a file holding one loads

@@ -3,7 +3,7 @@
 
 Upstream, the x86 gemv multiplied a whole super block's integer sum by its scales once while the
 gemm does it per pair of sub blocks, so the float sums rounded differently (up to 3.3 logits apart
-on Gemma 3 270M Q4_K_M). scripts/llama.cpp-patches/matmul-batch-invariant.patch makes the gemv sum
+on Gemma 3 270M Q4_K_M). scripts/llama.cpp-patches/20-exact-repack-sgemm.patch makes the gemv sum
 in the gemm's order, and localspec then lets Q4_K weights be repacked (``backend.repack_is_exact``).
 Random weight blocks and activations of several scales, every gemm path: 4-row groups, 16-row
 blocks, column counts that leave an 8-column remainder past the 16-wide AVX-512 tiles.

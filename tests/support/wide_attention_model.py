@@ -2,7 +2,7 @@
 64-wide residual stream, random weights, SmolLM2's tokenizer.
 
 Its point is the size of flash attention's work, not the text it writes. With localspec's
-batch-invariant switch, ggml's CPU kernel (scripts/llama.cpp-patches/fa-batch-invariant.patch)
+batch-invariant switch, ggml's CPU kernel (scripts/llama.cpp-patches/10-fa-batch-invariant.patch)
 cuts every query row's cells into 128-cell chunks and merges their partial softmaxes in order. It
 keeps every (row, chunk) partial, so any thread can take any chunk, while they fit in 16 MiB;
 past that each thread takes whole rows and merges as it goes. Here a one-token decode after the
