@@ -147,7 +147,7 @@ def check_engine_options(args: argparse.Namespace) -> None:
 # The flag that sets each parameter the core names in its errors (``InvalidOptionError.param``).
 FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
          "max_tokens": "--max-tokens", "draft_len": "--draft-max", "p_min": "--draft-p-min", "n_ctx": "--ctx",
-         "rounds": "--rounds"}
+         "rounds": "--rounds", "stop": "--stop"}
 
 
 def flag_message(err: Exception) -> str:

@@ -1,0 +1,154 @@
+"""The Python API used carelessly (issue 33): a closed engine, two generations at once, odd prompts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import localspec
+from localspec import GenerateOptions, TokenEvent
+from localspec.errors import EngineStateError, InvalidOptionError, LocalspecError
+from localspec.events import DoneEvent
+
+A, B = "The three primary colours are", "Once upon a time, in a small village,"
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    eng = localspec.load(smollm2_path, n_ctx=512, n_gpu_layers=0, n_threads=1)
+    yield eng
+    eng.close()
+
+
+def test_an_engine_used_after_close_raises_instead_of_crashing(smollm2_path: Path):
+    """It segfaulted (exit 139): in a child process, so a crash is a failure, not the end of the run."""
+    script = textwrap.dedent(f"""
+        import localspec
+        from localspec.errors import EngineStateError
+        e = localspec.load({str(smollm2_path)!r}, n_ctx=256, n_gpu_layers=0, n_threads=1)
+        unfinished = e.generate("Hello", localspec.GenerateOptions(max_tokens=8, speculative=False))
+        next(unfinished)
+        e.close()
+        e.close()  # twice is harmless
+        calls = {{
+            "complete": lambda: localspec.complete(e, "Hi"),
+            "generate": lambda: e.generate("Hi"),
+            "tokenize": lambda: e.tokenize("Hi"),
+            "chat_tokens": lambda: e.chat_tokens([{{"role": "user", "content": "Hi"}}]),
+            "cost_model": lambda: e.cost_model(),
+            "controller": lambda: e.controller(),
+            "drafter_names": lambda: e.drafter_names(),
+            "reset_learning": lambda: e.reset_learning(),
+            "invalidate": lambda: e.invalidate(),
+            "make_drafters": lambda: e.make_drafters(None, localspec.GenerateOptions()),
+            "next step": lambda: next(unfinished),
+        }}
+        for name, call in calls.items():
+            try:
+                call()
+            except EngineStateError as err:
+                print(name, "|", err)
+            else:
+                print(name, "| no error")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 11
+    for line in lines:
+        assert line.endswith("| the engine is closed; load the model again to generate"), line
+
+
+def test_a_second_generation_while_one_is_unfinished_is_refused(engine):
+    plain = GenerateOptions(max_tokens=12, speculative=False)
+    alone_a = engine.generate(A, plain).run().text
+    alone_b = engine.generate(B, plain).run().text
+    first = engine.generate(A, plain)
+    next(first)
+    with pytest.raises(EngineStateError, match="one generation at a time: finish or cancel the first"):
+        engine.generate(B, plain)
+    with pytest.raises(EngineStateError, match="one generation at a time"):  # complete() too: no self-deadlock
+        localspec.complete(engine, B, max_tokens=12, speculative=False)
+    assert first.run().text == alone_a  # the refused one changed nothing
+    assert engine.generate(B, plain).run().text == alone_b  # and once it finished, the next may start
+
+
+def test_cancel_lets_the_next_generation_start(engine):
+    plain = GenerateOptions(max_tokens=40, speculative=False)
+    alone_b = engine.generate(B, GenerateOptions(max_tokens=12, speculative=False)).run().text
+    first = engine.generate(A, plain)
+    for event in first:
+        if isinstance(event, TokenEvent) and event.text:
+            break
+    first.cancel()
+    second = engine.generate(B, GenerateOptions(max_tokens=12, speculative=False)).run()
+    assert second.text == alone_b
+    rest = list(first)  # what was left of the cancelled one ends it without touching the cache
+    assert isinstance(rest[-1], DoneEvent) and rest[-1].finish_reason == "cancelled"
+    never_started = engine.generate(A, plain)
+    never_started.cancel()
+    done = never_started.run()
+    assert done.finish_reason == "cancelled" and done.tokens == ()
+
+
+def test_complete_from_two_threads_takes_turns(engine):
+    """Two threads gave wrong text, one of them `llama_decode failed with code -1`."""
+    expected = {p: localspec.complete(engine, p, max_tokens=24, speculative=False).text for p in (A, B)}
+    results: dict[str, list[str]] = {A: [], B: []}
+    errors: list[BaseException] = []
+
+    def worker(prompt: str) -> None:
+        try:
+            for _ in range(3):
+                results[prompt].append(localspec.complete(engine, prompt, max_tokens=24, speculative=False).text)
+        except BaseException as err:  # noqa: BLE001 (reported below)
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in (A, B)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert results == {A: [expected[A]] * 3, B: [expected[B]] * 3}
+
+
+def test_prompts_that_are_not_text_or_token_ids_are_refused(engine):
+    with pytest.raises(InvalidOptionError, match="the prompt is bytes; pass text"):
+        localspec.complete(engine, b"Hi")
+    n_vocab = engine.target.n_vocab
+    for bad in ([-1], [10**9], [1, 2, n_vocab]):
+        with pytest.raises(InvalidOptionError) as err:
+            localspec.complete(engine, bad, max_tokens=4)
+        assert f"this model has {n_vocab:,} tokens (ids 0..{n_vocab - 1})" in str(err.value)
+    with pytest.raises(InvalidOptionError, match="not a token id"):
+        localspec.complete(engine, [1, "2"], max_tokens=4)
+    ids = engine.tokenize(A)
+    assert localspec.complete(engine, ids, max_tokens=6).text == localspec.complete(engine, A, max_tokens=6).text
+
+
+def test_one_stop_string_is_one_string(engine):
+    text = localspec.complete(engine, A, max_tokens=40, speculative=False).text
+    word = text.split()[2]  # a word of the reply: the reply must stop right before it
+    done = localspec.complete(engine, A, max_tokens=40, speculative=False, stop=word)
+    assert done.finish_reason == "stop"
+    assert done.text == text[:text.index(word)]  # up to the whole word, not to its first letter
+    assert GenerateOptions(stop="party").stop == ("party",)
+    assert localspec.api.options(stop="party").stop == ("party",)
+
+
+def test_load_refuses_none_and_resolves_registered_names(smollm2_path):
+    with pytest.raises(InvalidOptionError, match="target must be a GGUF path or a model name"):
+        localspec.load(None)  # type: ignore[arg-type]
+    with pytest.raises(LocalspecError, match="unknown model|Unknown model|no model named"):
+        localspec.load("no-such-model-xyz")
+    eng = localspec.load("smollm2-135m", n_ctx=256, n_gpu_layers=0, offline=True)
+    try:
+        assert eng.target.path.name == smollm2_path.name
+    finally:
+        eng.close()
