@@ -61,7 +61,10 @@ def output_path(path: str | os.PathLike[str], *, name: str | None = None) -> Pat
     given = Path(path).expanduser()
     try:
         real = Path(os.path.realpath(given))
-        info = os.stat(real) if os.path.lexists(real) else None
+        try:
+            info: os.stat_result | None = os.stat(real)
+        except FileNotFoundError:
+            info = None
     except OSError as err:  # a symlink loop, a name too long
         raise OutputPathError(f"{shown_as} is not a usable path: {err.strerror or err}") from None
     if info is not None and not stat.S_ISREG(info.st_mode):

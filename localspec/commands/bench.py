@@ -161,4 +161,4 @@ def chart_path(path: Path | None) -> Path | None:
     from localspec.errors import shown
     from localspec.paths import output_path
 
-    return None if path is None else output_path(path, name=f"--chart {shown(str(path), 200, quote='')}")
+    return None if path is None else output_path(path, name=f"--chart {shown(str(path), 120, quote='')}")

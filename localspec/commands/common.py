@@ -138,10 +138,21 @@ def check_engine_options(args: argparse.Namespace) -> None:
         value = getattr(args, name, 0.0)
         if isinstance(value, float) and math.isnan(value):
             raise InvalidOptionError(f"--{name.replace('_', '-')} must be a number, not NaN")
+    if args.gpu_layers is not None and args.gpu_layers < -1:
+        raise InvalidOptionError(f"--gpu-layers {args.gpu_layers} is out of range: use -1 (all layers), 0 (none) "
+                                 "or a number of layers")
     if args.vram is not None:
         from localspec.models.planner import parse_size
 
         parse_size(args.vram, "--vram")
+    ignored = [f for f, given in (("--gpu-layers", args.gpu_layers not in (None, 0)),
+                                  ("--vram", args.vram is not None)) if given]
+    if ignored:
+        from localspec import backend
+
+        if not backend.gpu_offload_supported():
+            print(f"localspec: warning: {' and '.join(ignored)} {'do' if len(ignored) > 1 else 'does'} nothing "
+                  "here: this llama.cpp build runs on the CPU only (see `localspec doctor`)", file=sys.stderr)
 
 
 # The flag that sets each parameter the core names in its errors (``InvalidOptionError.param``).

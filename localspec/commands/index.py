@@ -63,7 +63,7 @@ def check_output(path: Path) -> None:
     from localspec.drafting.suffix_array import MAGIC
     from localspec.paths import output_path
 
-    real = output_path(path, name=f"-o {shown(str(path), 200, quote='')}")
+    real = output_path(path, name=f"-o {shown(str(path), 120, quote='')}")
     if real.exists():  # a regular file by now: reading its head cannot block
         try:
             with open(real, "rb") as f:

@@ -273,3 +273,29 @@ def test_draft_p_min_reaches_the_drafter_and_p_min_still_works(smollm2_path: Pat
     assert drafted[("--p-min", "0.9")] == drafted[("--draft-p-min", "0.9")]
     bad = localspec("generate", str(smollm2_path), "-p", "x", "--p-min", "1.5")
     assert_one_error_line(bad, 2, "--draft-p-min 1.5")
+
+
+def test_stderr_closed_keeps_the_statistics_out_of_stdout(smollm2_path: Path) -> None:
+    """Issue 33: `generate -p Hi 2>&-` wrote the statistics into stdout among the text."""
+    proc = subprocess.run([sys.executable, "-m", "localspec", "generate", str(smollm2_path), "-p", "Hi",
+                           "--max-tokens", "6", "--threads", "1"], stdout=subprocess.PIPE, timeout=300, env=ENV,
+                          preexec_fn=lambda: os.close(2))
+    assert proc.returncode == 0
+    out = proc.stdout.decode("utf-8", "replace")
+    with_stderr = localspec("generate", str(smollm2_path), "-p", "Hi", "--max-tokens", "6", "--threads", "1")
+    assert out == with_stderr.stdout and "tokens in" in with_stderr.stderr
+    assert "tokens in" not in out and "localspec:" not in out
+
+
+def test_off_in_a_list_of_drafters_is_one_clear_line(smollm2_path: Path) -> None:
+    proc = localspec("generate", str(smollm2_path), "--draft", "off,ngram", "-p", "x")
+    line = assert_one_error_line(proc, 2, "off means no drafter and cannot be combined with others")
+    assert "did you mean" not in line
+
+
+def test_a_generation_that_fills_the_context_says_so(smollm2_path: Path) -> None:
+    """Issue 33: --max-tokens 300 --ctx 256 reported "context 257 of 256 tokens used"."""
+    proc = localspec("generate", str(smollm2_path), "-p", "Count: 1, 2, 3,", "--max-tokens", "300", "--ctx", "256",
+                     "--draft", "off", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "finish: context; the context of 256 tokens is full" in proc.stderr and "257" not in proc.stderr
