@@ -10,6 +10,7 @@ from pathlib import Path
 from localspec.commands.common import (
     add_model_options,
     check_engine_options,
+    check_registry_pair,
     fetch_models,
     load_settings,
     reference,
@@ -117,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                 raise InvalidOptionError("bench compares one draft model at a time; "
                                          f"got {draft_ref.name} and {refs.model.name}")
             draft_ref = refs.model
+            check_registry_pair(target_ref, draft_ref)
         for spec in refs.specs:
             specs[spec.name] = spec
         names[draft] = ",".join(s.name for s in parse_draft(draft))

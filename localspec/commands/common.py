@@ -425,6 +425,27 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
     return DraftRefs(ref, [s for s in specs if s.kind != "model"])
 
 
+def check_registry_pair(target: Resolved, draft: Resolved | None, registry: Registry | None = None) -> None:
+    """Refuse, before anything is downloaded, a draft model the registry knows cannot draft for the
+    target: registry entries of different vocabulary families (``family`` in models.toml). A path on
+    either side is judged from its GGUF header later (``localspec.pairing``)."""
+    from localspec.errors import IncompatibleDraftError
+    from localspec.models.registry_file import load_registry
+
+    if draft is None or target.spec is None or draft.spec is None or target.spec.family == draft.spec.family:
+        return
+    registry = registry or load_registry()
+    label = registry.family_label
+    t, d = target.spec, draft.spec
+    same = [m.name for m in registry.drafts_for(t)] or [
+        m.name for m in registry if m.family == t.family and m.name != t.name and not m.assistant
+        and (m.n_params or 0) < (t.n_params or float("inf"))]
+    fix = f"--draft {same[0]} (the {label(t.family)} family)" if same else "--draft ngram, which needs no model"
+    raise IncompatibleDraftError(
+        f"{d.name} cannot draft for {t.name}: their vocabularies differ ({label(d.family)} and "
+        f"{label(t.family)} in `localspec models`), so no token could be accepted; use {fix}")
+
+
 def drafter_hint(word: str) -> str | None:
     """The drafter name ``word`` was most likely meant to be (``ngrma`` -> ``'ngram'``,
     ``rset:docs.lsstore`` -> ``'rest:docs.lsstore'``), or None when it looks like none."""

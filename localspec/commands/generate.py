@@ -10,6 +10,7 @@ from localspec.commands.common import (
     Terminated,
     add_model_options,
     add_sampling_options,
+    check_registry_pair,
     check_engine_options,
     drafts_for_itself,
     fetch_models,
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     # Every name and the prompt are checked before anything is downloaded.
     target_ref = resolve_ref(args.model)
     drafts = resolve_draft_refs(args.draft)
+    check_registry_pair(target_ref, drafts.model)
     prompt = read_prompt(args)
     target, draft = fetch_models(target_ref, drafts.model, offline=args.offline)
     if args.draft is None and drafts_for_itself(target):
