@@ -264,8 +264,29 @@ def _accept_cached(spec: ModelSpec, path: Path, kind: str, expected: str | None)
 # --------------------------------------------------------------------------- the Hub
 
 
+def cache_folder_problem() -> str:
+    """Why the Hugging Face cache folder cannot be made ("" when it can): a file where it or a
+    folder above it should be (``HF_HOME=~/notes.txt``), named with the setting that put it there."""
+    cache = hub_cache_dir()
+    setting = next((v for v in ("HF_HUB_CACHE", "HF_HOME") if os.environ.get(v)), None)
+    probe = cache
+    while True:
+        if os.path.lexists(probe) and not probe.is_dir():
+            blocker = "it" if probe == cache else f"its folder {probe}"
+            by = f"{setting}={os.environ[setting]}" if setting else "the default location"
+            fix = f"point {setting} at a folder (or unset it)" if setting else f"move {probe} out of the way"
+            return (f"the Hugging Face cache {cache} (from {by}) cannot be made: {blocker} is a file, not a folder; "
+                    f"{fix}")
+        if probe == probe.parent:
+            return ""
+        probe = probe.parent
+
+
 def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
     assert spec.repo is not None and spec.file is not None
+    problem = cache_folder_problem()
+    if problem:
+        raise DownloadError(f"cannot download {spec.name}: {problem}")
     # One HEAD first, without retries: it fails fast when the network is down (the
     # client's own fallback retries for ~20 s), and it gives the ETag and size to
     # refuse a changed file or a too-small disk before any byte is fetched.

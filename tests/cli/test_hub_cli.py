@@ -154,3 +154,18 @@ def test_generate_pulls_a_named_model_on_first_use(tmp_path: Path, smol_hub: Fak
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]
     assert smol_hub.seen == []  # on disk: no network at all
+
+
+def test_hf_home_pointing_at_a_file_is_named_with_the_fix(tmp_path: Path, smol_hub: FakeHub) -> None:
+    """Issue 33: HF_HOME at a file gave "downloading … failed: Not a directory", naming neither."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a folder\n")
+    env = cli_env(tmp_path, smol_hub.endpoint)
+    del env["HF_HUB_CACHE"]
+    env["HF_HOME"] = str(notes)
+    proc = run_localspec(["pull", "smol-target"], env, commands=COMMANDS)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"localspec: error: cannot download smol-target: the Hugging Face cache {notes / 'hub'} "
+                           f"(from HF_HOME={notes}) cannot be made: its folder {notes} is a file, not a folder; "
+                           "point HF_HOME at a folder (or unset it)\n")
+    assert notes.read_text() == "not a folder\n"
