@@ -15,7 +15,7 @@ from typing import Any
 
 from localspec.models import hub
 from localspec.models.hub_errors import human_size
-from localspec.commands.common import resolve_name
+from localspec.commands.common import resolve_name, stop_on_signals
 from localspec.models.registry_file import load_registry
 
 
@@ -40,7 +40,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Pull each model in turn; the first failure stops the command with its error."""
+    """Pull each model in turn; the first failure stops the command with its error.
+
+    SIGTERM and SIGHUP stop it as Ctrl-C does: one line, no empty partial file left behind.
+    """
+    stop_on_signals()
     registry = load_registry()
     for text in args.names:
         resolved = resolve_name(text, registry)

@@ -26,6 +26,7 @@ huggingface_hub's own tqdm bars on stderr, and its retry warnings become one sho
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -314,6 +315,9 @@ def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
             local = Path(hf_hub_download(spec.repo, spec.file, revision=spec.revision))
         except Exception as err:  # noqa: BLE001 - mapped or re-raised below
             raise hub_error(err, spec, cache=hub_cache_dir()) from None
+        except BaseException:  # Ctrl-C, SIGTERM: what was fetched stays for the next pull to resume
+            _remove_empty_partials(spec)
+            raise
     if spec.sha256 and not verify(local, spec.sha256):
         _remove_from_hub_cache(local)
         raise DownloadError(
@@ -322,6 +326,18 @@ def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
             f"(update `sha256` or pin `revision` in {spec.origin})"
         )
     return local
+
+
+def _remove_empty_partials(spec: ModelSpec) -> None:
+    """Remove the 0-byte ``.incomplete`` files an interrupted download of ``spec`` left: nothing to
+    resume from, only clutter that looks like a download. Partial files with bytes are kept, so the
+    next ``pull`` resumes where this one stopped."""
+    assert spec.repo is not None
+    blobs = hub_cache_dir() / f"models--{spec.repo.replace('/', '--')}" / "blobs"
+    for partial in blobs.glob("*.incomplete"):
+        with contextlib.suppress(OSError):
+            if partial.stat().st_size == 0:
+                partial.unlink()
 
 
 def _remove_from_hub_cache(pointer: Path) -> None:

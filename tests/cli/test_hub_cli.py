@@ -169,3 +169,30 @@ def test_hf_home_pointing_at_a_file_is_named_with_the_fix(tmp_path: Path, smol_h
                            f"(from HF_HOME={notes}) cannot be made: its folder {notes} is a file, not a folder; "
                            "point HF_HOME at a folder (or unset it)\n")
     assert notes.read_text() == "not a folder\n"
+
+
+def test_pull_stopped_by_sigterm_says_so_and_leaves_no_empty_partial(tmp_path: Path, smol_hub: FakeHub) -> None:
+    """Issue 33: `pull` interrupted by SIGTERM left a 0-byte `.incomplete` and no line."""
+    import signal
+    import sys
+    import time
+
+    from hubserver import REPO_ROOT
+
+    smol_hub.stall_bodies_s = 8.0  # the body's headers come, then nothing: the partial file stays empty
+    code = ("import sys\nimport localspec.cli as cli\n"
+            f"cli.COMMANDS = {COMMANDS!r}\nsys.exit(cli.main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "pull", "smol-target", "--no-progress"],
+                            env=cli_env(tmp_path, smol_hub.endpoint), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    blobs = tmp_path / "hf" / "hub" / f"models--{TARGET_REPO.replace('/', '--')}" / "blobs"
+    deadline = time.monotonic() + 30
+    while not list(blobs.glob("*.incomplete")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    partials = list(blobs.glob("*.incomplete"))
+    assert partials and partials[0].stat().st_size == 0, "the download never started"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err == "localspec: stopped by SIGTERM\n" and out == ""
+    assert list(blobs.glob("*.incomplete")) == []
