@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
             print(resolved.path)
             continue
         spec = resolved.spec
-        was_there = hub.cached_path(spec) is not None
+        before = hub.local_copy(spec)
+        was_there = before is not None and before.usable
         path = hub.pull(spec, offline=args.offline, progress=not args.no_progress)
         state = "on disk" if was_there else f"downloaded ({human_size(path.stat().st_size)})"
         print(f"localspec: {spec.name}: {state}", file=sys.stderr)

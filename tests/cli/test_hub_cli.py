@@ -196,3 +196,19 @@ def test_pull_stopped_by_sigterm_says_so_and_leaves_no_empty_partial(tmp_path: P
     assert proc.returncode == 128 + signal.SIGTERM
     assert err == "localspec: stopped by SIGTERM\n" and out == ""
     assert list(blobs.glob("*.incomplete")) == []
+
+
+def test_a_copy_cut_short_is_found_by_its_header_when_the_registry_knows_no_size(tmp_path: Path,
+                                                                                 smol_hub: FakeHub) -> None:
+    first = localspec(tmp_path, smol_hub, "pull", "smol-target", "--no-progress")
+    assert first.returncode == 0, first.stderr
+    blob = Path(first.stdout.strip()).resolve()
+    size = blob.stat().st_size
+    with blob.open("r+b") as f:
+        f.truncate(size // 2)
+    offline = localspec(tmp_path, None, "pull", "smol-target", "--offline")
+    assert offline.returncode == 2 and "on disk" not in offline.stderr
+    assert f"is not usable: model file {blob} is truncated: it has {size // 2:,} bytes" in offline.stderr
+    listed = json.loads(run_localspec(["models", "--json"], cli_env(tmp_path)).stdout)
+    record = next(r for r in listed if r["name"] == "smol-target")
+    assert record["on_disk"] is False and "truncated" in record["problem"]
