@@ -57,8 +57,8 @@ def options(*, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, 
             p_min: float = 0.0, speculative: bool = True) -> GenerateOptions:
     """GenerateOptions from flat keyword arguments.
 
-    ``stop``: one stop string, or a sequence of them. ``draft_len=None`` (the default, as in ``GenerateOptions``) lets the
-    controller choose the draft length each step; an int fixes it (0: plain).
+    ``stop``: one stop string, or a sequence of them. ``draft_len=None`` (the default, as in
+    ``GenerateOptions``) lets the controller choose the draft length each step; an int fixes it (0: plain).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     stops = (stop,) if isinstance(stop, str) else tuple(stop)  # one string is one stop string

@@ -304,7 +304,8 @@ def test_shipped_assistants_from_a_repository_folder_and_a_pinned_commit(tmp_pat
     # The stand-in file is 1 MiB where the registry knows the real one's size: found, and not taken for it.
     found = records["gemma4-26b-a4b-assistant"]
     assert found["damaged_path"] == str(path) and found["on_disk"] is False and found["path"] is None
-    assert found["problem"].startswith(f"it has {MiB:,} bytes where gemma4-26b-a4b-assistant's file has 461,766,816")  # to the byte
+    # Its size is written to the byte in models.toml.
+    assert found["problem"].startswith(f"it has {MiB:,} bytes where gemma4-26b-a4b-assistant's file has 461,766,816")
     assert records["gemma4-12b-assistant"]["on_disk"] is False
 
 

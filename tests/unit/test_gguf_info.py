@@ -397,7 +397,7 @@ def test_a_truncated_file_object_is_reported_like_a_file(smollm2_path: Path) -> 
         read_info(CountingFile(b"<!DOCTYPE html><html>login</html>"))  # type: ignore[arg-type]
 
 
-def test_a_full_size_file_with_flipped_header_bytes_is_corrupt_not_truncated(smollm2_path: Path, tmp_path: Path) -> None:
+def test_a_full_size_file_with_flipped_header_bytes_is_corrupt(smollm2_path: Path, tmp_path: Path) -> None:
     """Issue 33: a full-size GGUF with flipped header bytes was called "truncated … cut short"."""
     data = smollm2_path.read_bytes()
     header_end = read_header(smollm2_path).data_offset
