@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localspec.errors import InvalidOptionError, shown
+from localspec.errors import InvalidOptionError, OutputPathError, shown
 
 
 def register(subparsers: Any) -> None:
@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         build = build_store_from_corpus(args.paths, lambda text: model.tokenize(text, add_special=False),
                                         fingerprint, out)
+    except OSError as err:  # checked before, but the disk may fill (or the folder vanish) meanwhile
+        raise OutputPathError(f"-o {shown(str(out), 120, quote='')}: the store could not be written "
+                              f"({err.strerror or err}); the previous file, if any, is untouched") from None
     finally:
         model.close()
     corpus = build.corpus

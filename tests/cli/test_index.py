@@ -323,3 +323,23 @@ def test_a_fifo_or_a_device_as_output_is_refused_in_one_line(corpus, smollm2_pat
         line = one_error_line(proc)
         assert f"-o {out} " in line and needle in line, line
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_a_store_that_cannot_be_written_after_all_is_one_line(index_cli, capsys, corpus, smollm2_path, monkeypatch):
+    import contextlib
+
+    from localspec.drafting import suffix_array
+
+    @contextlib.contextmanager
+    def full_disk(path, **kw):
+        raise OSError(28, "No space left on device")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(suffix_array, "atomic_write", full_disk)
+    store = corpus / "full.lsstore"
+    code = index_cli("index", str(corpus / "notes"), "--model", str(smollm2_path), "-o", str(store))
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.splitlines() == [(f"localspec: error: -o {store}: the store could not be written (No space left on "
+                                    "device); the previous file, if any, is untouched")]
+    assert not store.exists()
