@@ -98,19 +98,23 @@ class _Claim:
 TREE_SEQUENCES = 32
 
 
-BUSY = "one generation at a time: finish or cancel the first (this engine is still generating another)"
+BUSY = ("one generation at a time: finish or cancel the first (another thread is still generating with this "
+        "engine; localspec.complete waits its turn)")
 CLOSED = "the engine is closed; load the model again to generate"
 
 
 class Engine:
     """A loaded target with its drafters, ready to generate: one user, one generation at a time.
 
-    The target's cache holds one conversation, so a second ``generate`` while a
-    generation is unfinished (not run to its DoneEvent, cancelled, or broken by
-    an exception) raises ``EngineStateError`` at once, never mixing the two;
-    ``generate(..., wait=True)`` (what ``localspec.complete`` uses) waits instead
-    for the other thread's generation to end, so ``complete()`` from several
-    threads take turns. After ``close()`` every method raises ``EngineStateError``.
+    The target's cache holds one conversation, so two generations never run
+    interleaved. A thread that starts a new one while its own previous one is
+    unfinished (not run to its DoneEvent, not cancelled: a loop left with
+    ``break``) has moved on: the old one ends there, and iterating it again
+    raises ``EngineStateError`` (``SUPERSEDED``) instead of mixing the two. While
+    another thread's generation is unfinished, ``generate`` raises
+    ``EngineStateError`` (``BUSY``), or with ``wait=True`` (what
+    ``localspec.complete`` uses) waits for it to end, so ``complete()`` from
+    several threads take turns. After ``close()`` every method raises ``EngineStateError``.
 
     Drafters: ``draft`` (a model sharing the target's vocabulary, or Gemma 4's assistant
     GGUF, which drafts from the target's own cache), ``mtp`` (the
@@ -318,9 +322,9 @@ class Engine:
                  wait: bool = False) -> Generation:
         """Start a generation of ``prompt`` (text, or token ids of this model's vocabulary).
 
-        One at a time: while another generation of this engine is unfinished this raises
-        ``EngineStateError`` (``BUSY``), or with ``wait`` waits for it to end when another thread
-        runs it (a thread waiting on its own unfinished generation would wait forever: it raises).
+        One at a time: this thread's own unfinished generation of this engine ends here (it
+        raises ``SUPERSEDED`` if iterated again); another thread's raises ``BUSY``, or with
+        ``wait`` is waited for.
         """
         self.check_open()
         opts = opts or GenerateOptions()
@@ -334,13 +338,21 @@ class Engine:
                 "shorten the prompt or raise --ctx"
             )
         claim = _Claim()
-        with self._turn:
-            while self._active is not None:
-                if not wait or self._active.owner == claim.owner:
-                    raise EngineStateError(BUSY)
-                self._turn.wait()
-            self.check_open()  # closed while waiting
-            self._active = claim
+        while True:
+            with self._turn:
+                active = self._active
+                if active is None:
+                    self.check_open()  # closed while waiting
+                    self._active = claim
+                    break
+                if active.owner != claim.owner:
+                    if not wait:
+                        raise EngineStateError(BUSY)
+                    self._turn.wait()
+                    continue
+            if not isinstance(active, Generation):  # generate() re-entered while building one
+                raise EngineStateError(BUSY)
+            active.supersede()  # this thread left it unfinished and moved on
         # Built outside the lock: the first generation measures costs (seconds), and a second
         # caller must hear BUSY at once, not wait for the lock.
         try:

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Iterator
 
+from localspec.errors import EngineStateError
 from localspec.events import (
     ControlSummary,
     DoneEvent,
@@ -30,6 +31,10 @@ from localspec.textstream import TokenReleaser
 
 if TYPE_CHECKING:
     from localspec.engine import Engine, GenerateOptions
+
+
+SUPERSEDED = ("this generation was ended when its thread started another on the same engine (one generation "
+              "at a time); iterate each generation to its end, or cancel it, before starting the next")
 
 
 class _Tally:
@@ -110,6 +115,7 @@ class Generation(Iterator[Event]):
         # Held while the loop runs (a step, the prefill): cancel() and Engine.close() never act mid-step.
         self.stepping = threading.Lock()
         self._started = False
+        self._superseded = False
         self.prompt = prompt
         self.opts = opts
         self.sampler = Sampler(opts.sampling)
@@ -131,6 +137,8 @@ class Generation(Iterator[Event]):
 
     def __next__(self) -> Event:
         with self.stepping:
+            if self._superseded:
+                raise EngineStateError(SUPERSEDED)
             if self.result is None:
                 self.engine.check_open()  # closed under an unfinished generation: an error, not a crash
             self._started = True
@@ -152,6 +160,17 @@ class Generation(Iterator[Event]):
                 self.engine._release(self)
             finally:
                 self.stepping.release()
+
+    def supersede(self) -> None:
+        """End this unfinished generation because its thread started another on the same engine
+        (``Engine.generate``): between two steps its caches are consistent, so the next one keeps
+        what they hold; iterating this one again raises ``EngineStateError``."""
+        with self.stepping:
+            if self.result is not None:
+                return
+            self._superseded = True
+            self._events.close()
+            self.engine._release(self)
 
     def run(self) -> DoneEvent:
         """Consume the remaining events; the final DoneEvent (for callers that need no streaming)."""

@@ -64,18 +64,56 @@ def test_an_engine_used_after_close_raises_instead_of_crashing(smollm2_path: Pat
         assert line.endswith("| the engine is closed; load the model again to generate"), line
 
 
-def test_a_second_generation_while_one_is_unfinished_is_refused(engine):
+def test_two_generations_iterated_in_turn_never_mix(engine):
+    """Issue 33: two generations from one engine iterated in turn gave wrong text with no error."""
     plain = GenerateOptions(max_tokens=12, speculative=False)
     alone_a = engine.generate(A, plain).run().text
     alone_b = engine.generate(B, plain).run().text
     first = engine.generate(A, plain)
     next(first)
-    with pytest.raises(EngineStateError, match="one generation at a time: finish or cancel the first"):
-        engine.generate(B, plain)
-    with pytest.raises(EngineStateError, match="one generation at a time"):  # complete() too: no self-deadlock
-        localspec.complete(engine, B, max_tokens=12, speculative=False)
-    assert first.run().text == alone_a  # the refused one changed nothing
-    assert engine.generate(B, plain).run().text == alone_b  # and once it finished, the next may start
+    second = engine.generate(B, plain)  # this thread moved on: the first ends here
+    with pytest.raises(EngineStateError, match="this generation was ended when its thread started another"):
+        next(first)
+    assert second.run().text == alone_b  # the second is its own text, whole
+    with pytest.raises(EngineStateError, match="was ended"):
+        next(first)
+    ended = first.interrupted()  # what the first gave before it ended is still there
+    assert ended.finish_reason == "interrupted" and alone_a.startswith(ended.text)
+    # A loop left with `break` needs no ceremony: the next generation simply starts.
+    for event in engine.generate(A, plain):
+        if isinstance(event, TokenEvent) and event.text:
+            break
+    assert engine.generate(A, plain).run().text == alone_a
+
+
+def test_another_threads_unfinished_generation_is_busy(engine):
+    plain = GenerateOptions(max_tokens=12, speculative=False)
+    alone_b = engine.generate(B, plain).run().text
+    first = engine.generate(A, plain)
+    next(first)
+    seen: list[object] = []
+
+    def other() -> None:
+        try:
+            engine.generate(B, plain)
+        except EngineStateError as err:
+            seen.append(str(err))
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(timeout=60)
+    assert seen == ["one generation at a time: finish or cancel the first (another thread is still generating "
+                    "with this engine; localspec.complete waits its turn)"]
+    # complete() from another thread waits for the first to finish, then runs on a clean turn.
+    results: list[str] = []
+    waiter = threading.Thread(target=lambda: results.append(
+        localspec.complete(engine, B, max_tokens=12, speculative=False).text))
+    waiter.start()
+    waiter.join(timeout=1.0)
+    assert waiter.is_alive() and results == []  # still waiting: the first is unfinished
+    rest = first.run()
+    waiter.join(timeout=120)
+    assert results == [alone_b] and rest.finish_reason in ("length", "stop")
 
 
 def test_cancel_lets_the_next_generation_start(engine):
