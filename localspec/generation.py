@@ -183,10 +183,14 @@ class Generation(Iterator[Event]):
         return self.tally.snapshot()
 
     def interrupted(self) -> DoneEvent:
-        """The DoneEvent for a generation stopped by an exception (Ctrl-C)."""
+        """The DoneEvent for a generation stopped by an exception (Ctrl-C, or one in the caller's own
+        loop): the caller gives it up, so the engine is free for the next one."""
         if self.result is None:
             self.tally.end = self.tally.end or time.perf_counter()
             self.result = DoneEvent("interrupted", "".join(self.text_parts), tuple(self.tokens), self.stats())
+            with self.stepping:
+                self._events.close()  # (already finished when the exception came from the loop itself)
+                self.engine._release(self)
         return self.result
 
     # --- the loop's stages ---------------------------------------------------

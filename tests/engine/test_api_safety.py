@@ -190,3 +190,19 @@ def test_load_refuses_none_and_resolves_registered_names(smollm2_path):
         assert eng.target.path.name == smollm2_path.name
     finally:
         eng.close()
+
+
+def test_a_generation_given_up_after_an_error_in_the_callers_loop_frees_the_engine(engine):
+    """The app's worker calls interrupted() when its own code fails mid-reply; the next reply comes from
+    another thread and must not find the engine busy."""
+    plain = GenerateOptions(max_tokens=12, speculative=False)
+    alone_b = engine.generate(B, plain).run().text
+    gen = engine.generate(A, plain)
+    next(gen)
+    done = gen.interrupted()
+    assert done.finish_reason == "interrupted"
+    results: list[str] = []
+    t = threading.Thread(target=lambda: results.append(engine.generate(B, plain).run().text))
+    t.start()
+    t.join(timeout=120)
+    assert results == [alone_b]
