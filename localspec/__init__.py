@@ -30,6 +30,7 @@ _LAZY = {
     "DoneEvent": "localspec.events",
     "GenerationStats": "localspec.events",
     "LocalspecError": "localspec.errors",
+    "EngineStateError": "localspec.errors",
 }
 
 __all__ = sorted(_LAZY)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import NoReturn, Sequence
 
@@ -33,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stderr is None:
+        # Closed (2>&-): print(file=None) would write the statistics and warnings into stdout among the
+        # text. What was meant for stderr is dropped instead.
+        sys.stderr = open(os.devnull, "w")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -8,6 +8,7 @@ statistics, so a caller interrupted midway can still report them.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -38,6 +39,7 @@ from localspec.drafting.mtp import MtpDrafter
 from localspec.drafting.specs import MTP, DrafterSpec
 from localspec.errors import (
     ContextOverflowError,
+    EngineStateError,
     InvalidOptionError,
 )
 from localspec.generation import Generation
@@ -66,8 +68,18 @@ class GenerateOptions:
     speculative: bool = True
     drafter: str | None = None  # from Engine.drafter_names() (a comma list combines); None: all configured
 
+    def __post_init__(self) -> None:
+        # One stop string given alone is that string, not its characters.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+
     def validate(self) -> None:
         self.sampling.validate()
+        bad = next((s for s in self.stop if not isinstance(s, str) or not s), None)
+        if bad is not None:
+            raise InvalidOptionError(f"stop {bad!r} is not a stop string: give non-empty text", param="stop")
         if self.max_tokens < 1:
             raise InvalidOptionError(f"max_tokens {self.max_tokens} is out of range: it must be at least 1",
                                      param="max_tokens")
@@ -78,12 +90,35 @@ class GenerateOptions:
             raise InvalidOptionError(f"p_min {self.p_min} is out of range: it must be in [0, 1)", param="p_min")
 
 
+class _Claim:
+    """The engine taken by a generation still being built (``owner``: the thread that asked)."""
+
+    def __init__(self) -> None:
+        self.owner = threading.get_ident()
+        self.stepping = threading.Lock()
+
+
 # Sequences for multi-branch verification: candidate branches and lookahead's window.
 TREE_SEQUENCES = 32
 
 
+BUSY = ("one generation at a time: finish or cancel the first (another thread is still generating with this "
+        "engine; localspec.complete waits its turn)")
+CLOSED = "the engine is closed; load the model again to generate"
+
+
 class Engine:
-    """A loaded target with its drafters, ready to generate. Not thread-safe: one generation at a time.
+    """A loaded target with its drafters, ready to generate: one user, one generation at a time.
+
+    The target's cache holds one conversation, so two generations never run
+    interleaved. A thread that starts a new one while its own previous one is
+    unfinished (not run to its DoneEvent, not cancelled: a loop left with
+    ``break``) has moved on: the old one ends there, and iterating it again
+    raises ``EngineStateError`` (``SUPERSEDED``) instead of mixing the two. While
+    another thread's generation is unfinished, ``generate`` raises
+    ``EngineStateError`` (``BUSY``), or with ``wait=True`` (what
+    ``localspec.complete`` uses) waits for it to end, so ``complete()`` from
+    several threads take turns. After ``close()`` every method raises ``EngineStateError``.
 
     Drafters: ``draft`` (a model sharing the target's vocabulary, or Gemma 4's assistant
     GGUF, which drafts from the target's own cache), ``mtp`` (the
@@ -98,6 +133,9 @@ class Engine:
                  personal_history: bool = True) -> None:
         if n_ctx < 16:
             raise InvalidOptionError(f"n_ctx {n_ctx} is too small: use at least 16 tokens", param="n_ctx")
+        self._closed = False
+        self._turn = threading.Condition()  # guards _active: the one unfinished generation
+        self._active: Generation | _Claim | None = None
         pairing.check_models(target, draft, specs)
         model_free = [s for s in specs if s.kind not in ("model", MTP)]
         self.target = target
@@ -185,6 +223,7 @@ class Engine:
         The measured costs stay: they belong to the machine. ``localspec bench``
         calls this before each run so that no run profits from an earlier one.
         """
+        self.check_open()
         self._controller = None
         for spec in self._model_free_specs:
             self._factories[spec.name] = self._model_free_factory(spec)
@@ -192,6 +231,7 @@ class Engine:
     def cost_model(self, *, measure: bool = True) -> CostModel | None:
         """The costs the controllers plan with (measured or loaded on first use; None if not yet and not
         ``measure``)."""
+        self.check_open()
         if self._costs is None and measure:
             from localspec.policy.measure import load_or_measure
 
@@ -258,10 +298,15 @@ class Engine:
 
     # --- prompts -----------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
+        """``text`` as token ids (BOS added when the model wants it); ``text`` must be a str."""
+        self.check_open()
+        if not isinstance(text, str):
+            raise InvalidOptionError(f"the prompt must be text (str), not {type(text).__name__}", param="prompt")
         return self.target.tokenize(text, add_special=True, parse_special=False)
 
     def chat_tokens(self, messages: Sequence[Message | Mapping[str, str]]) -> list[int]:
         """Messages rendered with the model's own template, then tokenized (special tokens parsed)."""
+        self.check_open()
         bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
         eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
         text = render_chat(self.target.chat_template(), messages, bos_token=bos, eos_token=eos,
@@ -273,6 +318,7 @@ class Engine:
     # --- generation --------------------------------------------------------
     def drafter_names(self) -> list[str]:
         """The drafters this engine can use; with several, their combination comes first."""
+        self.check_open()
         names = list(self._factories)
         return [",".join(names), *names] if len(names) > 1 else names
 
@@ -293,6 +339,7 @@ class Engine:
         The first call measures the target's (and draft model's) verification
         costs (a few seconds each: two depths of the context), cached on disk per model and build.
         """
+        self.check_open()
         if self._controller is None:
             costs = self.cost_model()
             assert costs is not None
@@ -301,6 +348,7 @@ class Engine:
 
     def make_drafters(self, sampler: Sampler, opts: GenerateOptions) -> list[Drafter]:
         """The drafters ``opts`` asks for (all configured ones by default; none for plain decoding)."""
+        self.check_open()
         if not opts.speculative or opts.draft_len == 0 or not self._factories:
             return []
         wanted = opts.drafter.split(",") if opts.drafter else list(self._factories)
@@ -311,21 +359,87 @@ class Engine:
             )
         return [self._factories[n](sampler, opts) for n in wanted]
 
-    def generate(self, prompt: str | Sequence[int], opts: GenerateOptions | None = None) -> Generation:
+    def generate(self, prompt: str | Sequence[int], opts: GenerateOptions | None = None, *,
+                 wait: bool = False) -> Generation:
+        """Start a generation of ``prompt`` (text, or token ids of this model's vocabulary).
+
+        One at a time: this thread's own unfinished generation of this engine ends here (it
+        raises ``SUPERSEDED`` if iterated again); another thread's raises ``BUSY``, or with
+        ``wait`` is waited for.
+        """
+        self.check_open()
         opts = opts or GenerateOptions()
         opts.validate()
-        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else self.check_tokens(prompt)
         if not tokens:
-            raise InvalidOptionError("the prompt is empty; give some text to continue")
+            raise InvalidOptionError("the prompt is empty; give some text to continue", param="prompt")
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt is {len(tokens)} tokens but the context holds {self.n_ctx}; "
                 "shorten the prompt or raise --ctx"
             )
-        return Generation(self, tokens, opts)
+        claim = _Claim()
+        while True:
+            with self._turn:
+                active = self._active
+                if active is None:
+                    self.check_open()  # closed while waiting
+                    self._active = claim
+                    break
+                if active.owner != claim.owner:
+                    if not wait:
+                        raise EngineStateError(BUSY)
+                    self._turn.wait()
+                    continue
+            if not isinstance(active, Generation):  # generate() re-entered while building one
+                raise EngineStateError(BUSY)
+            active.supersede()  # this thread left it unfinished and moved on
+        # Built outside the lock: the first generation measures costs (seconds), and a second
+        # caller must hear BUSY at once, not wait for the lock.
+        try:
+            generation = Generation(self, tokens, opts)
+        except BaseException:
+            self._release(claim)
+            raise
+        with self._turn:
+            self._active = generation
+        return generation
+
+    def check_tokens(self, prompt: object) -> list[int]:
+        """``prompt`` as a list of this vocabulary's token ids, or one InvalidOptionError naming why not."""
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise InvalidOptionError("the prompt is bytes; pass text (str, e.g. data.decode()) or a list of "
+                                     "token ids", param="prompt")
+        try:
+            tokens = list(prompt)  # type: ignore[call-overload]
+        except TypeError:
+            raise InvalidOptionError(f"the prompt must be text (str) or a list of token ids, not "
+                                     f"{type(prompt).__name__}", param="prompt") from None
+        n_vocab = self.target.n_vocab
+        for tok in tokens:
+            if isinstance(tok, bool) or not isinstance(tok, int) and not hasattr(tok, "__index__"):
+                raise InvalidOptionError(f"the prompt's token {tok!r} is not a token id (an int)", param="prompt")
+            if not 0 <= int(tok) < n_vocab:
+                raise InvalidOptionError(f"the prompt's token id {int(tok)} is outside the vocabulary: this model "
+                                         f"has {n_vocab:,} tokens (ids 0..{n_vocab - 1})", param="prompt")
+        return [int(t) for t in tokens]
+
+    # --- one user at a time ----------------------------------------------------
+    def check_open(self) -> None:
+        """Raise ``EngineStateError`` once ``close()`` was called (llama.cpp's memory is freed)."""
+        if self._closed:
+            raise EngineStateError(CLOSED)
+
+    def _release(self, generation: Generation | _Claim) -> None:
+        """A generation has finished with the caches; the next one may start."""
+        with self._turn:
+            if self._active is generation:
+                self._active = None
+                self._turn.notify_all()
 
     def invalidate(self) -> None:
         """Forget cache contents after an interruption left them in an unknown state."""
+        self.check_open()
         self.ctx.clear()
         if self.draft_ctx is not None:
             self.draft_ctx.clear()
@@ -334,6 +448,19 @@ class Engine:
                 listener.current.reset()
 
     def close(self) -> None:
+        """Free the models and caches; afterwards every method raises ``EngineStateError``.
+
+        A generation mid-step in another thread finishes its step first (llama.cpp's memory is never
+        freed under it); it then ends with that error at its next step. Closing twice is harmless.
+        """
+        with self._turn:
+            if self._closed:
+                return
+            self._closed = True
+            active = self._active
+        if active is not None:
+            with active.stepping:  # wait out a step in progress
+                self._release(active)
         for listener in self._listeners:
             listener.close()
         # The MTP and assistant contexts before the target's: they were created over it (ctx_other).

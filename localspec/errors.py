@@ -68,5 +68,13 @@ class DownloadError(LocalspecError):
     """A model could not be fetched or verified."""
 
 
+class EngineStateError(LocalspecError):
+    """The engine cannot do this now: it was closed, or it is busy with another generation."""
+
+
+class OutputPathError(LocalspecError):
+    """A path the user asked us to write cannot take the file (a FIFO, a device, a folder, no permission)."""
+
+
 class StoreError(LocalspecError):
     """A drafting datastore is missing, corrupt, or built for another tokenizer."""

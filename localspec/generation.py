@@ -9,9 +9,11 @@ iterator of events; ``stats()`` reads the running counts at any time.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from typing import TYPE_CHECKING, Iterator
 
+from localspec.errors import EngineStateError
 from localspec.events import (
     ControlSummary,
     DoneEvent,
@@ -29,6 +31,10 @@ from localspec.textstream import TokenReleaser
 
 if TYPE_CHECKING:
     from localspec.engine import Engine, GenerateOptions
+
+
+SUPERSEDED = ("this generation was ended when its thread started another on the same engine (one generation "
+              "at a time); iterate each generation to its end, or cancel it, before starting the next")
 
 
 class _Tally:
@@ -105,6 +111,11 @@ class Generation(Iterator[Event]):
 
     def __init__(self, engine: Engine, prompt: list[int], opts: GenerateOptions) -> None:
         self.engine = engine
+        self.owner = threading.get_ident()  # the thread that started it (Engine.generate's wait)
+        # Held while the loop runs (a step, the prefill): cancel() and Engine.close() never act mid-step.
+        self.stepping = threading.Lock()
+        self._started = False
+        self._superseded = False
         self.prompt = prompt
         self.opts = opts
         self.sampler = Sampler(opts.sampling)
@@ -126,10 +137,41 @@ class Generation(Iterator[Event]):
         return self
 
     def __next__(self) -> Event:
-        return next(self._events)
+        with self.stepping:
+            if self._superseded:
+                raise EngineStateError(SUPERSEDED)
+            if self.result is None:
+                self.engine.check_open()  # closed under an unfinished generation: an error, not a crash
+            self._started = True
+            return next(self._events)
 
     def cancel(self) -> None:
+        """End the generation after its current step, ``finish_reason == "cancelled"``.
+
+        Callable from any thread. When no step is running (between two events, or before the first),
+        the engine is released at once, so another generation may start; what is left of this one
+        (the rest of the step's tokens, the DoneEvent) touches no cache.
+        """
         self._cancel = True
+        if self.stepping.acquire(blocking=False):
+            try:
+                if not self._started:  # nothing decoded yet: end without a prefill
+                    self._events.close()
+                    self._events = self._finish("cancelled")
+                self.engine._release(self)
+            finally:
+                self.stepping.release()
+
+    def supersede(self) -> None:
+        """End this unfinished generation because its thread started another on the same engine
+        (``Engine.generate``): between two steps its caches are consistent, so the next one keeps
+        what they hold; iterating this one again raises ``EngineStateError``."""
+        with self.stepping:
+            if self.result is not None:
+                return
+            self._superseded = True
+            self._events.close()
+            self.engine._release(self)
 
     def run(self) -> DoneEvent:
         """Consume the remaining events; the final DoneEvent (for callers that need no streaming)."""
@@ -142,10 +184,14 @@ class Generation(Iterator[Event]):
         return self.tally.snapshot()
 
     def interrupted(self) -> DoneEvent:
-        """The DoneEvent for a generation stopped by an exception (Ctrl-C)."""
+        """The DoneEvent for a generation stopped by an exception (Ctrl-C, or one in the caller's own
+        loop): the caller gives it up, so the engine is free for the next one."""
         if self.result is None:
             self.tally.end = self.tally.end or time.perf_counter()
             self.result = DoneEvent("interrupted", "".join(self.text_parts), tuple(self.tokens), self.stats())
+            with self.stepping:
+                self._events.close()  # (already finished when the exception came from the loop itself)
+                self.engine._release(self)
         return self.result
 
     # --- the loop's stages ---------------------------------------------------
@@ -229,12 +275,13 @@ class Generation(Iterator[Event]):
         self.tally.end = time.perf_counter()
         self._remember(reason)
         self.result = DoneEvent(reason, "".join(self.text_parts), tuple(self.tokens), self.stats())
+        self.engine._release(self)  # done with the caches: the DoneEvent's reader may start another
         yield self.result
 
     def _remember(self, reason: str) -> None:
         """Add a finished reply to the personal store (when an n-gram drafter keeps one)."""
-        if not self.drafters or not self.tokens or reason not in ("stop", "length"):
-            return
+        if not self.drafters or not self.tokens or reason not in ("stop", "length") or self._cancel:
+            return  # (a cancelled generation may no longer own the engine's drafters)
         from localspec.errors import StoreError
 
         try:
@@ -262,5 +309,8 @@ class Generation(Iterator[Event]):
             raise
         except BaseException:
             # The caches may be mid-step; the next generation starts from scratch.
-            self.engine.invalidate()
+            if self.engine._active is self and not self.engine._closed:  # (not after cancel() let it go)
+                self.engine.invalidate()
             raise
+        finally:
+            self.engine._release(self)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator
+
+from localspec.errors import OutputPathError
 
 
 def data_dir() -> Path:
@@ -31,15 +34,71 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "localspec"
 
 
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "not a regular file"
+
+
+def output_path(path: str | os.PathLike[str], *, name: str | None = None) -> Path:
+    """The regular file a write to ``path`` (a path the user asked us to write) lands in, checked first.
+
+    Every command that writes a file the user named calls this before doing the work, so that
+    nothing is computed only to be lost: a symlink is followed (the real file is written, the link
+    kept), and a FIFO, a device, a socket or a folder, a missing folder, a symlink loop or a folder
+    or file that cannot be written is refused with ``OutputPathError``. ``name`` begins the message
+    (the front end's name for the option, e.g. ``--chart out.svg``); by default the path itself.
+    ``atomic_write`` makes the same checks, so a write can never replace what is not a plain file.
+    """
+    shown_as = name or str(path)
+    given = Path(path).expanduser()
+    try:
+        real = Path(os.path.realpath(given))
+        try:
+            info: os.stat_result | None = os.stat(real)
+        except FileNotFoundError:
+            info = None
+    except OSError as err:  # a symlink loop, a name too long
+        raise OutputPathError(f"{shown_as} is not a usable path: {err.strerror or err}") from None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        what = _kind(info.st_mode)
+        fix = "name a file inside it" if stat.S_ISDIR(info.st_mode) else "name a regular file instead"
+        raise OutputPathError(f"{shown_as} is {what}, not a regular file; {fix}")
+    folder = real.parent
+    if not folder.is_dir():
+        raise OutputPathError(f"{shown_as}: the folder {folder} does not exist; create it first")
+    # The new file is written beside the old one and renamed over it: the folder must take a new file.
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{shown_as}: cannot write in the folder {folder} (permission denied); "
+                              "choose a folder you can write")
+    if info is not None and not os.access(real, os.W_OK):
+        raise OutputPathError(f"{shown_as} is not writable (permission denied); "
+                              "choose another file or change its permissions")
+    return real
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644) -> Iterator[BinaryIO]:
     """Write ``path`` all or nothing: a temp file in the same folder, fsync, rename.
 
     If the block raises (or the process dies), the previous file is untouched
     and the temp file is removed (or left as an ignorable ``.name.*.tmp``).
+    A symlink is written through (its target replaced, the link kept); a path that is
+    not a regular file (a FIFO, a device) is refused with ``OutputPathError``, never replaced.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(Path(path).expanduser()))
     path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        mode_now = os.stat(path).st_mode
+        if not stat.S_ISREG(mode_now):
+            raise OutputPathError(f"{path} is {_kind(mode_now)}, not a regular file; it was left as it is")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:

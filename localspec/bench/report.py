@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localspec.bench.runner import KINDS, PLAIN, BenchResult, Summary
+from localspec.bench.runner import FEW_RUNS, KINDS, NOISE, PLAIN, BenchResult, Summary
 
 
 def _bar(ratio: float, width: int = 24, top: float = 2.0) -> str:
@@ -25,7 +25,7 @@ def _bar(ratio: float, width: int = 24, top: float = 2.0) -> str:
 def format_table(result: BenchResult) -> str:
     """The terminal report: per task and overall, one line per configuration."""
     head = (f"{'task':<14}{'config':<18}{'tok/s':>8}  {'× plain min–med–max':<21}{'pred×':>6}"
-            f"{'α':>6}{'τ':>6}  {'draft/verify/py %':<18}{'draft ms/step':>13}")
+            f"{'α':>6}{'τ':>6}  {'draft/verify/py %':<18}{'draft ms/step':>13}  vs plain")
     lines = [f"localspec bench · {result.model} · {result.rounds} round(s), alternating with plain", "", head,
              "─" * len(head)]
 
@@ -37,7 +37,7 @@ def format_table(result: BenchResult) -> str:
         acc = "" if config == PLAIN.label else f"{s.alpha:.2f}"
         draft = "" if config == PLAIN.label else f"{s.draft_ms_per_step:.3f}"
         return (f"{label:<14}{config:<18}{s.tokens_per_second:>8.1f}  {spread:<21}{pred:>6}{acc:>6}"
-                f"{s.tau:>6.2f}  {split:<18}{draft:>13}")
+                f"{s.tau:>6.2f}  {split:<18}{draft:>13}  {s.verdict}").rstrip()
 
     for task, configs in result.by_task().items():
         for i, (config, s) in enumerate(configs.items()):
@@ -51,13 +51,25 @@ def format_table(result: BenchResult) -> str:
             if config == PLAIN.label:
                 continue
             lines.append(f"    {config:<18}{s.ratio_min:.2f}–{s.ratio_median:.2f}–{s.ratio_max:.2f}×  "
-                         f"{_bar(s.ratio_median)}  predicted {s.predicted:.2f}×")
+                         f"{_bar(s.ratio_median)}  predicted {s.predicted:.2f}×  {_verdict_words(s)}")
+    lines += ["", "vs plain: within noise when nothing drafted was accepted, when the min–max ratio holds 1.00, or "
+                  "when the median is nearer 1.00 than plain's own spread between rounds"]
+    if result.rounds < 2:
+        lines.append("one round gives no spread: run --rounds 3 or more to tell a difference from noise")
     differing = [r for r in result.runs if r.same_as_plain is False]
     if differing:
         lines += ["", f"note: {len(differing)} greedy run(s) parted from plain output: llama.cpp's numerics "
                       "differ between batch shapes and cache layouts, so near-ties can resolve differently "
                       "(README: Exactness and floating point); see --json"]
     return "\n".join(lines)
+
+
+def _verdict_words(s: Summary) -> str:
+    if s.verdict == NOISE and s.accepted == 0:
+        return f"{NOISE} (no draft token accepted)"
+    if s.verdict == FEW_RUNS:
+        return "one run: no spread"
+    return s.verdict
 
 
 def chart_svg(result: BenchResult) -> str:

@@ -168,9 +168,43 @@ class Summary:
     split: tuple[float, float, float]  # draft / verify / python shares of step time
     runs: int
     draft_ms_per_step: float = 0.0     # drafting time per step (all steps, plain ones count 0)
+    accepted: int = 0                  # draft tokens accepted over these runs
+    verdict: str = ""                  # against plain: FASTER, SLOWER, NOISE or FEW_RUNS (plain itself: "")
 
 
-def summarise(runs: Sequence[RunResult]) -> Summary:
+FASTER, SLOWER, NOISE, FEW_RUNS = "faster", "slower", "within noise", "one run"
+"""How a configuration compares with plain, as ``Summary.verdict`` says it."""
+
+
+def verdict(ratios: Sequence[float], accepted: int, plain_noise: float) -> str:
+    """Whether ratios to plain show a real difference or only the timing noise.
+
+    Within the noise when nothing drafted was accepted (the steps were plain steps; any difference is
+    the machine's), when the ratios' min–max holds 1.0, or when the median ratio is nearer 1.0 than
+    plain's own spread between rounds (``plain_noise``: (max − min) / median of plain's tokens/s).
+    One run has no spread to judge by.
+    """
+    if len(ratios) < 2:
+        return FEW_RUNS
+    median = statistics.median(ratios)
+    if accepted == 0 or min(ratios) <= 1.0 <= max(ratios) or abs(median - 1.0) <= plain_noise:
+        return NOISE
+    return FASTER if median > 1.0 else SLOWER
+
+
+def plain_noise(plain_runs: Sequence[RunResult]) -> float:
+    """How much plain decoding's own speed varied: the largest (max − min) / median of tokens/s over a
+    task's rounds (0 with fewer than two rounds)."""
+    by_task: dict[str, list[float]] = {}
+    for r in plain_runs:
+        by_task.setdefault(r.task, []).append(r.tokens_per_second)
+    spreads = [(max(v) - min(v)) / statistics.median(v) for v in by_task.values()
+               if len(v) > 1 and statistics.median(v) > 0]
+    return max(spreads, default=0.0)
+
+
+def summarise(runs: Sequence[RunResult], noise: float | None = None) -> Summary:
+    """min–median–max over ``runs``; with ``noise`` (plain's spread, ``plain_noise``) also the verdict."""
     ratios = [r.ratio for r in runs]
     total = [r.draft_ms + r.verify_ms + r.python_ms for r in runs]
     t = sum(total)
@@ -179,7 +213,9 @@ def summarise(runs: Sequence[RunResult]) -> Summary:
     med = statistics.median
     return Summary(min(ratios), med(ratios), max(ratios), med(r.tokens_per_second for r in runs),
                    med(r.predicted for r in runs), med(r.alpha for r in runs), med(r.tau for r in runs),
-                   split, len(runs), sum(r.draft_ms for r in runs) / max(1, sum(r.steps for r in runs)))
+                   split, len(runs), sum(r.draft_ms for r in runs) / max(1, sum(r.steps for r in runs)),
+                   accepted=sum(r.accepted for r in runs),
+                   verdict="" if noise is None else verdict(ratios, sum(r.accepted for r in runs), noise))
 
 
 @dataclass
@@ -194,7 +230,9 @@ class BenchResult:
     def by_task(self) -> dict[str, dict[str, Summary]]:
         out: dict[str, dict[str, Summary]] = {}
         for task in self.tasks:
-            out[task.name] = {c.label: summarise([r for r in self.runs if r.task == task.name and r.config == c.label])
+            noise = plain_noise([r for r in self.runs if r.task == task.name and r.config == PLAIN.label])
+            out[task.name] = {c.label: summarise([r for r in self.runs if r.task == task.name and r.config == c.label],
+                                                 None if c.label == PLAIN.label else noise)
                               for c in self.configs if any(r.task == task.name and r.config == c.label
                                                            for r in self.runs)}
         return out
@@ -203,10 +241,11 @@ class BenchResult:
         """Each configuration over every run (of tasks of ``kind``, or all)."""
         names = {t.name for t in self.tasks if kind is None or t.kind == kind}
         out: dict[str, Summary] = {}
+        noise = plain_noise([r for r in self.runs if r.config == PLAIN.label and r.task in names])
         for c in self.configs:
             runs = [r for r in self.runs if r.config == c.label and r.task in names]
             if runs:
-                out[c.label] = summarise(runs)
+                out[c.label] = summarise(runs, None if c.label == PLAIN.label else noise)
         return out
 
     def to_dict(self) -> dict[str, Any]:

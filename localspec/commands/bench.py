@@ -10,13 +10,14 @@ from pathlib import Path
 from localspec.commands.common import (
     add_model_options,
     check_engine_options,
+    check_registry_pair,
     fetch_models,
     load_settings,
     reference,
     resolve_draft_refs,
     resolve_ref,
 )
-from localspec.errors import InvalidOptionError
+from localspec.errors import InvalidOptionError, OutputPathError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidOptionError(f"--rounds {args.rounds} is out of range: use at least 1")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise InvalidOptionError(f"--max-tokens {args.max_tokens} is out of range: use at least 1")
+    # The chart's file is checked before the run, so a run is never measured only to be lost.
+    chart = chart_path(args.chart)
     tasks = select_tasks(args)
     if not args.draft:
         raise InvalidOptionError("nothing to compare: give at least one --draft configuration "
@@ -115,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                 raise InvalidOptionError("bench compares one draft model at a time; "
                                          f"got {draft_ref.name} and {refs.model.name}")
             draft_ref = refs.model
+            check_registry_pair(target_ref, draft_ref)
         for spec in refs.specs:
             specs[spec.name] = spec
         names[draft] = ",".join(s.name for s in parse_draft(draft))
@@ -135,13 +139,28 @@ def run(args: argparse.Namespace) -> int:
     engine.cost_model()
     result = run_bench(engine, tasks, configs, rounds=args.rounds, chat=not args.no_chat,
                        max_tokens=args.max_tokens, progress=progress)
-    if args.chart is not None:
-        write_chart(result, args.chart)
+    # The results first: if the chart cannot be written after all (the disk filled during the run),
+    # what was measured is already on stdout when the error is raised.
     if args.json:
         json.dump(result.to_dict(), sys.stdout, ensure_ascii=False, indent=1)
         sys.stdout.write("\n")
     else:
         print(format_table(result))
-        if args.chart is not None:
+    if chart is not None:
+        sys.stdout.flush()
+        try:
+            write_chart(result, chart)
+        except OSError as err:
+            raise OutputPathError(f"--chart {args.chart}: the chart could not be written "
+                                  f"({err.strerror or err}); the results above are complete") from None
+        if not args.json:
             print(f"\nchart written to {args.chart}")
     return 0
+
+
+def chart_path(path: Path | None) -> Path | None:
+    """The file ``--chart`` writes (through a symlink), refused in one line when it cannot take one."""
+    from localspec.errors import shown
+    from localspec.paths import output_path
+
+    return None if path is None else output_path(path, name=f"--chart {shown(str(path), 120, quote='')}")

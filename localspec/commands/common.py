@@ -138,14 +138,25 @@ def check_engine_options(args: argparse.Namespace) -> None:
         value = getattr(args, name, 0.0)
         if isinstance(value, float) and math.isnan(value):
             raise InvalidOptionError(f"--{name.replace('_', '-')} must be a number, not NaN")
+    if args.gpu_layers is not None and args.gpu_layers < -1:
+        raise InvalidOptionError(f"--gpu-layers {args.gpu_layers} is out of range: use -1 (all layers), 0 (none) "
+                                 "or a number of layers")
     if args.vram is not None:
         parse_size(args.vram, "--vram")
+    ignored = [f for f, given in (("--gpu-layers", args.gpu_layers not in (None, 0)),
+                                  ("--vram", args.vram is not None)) if given]
+    if ignored:
+        from localspec import backend
+
+        if not backend.gpu_offload_supported():
+            print(f"localspec: warning: {' and '.join(ignored)} {'do' if len(ignored) > 1 else 'does'} nothing "
+                  "here: this llama.cpp build runs on the CPU only (see `localspec doctor`)", file=sys.stderr)
 
 
 # The flag that sets each parameter the core names in its errors (``InvalidOptionError.param``).
 FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
          "max_tokens": "--max-tokens", "draft_len": "--draft-max", "p_min": "--draft-p-min", "n_ctx": "--ctx",
-         "rounds": "--rounds"}
+         "rounds": "--rounds", "stop": "--stop"}
 
 
 def flag_message(err: Exception) -> str:
@@ -410,6 +421,27 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
                                      "draft model from `localspec models`, ngram, lookahead, rest:STORE or off)"
                                      ) from None
     return DraftRefs(ref, [s for s in specs if s.kind != "model"])
+
+
+def check_registry_pair(target: Resolved, draft: Resolved | None, registry: Registry | None = None) -> None:
+    """Refuse, before anything is downloaded, a draft model the registry knows cannot draft for the
+    target: registry entries of different vocabulary families (``family`` in models.toml). A path on
+    either side is judged from its GGUF header later (``localspec.pairing``)."""
+    from localspec.errors import IncompatibleDraftError
+    from localspec.models.registry_file import load_registry
+
+    if draft is None or target.spec is None or draft.spec is None or target.spec.family == draft.spec.family:
+        return
+    registry = registry or load_registry()
+    label = registry.family_label
+    t, d = target.spec, draft.spec
+    same = [m.name for m in registry.drafts_for(t)] or [
+        m.name for m in registry if m.family == t.family and m.name != t.name and not m.assistant
+        and (m.n_params or 0) < (t.n_params or float("inf"))]
+    fix = f"--draft {same[0]} (the {label(t.family)} family)" if same else "--draft ngram, which needs no model"
+    raise IncompatibleDraftError(
+        f"{d.name} cannot draft for {t.name}: their vocabularies differ ({label(d.family)} and "
+        f"{label(t.family)} in `localspec models`), so no token could be accepted; use {fix}")
 
 
 def drafter_hint(word: str) -> str | None:

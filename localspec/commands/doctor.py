@@ -51,8 +51,32 @@ def _model_path(ref: str | None) -> tuple[str, Path | None]:
     return resolved.spec.name, hub.cached_path(resolved.spec)
 
 
+def _unreadable(path: Path | None) -> str:
+    """Why the model file cannot be loaded, read from its header as ``generate`` reads it ("" if it can)."""
+    if path is None:
+        return ""
+    from localspec.errors import ModelFileError
+    from localspec.models.gguf_info import read_info
+
+    try:
+        read_info(path)
+    except ModelFileError as err:
+        return str(err)
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     name, path = _model_path(args.model)
+    # The model named with --model is "model"; the registry's default, when none is named, "default model".
+    label = "default model" if args.model is None else "model"
+    # A file that is not a loadable GGUF gets generate's own cause, not the child's vaguer one.
+    cause = _unreadable(path)
+    if cause:
+        if args.smoke_only:
+            print(f"localspec: error: no self-test: {cause}", file=sys.stderr)
+            return EXIT_FAILED
+        path_shown = path
+        path = None
     result = doctor.selftest(path)
     test = result.records.get("selftest")
     failure = result.failure()
@@ -71,10 +95,14 @@ def run(args: argparse.Namespace) -> int:
     build = result.records.get("build")
     dirs = doctor.folders()
     if args.json:
+        model = {"name": name, "path": str(path_shown if cause else path) if (path or cause) else None,
+                 "problem": cause or None}
+        # "default_model" is the key scripts read; "model" says the same whichever model was tested.
         print(json.dumps({"build": build, "folders": {k: str(v) for k, v in dirs.items()},
-                          "default_model": {"name": name, "path": str(path) if path else None},
-                          "selftest": {"ok": result.ok, "failure": failure, "result": test}}, indent=2))
-        return code
+                          "default_model": model, "model": model,
+                          "selftest": {"ok": result.ok and not cause, "failure": failure or cause,
+                                       "result": test}}, indent=2))
+        return EXIT_FAILED if cause else code
     out = []
     if build is None:
         out.append(f"llama.cpp     could not be loaded: {failure}")
@@ -105,7 +133,13 @@ def run(args: argparse.Namespace) -> int:
             out.append("GPU           none found")
     for key, folder in dirs.items():
         out.append(f"{key + ' dir':<13} {folder}{'' if folder.exists() else ' (not created yet)'}")
-    out.append(f"default model {name}: {path if path else 'not downloaded (`localspec pull ' + name + '`)'}")
+    if cause:
+        out.append(f"{label:<13} {name}: cannot be loaded")
+        out.append(f"self-test     skipped: {cause}")
+        print("\n".join(out))
+        return EXIT_FAILED
+    where = path if path else "not downloaded (`localspec pull " + name + "`)"
+    out.append(f"{label:<13} {name}: {where}")
     if path is None:
         out.append("self-test     skipped: no model on disk")
     elif failure:

@@ -10,6 +10,7 @@ from localspec.commands.common import (
     Terminated,
     add_model_options,
     add_sampling_options,
+    check_registry_pair,
     check_engine_options,
     drafts_for_itself,
     fetch_models,
@@ -51,14 +52,12 @@ def format_stats(stats: GenerationStats, finish_reason: str) -> str:
     line = (f"{stats.tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_second:.1f} tok/s), "
             f"{stats.steps} steps, finish: {finish_reason}")
     if stats.n_ctx:
-        line += f"; context {stats.prompt_tokens + stats.tokens} of {stats.n_ctx} tokens used"
+        # The last token is emitted before it is decoded: prompt + tokens may be one past a full context.
+        used = min(stats.prompt_tokens + stats.tokens, stats.n_ctx)
+        line += (f"; the context of {stats.n_ctx} tokens is full" if finish_reason == "context"
+                 else f"; context {used} of {stats.n_ctx} tokens used")
     if stats.drafted:
-        alpha = stats.conditional_acceptance
-        ceiling = f"{1 / (1 - alpha):.2f}" if alpha < 1 else "inf"
-        line += (f"\nacceptance {stats.accepted}/{stats.drafted} drafted ({stats.acceptance_rate:.2f}), "
-                 f"α {alpha:.2f} per position reached, τ {stats.tokens_per_step:.2f} tokens/step "
-                 f"(ceiling {ceiling}); by position: "
-                 + " ".join(f"{a:.2f}" for a in stats.position_acceptance))
+        line += "\n" + acceptance_line(stats)
     c = stats.control
     if c is not None:
         line += (f"\ncontroller: {c.draft_steps} drafting steps (mean draft_len {c.mean_draft_len:.1f}), {c.plain_steps} plain, "
@@ -70,6 +69,23 @@ def format_stats(stats: GenerationStats, finish_reason: str) -> str:
                  f"{100 * stats.draft_ms / total:.0f}% / verify {100 * stats.verify_ms / total:.0f}% / "
                  f"python {100 * stats.python_ms / total:.0f}%")
     return line
+
+
+def acceptance_line(stats: GenerationStats) -> str:
+    """How the drafts fared, one name per quantity (the JSON keys in parentheses):
+
+    * kept: accepted / drafted tokens (``acceptance_rate``); it counts the tokens after a rejection
+      too, which were never in play, so it reads lower than α;
+    * α: the chance a draft token is accepted when every token before it was (``conditional_acceptance``),
+      the α of τ = (1 − α^(γ+1)) / (1 − α) and of the ceiling 1 / (1 − α);
+    * α by position: the same, position by position (``position_acceptance``).
+    No infinity is shown: at α = 1 there is no ceiling.
+    """
+    alpha = stats.conditional_acceptance
+    ceiling = f"ceiling 1/(1−α) = {1 / (1 - alpha):.2f}" if alpha < 1 else "no ceiling (α = 1)"
+    return (f"drafts: {stats.accepted} of {stats.drafted} drafted tokens kept ({stats.acceptance_rate:.0%}); "
+            f"α {alpha:.2f} (a token kept when every token before it was); τ {stats.tokens_per_step:.2f} "
+            f"tokens/step ({ceiling}); α by position: " + " ".join(f"{a:.2f}" for a in stats.position_acceptance))
 
 
 def result_json(done: DoneEvent) -> dict:
@@ -99,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     # Every name and the prompt are checked before anything is downloaded.
     target_ref = resolve_ref(args.model)
     drafts = resolve_draft_refs(args.draft)
+    check_registry_pair(target_ref, drafts.model)
     prompt = read_prompt(args)
     target, draft = fetch_models(target_ref, drafts.model, offline=args.offline)
     if args.draft is None and drafts_for_itself(target):

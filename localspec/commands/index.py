@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localspec.errors import InvalidOptionError, shown
+from localspec.errors import InvalidOptionError, OutputPathError, shown
 
 
 def register(subparsers: Any) -> None:
@@ -57,22 +57,16 @@ def register(subparsers: Any) -> None:
 
 
 def check_output(path: Path) -> None:
-    """Refuse an output that is a folder, lies in a missing folder, or would
-    overwrite a file that is not a store."""
+    """Refuse an output that cannot take the store (``paths.output_path``: a folder, a FIFO, a device,
+    a missing or unwritable folder) or would overwrite a file that is not a store. A symlink to a
+    store is written through: the store it points at is replaced, the link kept."""
     from localspec.drafting.suffix_array import MAGIC
+    from localspec.paths import output_path
 
-    try:
-        is_dir, folder_exists, exists = path.is_dir(), path.parent.is_dir(), path.exists()
-    except OSError as err:  # not even a possible path (a name too long)
-        raise InvalidOptionError(f"-o {shown(str(path), quote='')} is not a usable path: "
-                                 f"{err.strerror or err}") from None
-    if is_dir:
-        raise InvalidOptionError(f"-o {path} is a folder; name the store file, e.g. {path / 'corpus.lsstore'}")
-    if not folder_exists:
-        raise InvalidOptionError(f"-o {path}: the folder {path.parent} does not exist; create it first")
-    if exists:
+    real = output_path(path, name=f"-o {shown(str(path), 120, quote='')}")
+    if real.exists():  # a regular file by now: reading its head cannot block
         try:
-            with open(path, "rb") as f:
+            with open(real, "rb") as f:
                 head = f.read(len(MAGIC))
         except OSError as err:
             raise InvalidOptionError(f"-o {path} cannot be read: {err.strerror or err}") from None
@@ -112,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         build = build_store_from_corpus(args.paths, lambda text: model.tokenize(text, add_special=False),
                                         fingerprint, out)
+    except OSError as err:  # checked before, but the disk may fill (or the folder vanish) meanwhile
+        raise OutputPathError(f"-o {shown(str(out), 120, quote='')}: the store could not be written "
+                              f"({err.strerror or err}); the previous file, if any, is untouched") from None
     finally:
         model.close()
     corpus = build.corpus

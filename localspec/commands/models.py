@@ -51,7 +51,7 @@ def render_table(registry: Registry) -> str:
     """The registry as aligned text columns, one model per line, header first."""
     rows = [_COLUMNS]
     for spec in registry:
-        on_disk = "yes" if hub.cached_path(spec) is not None else "-"
+        on_disk = _on_disk(hub.local_copy(spec))
         drafter = spec.recommended_drafter or "-"
         drafter = f"{drafter} (self)" if spec.self_drafting else drafter
         rows.append(
@@ -61,6 +61,14 @@ def render_table(registry: Registry) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def _on_disk(copy: hub.LocalCopy | None) -> str:
+    """ON DISK: "yes" for a sound copy, "damaged" for one that is short or does not match (`localspec pull
+    NAME` says why and fetches it again), "-" for none."""
+    if copy is None:
+        return "-"
+    return "yes" if copy.usable else "damaged"
 
 
 def traits(spec: ModelSpec) -> list[str]:
@@ -78,7 +86,8 @@ def traits(spec: ModelSpec) -> list[str]:
 
 
 def _record(registry: Registry, spec: ModelSpec) -> dict[str, Any]:
-    local = hub.cached_path(spec)
+    copy = hub.local_copy(spec)
+    local = copy.path if copy is not None and copy.usable else None
     return {
         "name": spec.name,
         "family": spec.family,
@@ -98,8 +107,10 @@ def _record(registry: Registry, spec: ModelSpec) -> dict[str, Any]:
         "hybrid": spec.hybrid,
         "assistant": spec.assistant,
         "aliases": list(spec.aliases),
-        "on_disk": local is not None,
+        "on_disk": local is not None,  # a sound copy: its size (and sha256 where known) checked
         "path": str(local) if local is not None else None,
+        "problem": copy.problem if copy is not None and copy.problem else None,
+        "damaged_path": str(copy.path) if copy is not None and copy.problem else None,
         "default": spec.name == registry.default_name,
         "origin": str(spec.origin) if spec.origin else None,
     }

@@ -15,7 +15,7 @@ from typing import Any
 
 from localspec.models import hub
 from localspec.models.hub_errors import human_size
-from localspec.commands.common import resolve_name
+from localspec.commands.common import resolve_name, stop_on_signals
 from localspec.models.registry_file import load_registry
 
 
@@ -40,7 +40,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Pull each model in turn; the first failure stops the command with its error."""
+    """Pull each model in turn; the first failure stops the command with its error.
+
+    SIGTERM and SIGHUP stop it as Ctrl-C does: one line, no empty partial file left behind.
+    """
+    stop_on_signals()
     registry = load_registry()
     for text in args.names:
         resolved = resolve_name(text, registry)
@@ -49,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
             print(resolved.path)
             continue
         spec = resolved.spec
-        was_there = hub.cached_path(spec) is not None
+        before = hub.local_copy(spec)
+        was_there = before is not None and before.usable
         path = hub.pull(spec, offline=args.offline, progress=not args.no_progress)
         state = "on disk" if was_there else f"downloaded ({human_size(path.stat().st_size)})"
         print(f"localspec: {spec.name}: {state}", file=sys.stderr)

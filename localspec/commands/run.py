@@ -22,6 +22,7 @@ from localspec.commands.common import (
     add_model_options,
     add_sampling_options,
     check_engine_options,
+    check_registry_pair,
     drafts_for_itself,
     fetch_models,
     generate_options,
@@ -97,6 +98,7 @@ def choose_models(model: str | None, draft: str | None, session: Session | None 
         drafts = _resolve_saved(session, "draft", lambda: _draft_refs(saved_draft))
     else:
         drafts = _draft_refs(draft if draft is not None else DEFAULT_DRAFTERS)
+    check_registry_pair(target, drafts.model)
     return Choice(target, drafts)
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from localspec.errors import InvalidOptionError
 
 MODEL_FREE = ("ngram", "lookahead")
+NO_DRAFTER = ("off", "none")
+"""Words for "no drafter": alone they mean plain decoding; they cannot be one entry of a list."""
 MTP = "mtp"
 """The target's own multi-token-prediction (NextN) layers: no second model, but not free either."""
 
@@ -41,7 +43,13 @@ def parse_draft(text: str | None) -> list[DrafterSpec]:
     if text is None or not text.strip():
         return []
     specs: list[DrafterSpec] = []
-    for part in (p.strip() for p in text.split(",")):
+    parts = [p.strip() for p in text.split(",")]
+    off = next((p for p in parts if p.lower() in NO_DRAFTER), None)
+    if off is not None and len(parts) > 1:
+        rest = ",".join(p for p in parts if p.lower() not in NO_DRAFTER) or "ngram"
+        raise InvalidOptionError(f"--draft {text}: {off} means no drafter and cannot be combined with others; "
+                                 f"give --draft {off} alone, or --draft {rest}")
+    for part in parts:
         if not part:
             raise InvalidOptionError(f"--draft {text!r} has an empty entry; separate drafters with single commas")
         low = part.lower()

@@ -114,8 +114,25 @@ class _Parser:
         self.pos += s.size
         return value
 
+    def _claims(self, n_bytes: int, what: str) -> None:
+        """A length read from the header that no file this size could hold: a damaged header (flipped
+        bytes), not a short file: a copy cut short still has every length it holds right."""
+        if n_bytes > self.total:
+            raise ValueError(f"its header is corrupt ({self.where} claims {what} in a {self.total:,}-byte file)")
+
+    def _name(self, limit: int, what: str) -> str:
+        """A metadata key or a tensor name: short printable ASCII in any GGUF a writer made. Anything
+        else means the reader lost its place: a length before it was damaged."""
+        raw = self._bytes()
+        if not 0 < len(raw) <= limit or not all(0x20 <= b < 0x7F for b in raw):
+            shown_raw = raw[:24].decode("utf-8", errors="replace").encode("unicode_escape").decode("ascii")
+            raise ValueError(f"its header is corrupt ({self.where} has {what} of {len(raw):,} bytes that is not "
+                             f"a name: {shown_raw!r}{'…' if len(raw) > 24 else ''})")
+        return raw.decode("ascii")
+
     def _bytes(self) -> bytes:
         n = self._scalar(_U64)
+        self._claims(n, f"a string of {n:,} bytes")
         if self.pos + n > self.size:
             self._need(self.pos + n)
         value = self.buf[self.pos:self.pos + n]
@@ -124,6 +141,7 @@ class _Parser:
 
     def _array(self, key: str) -> Any:
         elem_type, count = self._scalar(_U32), self._scalar(_U64)
+        self._claims(count, f"an array of {count:,} items")
         wanted = key in self.keep or count <= _SMALL_ARRAY
         if elem_type == _VT.STRING:
             if key in self.keep:  # token texts stay bytes: llama.cpp compares them bytewise
@@ -135,7 +153,10 @@ class _Parser:
                 if pos + 8 > size:
                     self._need(pos + 8)
                     buf, size = self.buf, self.size
-                pos += 8 + unpack(buf, pos)[0]
+                n = unpack(buf, pos)[0]
+                if n > self.total:
+                    self._claims(n, f"a string of {n:,} bytes")
+                pos += 8 + n
             if pos > size:
                 self._need(pos)
             self.pos = pos
@@ -143,8 +164,9 @@ class _Parser:
         if elem_type == _VT.ARRAY:
             return [self._array(key) for _ in range(count)]
         if elem_type not in _SCALARS:
-            raise ValueError(f"unknown metadata value type {elem_type} in key {key!r}")
+            raise ValueError(f"its header is corrupt (unknown metadata value type {elem_type} in key {key!r})")
         item = _SCALARS[elem_type]
+        self._claims(count * item.size, f"an array of {count:,} items")
         end = self.pos + count * item.size
         if end > self.size:
             self._need(end)
@@ -161,7 +183,7 @@ class _Parser:
         if value_type == _VT.ARRAY:
             return self._array(key)
         if value_type not in _SCALARS:
-            raise ValueError(f"unknown metadata value type {value_type} in key {key!r}")
+            raise ValueError(f"its header is corrupt (unknown metadata value type {value_type} in key {key!r})")
         return self._scalar(_SCALARS[value_type])
 
     def parse(self, path: Path) -> GGUFHeader:
@@ -178,13 +200,13 @@ class _Parser:
         metadata: dict[str, Any] = {}
         for i in range(n_kv):
             self.where = f"metadata entry {i + 1} of {n_kv}"
-            key = self._bytes().decode("utf-8", errors="replace")
+            key = self._name(_MAX_KEY, "a metadata key")
             self.where = f"metadata key {key!r}"
             metadata[key] = self._value(key, self._scalar(_U32))
         raw: list[tuple[str, list[int], int, int]] = []
         for i in range(n_tensors):
             self.where = f"tensor description {i + 1} of {n_tensors}"
-            name = self._bytes().decode("utf-8", errors="replace")
+            name = self._name(_MAX_TENSOR_NAME, "a tensor name")
             n_dims = self._scalar(_U32)
             if n_dims > 4:  # GGML_MAX_DIMS
                 raise ValueError(f"its header is corrupt (tensor {name!r} claims {n_dims} dimensions)")
@@ -193,6 +215,25 @@ class _Parser:
         alignment = int(metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)) or 1
         data_offset = -(-self.pos // alignment) * alignment
         return GGUFHeader(path, self.total, metadata, tuple(_tensor(*r) for r in raw), data_offset)
+
+
+def _layout_fault(header: GGUFHeader) -> str:
+    """Why the tensor table cannot be one a GGUF writer made ("" when it can): writers lay the tensors
+    out back to back from offset 0, each padded to the alignment. Told apart from a truncated file,
+    whose table is sound but whose data stops early."""
+    alignment = int(header.metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)) or 1
+    end = 0
+    for t in sorted(header.tensors, key=lambda t: t.offset):
+        if t.offset % alignment:
+            return f"tensor {t.name!r} starts at offset {t.offset:,}, not a multiple of the alignment {alignment}"
+        if not end <= t.offset < end + alignment:
+            return f"tensor {t.name!r} starts at offset {t.offset:,} where the tensor before it ends at {end:,}"
+        end = t.offset + t.n_bytes
+    return ""
+
+
+_MAX_KEY = 256  # no GGUF key comes near it (llama.cpp's longest are under 64 bytes)
+_MAX_TENSOR_NAME = 64  # GGML_MAX_NAME, counting its terminating NUL: names are shorter still
 
 
 def _tensor(name: str, dims: list[int], ggml_type: int, offset: int) -> TensorEntry:
@@ -317,6 +358,9 @@ def _parse_checked(path: Path, parser: _Parser) -> GGUFHeader:
                              "use another build of the model") from None
     size = parser.total
     needed = header.data_offset + max((t.offset + t.n_bytes for t in header.tensors), default=0)
+    if needed > size and (damaged := _layout_fault(header)):
+        raise ModelFileError(f"cannot read model file {name}: its tensor table is corrupt ({damaged}); the file is "
+                             "damaged — delete it and fetch it again")
     if needed > size:
         raise ModelFileError(f"model file {name} is truncated: it has {size:,} bytes but its "
                              f"{len(header.tensors)} tensors need {needed:,} ({100 * size / needed:.0f}% "

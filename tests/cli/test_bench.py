@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +218,66 @@ def test_bench_errors_are_one_line(smollm2_path, args, needle):
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("localspec: error: ") and needle in lines[0], proc.stderr
+
+
+def test_a_speedup_with_nothing_accepted_is_reported_as_noise():
+    """Issue 33: ngram at 1.34× with α 0.00 was presented as a win."""
+    tasks = [Task("a", "p", "grounded")]
+    result = BenchResult("m", [PLAIN, Config("ngram", "ngram")], tasks, rounds=3)
+    for rnd, r in enumerate([1.30, 1.34, 1.40]):
+        result.runs.append(run_result("a", "plain", rnd, 1.0))
+        result.runs.append(run_result("a", "ngram", rnd, r, alpha=0.0, accepted=0))
+    s = result.by_task()["a"]["ngram"]
+    assert s.verdict == "within noise" and s.accepted == 0
+    table = format_table(result)
+    assert "1.30–1.34–1.40" in table and "within noise (no draft token accepted)" in table
+    assert result.to_dict()["overall"]["ngram"]["verdict"] == "within noise"
+    assert result.to_dict()["overall"]["plain"]["verdict"] == ""
+
+
+@pytest.mark.parametrize("ratios,plain_tps,expected", [
+    ([1.2, 1.5, 1.3], [10.0, 10.0, 10.0], "faster"),      # every round faster, plain steady
+    ([0.7, 0.8, 0.75], [10.0, 10.0, 10.0], "slower"),
+    ([0.9, 1.2, 1.1], [10.0, 10.0, 10.0], "within noise"),  # min–max holds 1.0
+    ([1.1, 1.12, 1.15], [8.0, 10.0, 12.0], "within noise"),  # plain itself varied by 40 %
+    ([1.5], [10.0], "one run"),
+])
+def test_verdict_against_plain(ratios, plain_tps, expected):
+    result = BenchResult("m", [PLAIN, Config("ngram", "ngram")], [Task("a", "p")], rounds=len(ratios))
+    for rnd, (r, tps) in enumerate(zip(ratios, plain_tps)):
+        result.runs.append(run_result("a", "plain", rnd, 1.0, tokens_per_second=tps))
+        result.runs.append(run_result("a", "ngram", rnd, r))
+    assert result.by_task()["a"]["ngram"].verdict == expected
+    assert result.overall()["ngram"].verdict == expected
+
+
+def test_a_chart_path_that_cannot_take_a_file_is_refused_before_the_run(smollm2_path, tmp_path):
+    """Issue 33: --chart /dev/full (or a FIFO) was replaced by an SVG; a folder gave a traceback after the run."""
+    fifo = tmp_path / "chart.svg"
+    os.mkfifo(fifo)
+    for chart, needle in ((Path("/dev/full"), "is a device"), (fifo, "is a FIFO"), (tmp_path, "is a folder"),
+                          (tmp_path / "no" / "c.svg", "does not exist")):
+        proc = localspec("bench", str(smollm2_path), "--draft", "ngram", "--chart", str(chart), timeout=60)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith(f"localspec: error: --chart {chart}") and needle in lines[0], lines[0]
+        assert "measuring" not in proc.stderr  # refused before anything was measured
+    assert Path("/dev/full").is_char_device() and fifo.is_fifo()
+
+
+def test_a_chart_that_fails_after_the_run_comes_after_the_results(smollm2_path, tmp_path, monkeypatch, capsys):
+    from localspec import cli
+    from localspec.bench import report
+
+    def full_disk(result, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "write_chart", full_disk)
+    code = cli.main(["bench", str(smollm2_path), "--draft", "ngram", "--tasks", "extraction", "--rounds", "1",
+                     "--max-tokens", "8", "--threads", "1", "--ctx", "512", "--quiet",
+                     "--chart", str(tmp_path / "c.svg")])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "localspec bench ·" in out and "extraction" in out  # the table was printed first
+    assert err.strip() == (f"localspec: error: --chart {tmp_path / 'c.svg'}: the chart could not be written "
+                           "(No space left on device); the results above are complete")

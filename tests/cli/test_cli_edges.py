@@ -273,3 +273,44 @@ def test_draft_p_min_reaches_the_drafter_and_p_min_still_works(smollm2_path: Pat
     assert drafted[("--p-min", "0.9")] == drafted[("--draft-p-min", "0.9")]
     bad = localspec("generate", str(smollm2_path), "-p", "x", "--p-min", "1.5")
     assert_one_error_line(bad, 2, "--draft-p-min 1.5")
+
+
+def test_stderr_closed_keeps_the_statistics_out_of_stdout(smollm2_path: Path) -> None:
+    """Issue 33: `generate -p Hi 2>&-` wrote the statistics into stdout among the text."""
+    proc = subprocess.run([sys.executable, "-m", "localspec", "generate", str(smollm2_path), "-p", "Hi",
+                           "--max-tokens", "6", "--threads", "1"], stdout=subprocess.PIPE, timeout=300, env=ENV,
+                          preexec_fn=lambda: os.close(2))
+    assert proc.returncode == 0
+    out = proc.stdout.decode("utf-8", "replace")
+    with_stderr = localspec("generate", str(smollm2_path), "-p", "Hi", "--max-tokens", "6", "--threads", "1")
+    assert out == with_stderr.stdout and "tokens in" in with_stderr.stderr
+    assert "tokens in" not in out and "localspec:" not in out
+
+
+def test_off_in_a_list_of_drafters_is_one_clear_line(smollm2_path: Path) -> None:
+    proc = localspec("generate", str(smollm2_path), "--draft", "off,ngram", "-p", "x")
+    line = assert_one_error_line(proc, 2, "off means no drafter and cannot be combined with others")
+    assert "did you mean" not in line
+
+
+def test_a_generation_that_fills_the_context_says_so(smollm2_path: Path) -> None:
+    """Issue 33: --max-tokens 300 --ctx 256 reported "context 257 of 256 tokens used"."""
+    proc = localspec("generate", str(smollm2_path), "-p", "Count: 1, 2, 3,", "--max-tokens", "300", "--ctx", "256",
+                     "--draft", "off", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "finish: context; the context of 256 tokens is full" in proc.stderr and "257" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["generate", "-p", "x"], ["bench"], ["run"]])
+def test_a_draft_of_another_family_is_refused_before_any_download(command: list[str], tmp_path: Path) -> None:
+    """Issue 33: `generate smollm2-135m --draft qwen3-0.6b` asked to pull (offline) or began a 640 MB download."""
+    empty_hf = tmp_path / "hf"
+    argv = [command[0], "smollm2-135m", "--draft", "qwen3-0.6b", *command[1:]]
+    proc = subprocess.run([sys.executable, "-m", "localspec", *argv], capture_output=True, text=True, timeout=120,
+                          env={**ENV, "HF_HOME": str(empty_hf), "HF_HUB_OFFLINE": "0"}, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == ["localspec: error: qwen3-0.6b cannot draft for smollm2-135m: their vocabularies differ "
+                     "(Qwen3 and SmolLM2 in `localspec models`), so no token could be accepted; use --draft "
+                     "ngram, which needs no model"], proc.stderr  # no SmolLM2 smaller than 135M is registered
+    assert not empty_hf.exists()  # nothing was fetched, not even a header

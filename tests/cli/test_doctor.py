@@ -231,8 +231,9 @@ def test_doctor_reports_build_folders_model_and_a_passing_selftest(smollm2_path:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for label in ("llama.cpp", "CPU features", "special paths", "exactness", "GPU", "config dir", "cache dir",
-                  "data dir", "default model"):
+                  "data dir"):
         assert label in out
+    assert f"\nmodel         {smollm2_path}: {smollm2_path}" in out  # the model asked for, not "default model"
     assert f"{tmp_path / 'config'} (not created yet)" in out
     assert "self-test     ok: " in out and "prompt tokens in one batch" in out
     assert "model exact   " in out
@@ -268,5 +269,24 @@ def test_doctor_says_in_one_line_when_the_selftest_cannot_load_the_model(tmp_pat
     proc = _cli("doctor", "--smoke-only", "--model", str(bad))
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1
-    assert proc.stderr.startswith("localspec: error: the llama.cpp self-test exited with code 1: ")
-    assert "cannot load broken.gguf" in proc.stderr
+    # Read from its header first, as generate reads it: the file's own fault, named, before any child runs.
+    assert proc.stderr.startswith(f"localspec: error: no self-test: cannot read model file {bad}: ")
+
+
+def test_doctor_names_a_truncated_model_with_generates_cause(smollm2_path: Path, tmp_path: Path) -> None:
+    """Issue 33: `doctor --model trunc.gguf` called it "default model" and gave a vaguer cause than generate."""
+    trunc = tmp_path / "trunc.gguf"
+    with smollm2_path.open("rb") as src:
+        trunc.write_bytes(src.read(smollm2_path.stat().st_size // 3))
+    generate = _cli("generate", str(trunc), "-p", "x")
+    cause = generate.stderr.strip().removeprefix("localspec: error: ")
+    assert generate.returncode == 2 and f"model file {trunc} is truncated" in cause, generate.stderr
+    proc = _cli("doctor", "--model", str(trunc))
+    assert proc.returncode == 1
+    assert f"\nmodel         {trunc}: cannot be loaded\nself-test     skipped: {cause}\n" in proc.stdout
+    assert "default model" not in proc.stdout
+    smoke = _cli("doctor", "--smoke-only", "--model", str(trunc))
+    assert smoke.returncode == 1 and smoke.stderr == f"localspec: error: no self-test: {cause}\n"
+    found = json.loads(_cli("doctor", "--model", str(trunc), "--json").stdout)
+    assert found["model"] == found["default_model"] == {"name": str(trunc), "path": str(trunc), "problem": cause}
+    assert found["selftest"]["ok"] is False and found["selftest"]["failure"] == cause

@@ -34,11 +34,12 @@ SHA = hashlib.sha256(DATA).hexdigest()
 
 
 def write_registry(tmp: Path, *, sha256: str | None = SHA, name: str = "tiny", repo: str = REPO,
-                   file: str = FILE, revision: str = "main") -> None:
+                   file: str = FILE, revision: str = "main", size: int | None = None) -> None:
     """A user models.toml with one test model (the shipped entries stay as they are)."""
     config = tmp / "config"
     config.mkdir(exist_ok=True)
     checksum = f'sha256 = "{sha256}"\n' if sha256 else ""
+    checksum += f"size = {size}\n" if size else ""
     (config / "models.toml").write_text(
         f'version = 1\n\n[models.{name}]\nfamily = "testfam"\nparams = "1M"\ncontext = 128\n'
         f'repo = "{repo}"\nfile = "{file}"\nrevision = "{revision}"\n{checksum}'
@@ -300,7 +301,11 @@ def test_shipped_assistants_from_a_repository_folder_and_a_pinned_commit(tmp_pat
     assert f"the Hub now serves a different {pinned_file} for gemma4-12b-assistant" in refused.stderr
     assert f"/{pinned_repo}/resolve/{commit}/{pinned_file}" in seen
     records = {record["name"]: record for record in json.loads(listed.stdout)}
-    assert records["gemma4-26b-a4b-assistant"]["path"] == str(path)
+    # The stand-in file is 1 MiB where the registry knows the real one's size: found, and not taken for it.
+    found = records["gemma4-26b-a4b-assistant"]
+    assert found["damaged_path"] == str(path) and found["on_disk"] is False and found["path"] is None
+    # Its size is written to the byte in models.toml.
+    assert found["problem"].startswith(f"it has {MiB:,} bytes where gemma4-26b-a4b-assistant's file has 461,766,816")
     assert records["gemma4-12b-assistant"]["on_disk"] is False
 
 
@@ -383,3 +388,50 @@ def test_dns_and_timeout_failures_have_their_own_messages() -> None:
     assert isinstance(slow, DownloadError) and "did not answer in time" in str(slow)
     bug = ValueError("not a download problem")
     assert hub_error(bug, spec, cache=cache) is bug
+
+
+def models_json(tmp: Path, server: FakeHub) -> dict[str, dict]:
+    listed = run_localspec(["models", "--json"], cli_env(tmp, server.endpoint))
+    assert listed.returncode == 0, listed.stderr
+    return {record["name"]: record for record in json.loads(listed.stdout)}
+
+
+def test_a_half_size_copy_is_not_on_disk(tmp_path: Path, fake_hub: FakeHub) -> None:
+    """Issue 33: `pull smollm2-360m --offline` said "on disk" for a half-size file (a rounded size, no sha256)."""
+    write_registry(tmp_path, sha256=None, size=16_800_000)  # rounded, as the shipped 360M entry's is
+    first = pull(tmp_path, fake_hub, "tiny")
+    assert first.returncode == 0, first.stderr
+    blob = Path(first.stdout.strip()).resolve()
+    with blob.open("r+b") as f:
+        f.truncate(len(DATA) // 2)
+    offline = pull(tmp_path, None, "tiny", "--offline")
+    assert offline.returncode == 2 and offline.stdout == ""
+    assert offline.stderr == (f"localspec: error: the copy of tiny in the Hugging Face cache ({first.stdout.strip()}) "
+                              f"is not usable: it has {len(DATA) // 2:,} bytes where tiny's file has about 16,800,000; "
+                              "run `localspec pull tiny` with network access to fetch it again\n")
+    record = models_json(tmp_path, fake_hub)["tiny"]
+    assert record["on_disk"] is False and record["problem"].startswith("it has 8,388,608 bytes")
+    table = run_localspec(["models"], cli_env(tmp_path, fake_hub.endpoint)).stdout
+    assert [ln for ln in table.splitlines() if ln.startswith("tiny ")][0].endswith("damaged")
+    online = pull(tmp_path, fake_hub, "tiny")  # with the network: fetched again, and said so
+    assert online.returncode == 0, online.stderr
+    assert "the copy of tiny on disk is not usable (it has 8,388,608 bytes" in online.stderr
+    assert "localspec: tiny: downloaded (16.8 MB)" in online.stderr
+    assert Path(online.stdout.strip()).read_bytes() == DATA
+
+
+def test_a_copy_whose_sha256_does_not_match_is_not_on_disk(tmp_path: Path, fake_hub: FakeHub) -> None:
+    """Issue 33: `models` showed ON DISK "yes" for a copy whose sha256 does not match."""
+    write_registry(tmp_path, size=len(DATA))
+    first = pull(tmp_path, fake_hub, "tiny")
+    assert first.returncode == 0, first.stderr
+    assert models_json(tmp_path, fake_hub)["tiny"]["on_disk"] is True  # verified once, then stamped
+    blob = Path(first.stdout.strip()).resolve()
+    with blob.open("r+b") as f:  # same size, one byte changed (and a new mtime): hashed again
+        f.seek(1000)
+        f.write(bytes([DATA[1000] ^ 0xFF]))
+    record = models_json(tmp_path, fake_hub)["tiny"]
+    assert record["on_disk"] is False and record["problem"] == "it does not match the registry's sha256"
+    again = pull(tmp_path, None, "tiny", "--offline")
+    assert again.returncode == 2 and "does not match the registry's sha256" in again.stderr
+    assert "on disk" not in again.stderr

@@ -154,3 +154,61 @@ def test_generate_pulls_a_named_model_on_first_use(tmp_path: Path, smol_hub: Fak
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]
     assert smol_hub.seen == []  # on disk: no network at all
+
+
+def test_hf_home_pointing_at_a_file_is_named_with_the_fix(tmp_path: Path, smol_hub: FakeHub) -> None:
+    """Issue 33: HF_HOME at a file gave "downloading … failed: Not a directory", naming neither."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a folder\n")
+    env = cli_env(tmp_path, smol_hub.endpoint)
+    del env["HF_HUB_CACHE"]
+    env["HF_HOME"] = str(notes)
+    proc = run_localspec(["pull", "smol-target"], env, commands=COMMANDS)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"localspec: error: cannot download smol-target: the Hugging Face cache {notes / 'hub'} "
+                           f"(from HF_HOME={notes}) cannot be made: its folder {notes} is a file, not a folder; "
+                           "point HF_HOME at a folder (or unset it)\n")
+    assert notes.read_text() == "not a folder\n"
+
+
+def test_pull_stopped_by_sigterm_says_so_and_leaves_no_empty_partial(tmp_path: Path, smol_hub: FakeHub) -> None:
+    """Issue 33: `pull` interrupted by SIGTERM left a 0-byte `.incomplete` and no line."""
+    import signal
+    import sys
+    import time
+
+    from hubserver import REPO_ROOT
+
+    smol_hub.stall_bodies_s = 8.0  # the body's headers come, then nothing: the partial file stays empty
+    code = ("import sys\nimport localspec.cli as cli\n"
+            f"cli.COMMANDS = {COMMANDS!r}\nsys.exit(cli.main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "pull", "smol-target", "--no-progress"],
+                            env=cli_env(tmp_path, smol_hub.endpoint), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    blobs = tmp_path / "hf" / "hub" / f"models--{TARGET_REPO.replace('/', '--')}" / "blobs"
+    deadline = time.monotonic() + 30
+    while not list(blobs.glob("*.incomplete")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    partials = list(blobs.glob("*.incomplete"))
+    assert partials and partials[0].stat().st_size == 0, "the download never started"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err == "localspec: stopped by SIGTERM\n" and out == ""
+    assert list(blobs.glob("*.incomplete")) == []
+
+
+def test_a_copy_cut_short_is_found_by_its_header_when_the_registry_knows_no_size(tmp_path: Path,
+                                                                                 smol_hub: FakeHub) -> None:
+    first = localspec(tmp_path, smol_hub, "pull", "smol-target", "--no-progress")
+    assert first.returncode == 0, first.stderr
+    blob = Path(first.stdout.strip()).resolve()
+    size = blob.stat().st_size
+    with blob.open("r+b") as f:
+        f.truncate(size // 2)
+    offline = localspec(tmp_path, None, "pull", "smol-target", "--offline")
+    assert offline.returncode == 2 and "on disk" not in offline.stderr
+    assert f"is not usable: model file {blob} is truncated: it has {size // 2:,} bytes" in offline.stderr
+    listed = json.loads(run_localspec(["models", "--json"], cli_env(tmp_path)).stdout)
+    record = next(r for r in listed if r["name"] == "smol-target")
+    assert record["on_disk"] is False and "truncated" in record["problem"]

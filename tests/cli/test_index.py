@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import shutil
 import struct
 import zlib
@@ -17,7 +19,7 @@ from localspec.drafting.rest import RestDrafter
 from localspec.drafting.suffix_array import open_store
 from localspec.errors import StoreError
 from localspec.models.gguf_info import read_info, tokenizer_fingerprint
-from cli import localspec
+from cli import localspec, one_error_line
 
 SENTENCE = ("The lighthouse keeper polished the great brass lens every evening, "
             "long before the fishing boats came home across the grey water.")
@@ -290,3 +292,54 @@ def test_generate_refuses_each_corrupt_store_in_one_line(index_cli, capsys, corp
     assert result["tokens"] == 24
     # The sentence is in the store: REST drafted some of it and the target kept it.
     assert result["stats"]["accepted"] > 0, result["stats"]
+
+
+def test_a_symlink_to_a_store_is_written_through(index_cli, capsys, corpus, smollm2_path):
+    """Issue 33: -o link.lsstore replaced the link with a file and left the real store stale."""
+    real = corpus / "stores" / "notes.lsstore"
+    real.parent.mkdir()
+    link = corpus / "link.lsstore"
+    store, first, _ = build(index_cli, capsys, corpus, smollm2_path)
+    store.rename(real)
+    link.symlink_to(real)
+    before = real.stat().st_mtime_ns
+    code = index_cli("index", str(corpus / "code" / "*.py"), "--model", str(smollm2_path), "-o", str(link))
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert link.is_symlink() and link.resolve() == real
+    assert real.stat().st_mtime_ns != before
+    with open_store(real, tokenizer_fingerprint(smollm2_path)) as opened:
+        assert len(opened.doc_starts) == 1  # the new corpus (tool.py alone), not the four documents before
+    assert first["documents"] == 4
+
+
+def test_a_fifo_or_a_device_as_output_is_refused_in_one_line(corpus, smollm2_path, tmp_path):
+    """Issue 33: -o fifo.lsstore hung silently (reading the FIFO's head to see whether it was a store)."""
+    fifo = tmp_path / "fifo.lsstore"
+    os.mkfifo(fifo)
+    for out, needle in ((fifo, "is a FIFO (named pipe), not a regular file"),
+                        (Path("/dev/null"), "is a device, not a regular file")):
+        proc = localspec("index", str(corpus / "notes"), "--model", str(smollm2_path), "-o", str(out), timeout=60)
+        line = one_error_line(proc)
+        assert f"-o {out} " in line and needle in line, line
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_a_store_that_cannot_be_written_after_all_is_one_line(index_cli, capsys, corpus, smollm2_path, monkeypatch):
+    import contextlib
+
+    from localspec.drafting import suffix_array
+
+    @contextlib.contextmanager
+    def full_disk(path, **kw):
+        raise OSError(28, "No space left on device")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(suffix_array, "atomic_write", full_disk)
+    store = corpus / "full.lsstore"
+    code = index_cli("index", str(corpus / "notes"), "--model", str(smollm2_path), "-o", str(store))
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.splitlines() == [(f"localspec: error: -o {store}: the store could not be written (No space left on "
+                                    "device); the previous file, if any, is untouched")]
+    assert not store.exists()

@@ -120,3 +120,34 @@ def test_bad_engine_options_are_one_line(args: list[str], message: str, loads: l
         assert captured.err.startswith(message) and captured.err.count("\n") == 1 and captured.out == ""
     assert loads == []
 
+
+
+def test_negative_gpu_layers_other_than_minus_one_are_refused(loads: list[dict[str, Any]],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 33: --gpu-layers -7 was accepted."""
+    for command in (["generate", "-p", "hi"], ["run"], ["bench", "--draft", "ngram"]):
+        assert cli.main([*command, "--gpu-layers", "-7"]) == 2
+        captured = capsys.readouterr()
+        assert captured.err == ("localspec: error: --gpu-layers -7 is out of range: use -1 (all layers), 0 (none) "
+                                "or a number of layers\n") and captured.out == ""
+    assert loads == []
+
+
+def test_a_cpu_build_says_gpu_options_do_nothing(loads: list[dict[str, Any]], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 33: on a CPU-only build --gpu-layers and --vram were ignored without a word."""
+    target, draft = model_files(tmp_path, monkeypatch)
+    monkeypatch.setattr(localspec.backend, "gpu_offload_supported", lambda: False)
+    cases = [(["--gpu-layers", "20"], "--gpu-layers does nothing"), (["--vram", "8GiB"], "--vram does nothing"),
+             (["--gpu-layers", "-1", "--vram", "8GiB"], "--gpu-layers and --vram do nothing")]
+    for extra, needle in cases:
+        assert cli.main(["generate", str(target), "-p", "hi", *extra]) == 2
+        warnings = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+        assert warnings == [f"localspec: warning: {needle} here: this llama.cpp build runs on the CPU only "
+                            "(see `localspec doctor`)"]
+    assert cli.main(["generate", str(target), "-p", "hi", "--gpu-layers", "0"]) == 2  # asks for what it gets
+    assert "warning" not in capsys.readouterr().err
+    monkeypatch.setattr(localspec.backend, "gpu_offload_supported", lambda: True)
+    assert cli.main(["generate", str(target), "-p", "hi", "--gpu-layers", "20"]) == 2
+    assert "warning" not in capsys.readouterr().err

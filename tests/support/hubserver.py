@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -81,6 +82,8 @@ class FakeHub:
     cut_first_body_at: int | None = None
     # Cut every body GET after this many bytes: the network keeps failing mid-download.
     cut_every_body_at: int | None = None
+    # Send a body GET's headers, then no byte for this many seconds: a download that stalls at 0 bytes.
+    stall_bodies_s: float = 0.0
     files: dict[tuple[str, str, str], Hosted] = field(default_factory=dict)
     _seen: list[Seen] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -243,6 +246,9 @@ def _handler_for(hub: FakeHub, port: str) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if not body:
                 return
+            if hub.stall_bodies_s:
+                self.wfile.flush()
+                time.sleep(hub.stall_bodies_s)
             cut = hub._take_cut()
             if cut is not None:
                 # Send part of the body, then end the connection cleanly (FIN, not RST):

@@ -146,3 +146,14 @@ def test_a_proposal_made_while_planning_is_cut_to_the_planned_depth():
     chain = fit_proposal(Proposal((1, 2, 3), probs, "draft"), 1, 64)
     assert chain.tokens == (1,) and len(chain.probs) == 1
     assert fit_proposal(chain, 1, 64) is chain  # what fits is verified as it is
+
+
+def test_off_cannot_be_one_entry_of_a_list():
+    """Issue 33: --draft off,ngram said "unknown drafter 'off'; did you mean 'off'?"."""
+    for text, other in (("off,ngram", "ngram"), ("ngram, OFF", "ngram"), ("none,lookahead,ngram", "lookahead,ngram"),
+                        ("off,off", "ngram")):
+        with pytest.raises(InvalidOptionError) as err:
+            parse_draft(text)
+        message = str(err.value)
+        assert "means no drafter and cannot be combined with others" in message, message
+        assert message.endswith(f"or --draft {other}") and "did you mean" not in message

@@ -395,3 +395,37 @@ def test_a_truncated_file_object_is_reported_like_a_file(smollm2_path: Path) -> 
         read_info(CountingFile(data[:len(data) // 2]))  # type: ignore[arg-type]
     with pytest.raises(ModelFileError, match=r"org/repo-GGUF/model\.gguf is not a GGUF model file: it is an HTML"):
         read_info(CountingFile(b"<!DOCTYPE html><html>login</html>"))  # type: ignore[arg-type]
+
+
+def test_a_full_size_file_with_flipped_header_bytes_is_corrupt(smollm2_path: Path, tmp_path: Path) -> None:
+    """Issue 33: a full-size GGUF with flipped header bytes was called "truncated … cut short"."""
+    data = smollm2_path.read_bytes()
+    header_end = read_header(smollm2_path).data_offset
+    path = tmp_path / "flipped.gguf"
+    verdicts = []
+    for pos in [8, 24, 25, 31, 52, 60, 300, 5_000, 50_000, 400_000, 900_000, 1_500_000, header_end - 100]:
+        damaged = bytearray(data[:header_end])
+        damaged[pos] ^= 0xFF
+        path.write_bytes(bytes(damaged) + data[header_end:])
+        try:
+            read_info(path)
+            verdicts.append("read")  # a flip inside a value that still parses: llama.cpp would read it too
+        except ModelFileError as err:
+            message = str(err)
+            assert "truncated" not in message and "cut short" not in message, (pos, message)
+            assert "corrupt" in message and len(message) < 400, (pos, message)
+            verdicts.append("corrupt")
+    assert verdicts.count("corrupt") >= 8, verdicts
+    # A tensor table whose offsets cannot be a writer's, in a file that is short of what it claims.
+    info = read_header(smollm2_path)
+    t = max(info.tensors, key=lambda t: t.offset)  # the last: moved, it claims more than the file holds
+    named = struct.pack("<Q", len(t.name)) + t.name.encode("ascii")
+    table_at = data.index(named, 0, header_end) + len(named)
+    n_dims = struct.unpack_from("<I", data, table_at)[0]
+    offset_at = table_at + 4 + 8 * n_dims + 4
+    assert struct.unpack_from("<Q", data, offset_at)[0] == t.offset
+    moved = bytearray(data)
+    struct.pack_into("<Q", moved, offset_at, t.offset + 8 * 2**20)  # 8 MiB further: a hole, then the end
+    path.write_bytes(bytes(moved))
+    with pytest.raises(ModelFileError, match=r"its tensor table is corrupt \(tensor .* starts at offset"):
+        read_info(path)

@@ -363,6 +363,24 @@ def test_user_file_sets_the_drafting_facts(config_dir: Path) -> None:
     assert mine.hybrid and mine.self_drafting and mine.drafts == ("qwen3.5-4b",)
 
 
+def test_a_models_toml_symlink_that_leads_nowhere_is_one_clear_error(config_dir: Path) -> None:
+    """Issue 33: a symlink loop or a dangling symlink was ignored silently (a directory is an error)."""
+    path = config_dir / "models.toml"
+    path.symlink_to(path)
+    with pytest.raises(RegistryError) as err:
+        load_registry()
+    assert str(err.value) == (f"{path} is a symlink loop, not a models.toml file; point it at your file or remove "
+                              "it (`localspec models --help` says where it is read from)")
+    path.unlink()
+    path.symlink_to(config_dir / "gone.toml")
+    with pytest.raises(RegistryError) as err:
+        load_registry()
+    assert str(err.value).startswith(f"{path} is a symlink to {config_dir / 'gone.toml'}, which does not exist, "
+                                     "not a models.toml file; ")
+    (config_dir / "gone.toml").write_text("")  # followed once it leads somewhere
+    assert "smollm2-135m" in load_registry()
+
+
 def test_a_user_file_named_explicitly_must_exist(config_dir: Path) -> None:
     with pytest.raises(RegistryError, match="cannot read"):
         load_registry(config_dir / "absent.toml")
