@@ -34,9 +34,18 @@
 # home directory shared by several machines never hands one CPU's native build to
 # another (pip's own cache would hand back a default build).
 #
+# CUDA (docs/gpu.md): LOCALSPEC_CUDA=auto (the default) builds ggml's CUDA backend into the same
+# patched sources where `nvidia-smi` reports a GPU, for its compute capability only; =on builds it
+# anyway (CUDA_ARCH=89,90 names the architectures where there is no GPU to ask), =off never does.
+# The toolkit is an installed one with cuBLAS, else CUDA 13.0 from PyPI's wheels, fetched into
+# ~/.cache/localspec/cuda-<version>/ (scripts/cuda-toolkit.sh). The build is always without CUDA's
+# virtual memory management (GGML_CUDA_NO_VMM): ggml then never links libcuda, so a CUDA build
+# imports on a machine with no driver (and runs on the CPU there), and ggml's pool of cudaMalloc
+# blocks replaces the VMM one, a memory-pool detail. The CUDA libraries' folder goes into the
+# libraries' RPATH (CMake adds the directories it linked from), so nothing needs LD_LIBRARY_PATH.
+#
 # After installing, a smoke test decodes a long prompt in one batch and a verification
-# batch in a subprocess; a build that dies there is removed, not left in place.
-# For a GPU, install the CUDA build afterwards (README: "GPU (CUDA)").
+# batch in a subprocess (on the GPU where there is one); a build that dies there is removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${1:-}"
@@ -64,18 +73,51 @@ case "${LOCALSPEC_LLAMAFILE:-$([ "$WANT_PATCH" = 1 ] && echo on || echo off)}" i
 esac
 PATCH_SUM=$(cat ${PATCHES[@]+"${PATCHES[@]}"} /dev/null | sha256sum | cut -c1-16)
 BUILD_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=$LLAMAFILE"
+# --- CUDA: whether, for which architectures, with which toolkit ---------------------------------
+case "${LOCALSPEC_CUDA:-auto}" in
+  auto|on|off) CUDA_MODE=${LOCALSPEC_CUDA:-auto} ;;
+  *) echo "setup.sh: LOCALSPEC_CUDA must be auto, on or off, not '$LOCALSPEC_CUDA'" >&2; exit 2 ;;
+esac
+GPU_CAPS="" DRIVER=""
+if [ "$CUDA_MODE" != off ] && command -v nvidia-smi >/dev/null; then
+  GPU_CAPS=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d ' .' | grep -E '^[0-9]+$' | sort -u | paste -sd, || true)
+  DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ' || true)
+fi
+WANT_CUDA=0
+{ [ "$CUDA_MODE" = on ] || { [ "$CUDA_MODE" = auto ] && [ -n "$GPU_CAPS" ]; }; } && WANT_CUDA=1
+CUDA_DESC=""
+if [ "$WANT_CUDA" = 1 ]; then
+  ARCHS=${CUDA_ARCH:-$GPU_CAPS}
+  if [ -z "$ARCHS" ]; then
+    echo "setup.sh: LOCALSPEC_CUDA=on but no GPU answers nvidia-smi: name the architectures, e.g. CUDA_ARCH=89 (RTX 40xx), 86 (RTX 30xx), 90 (H100/H200)" >&2; exit 2
+  elif ! [[ "$ARCHS" =~ ^[0-9]{2,3}[af]?(,[0-9]{2,3}[af]?)*$ ]]; then
+    echo "setup.sh: CUDA_ARCH must be compute capabilities without the dot, comma-separated (e.g. 89 or 89,90), not '$ARCHS'" >&2; exit 2
+  fi
+  read -r CUDA_ROOT CUDA_VERSION < <(scripts/cuda-toolkit.sh) || exit 1
+  [ -n "${CUDA_VERSION:-}" ] || { echo "setup.sh: could not read nvcc's version under $CUDA_ROOT" >&2; exit 1; }
+  # CUDA 13 needs driver 580 or newer, CUDA 12 needs 525 (NVIDIA's release notes, minor-version compatibility).
+  case "${CUDA_VERSION%%.*}" in 13) MIN_DRIVER=580 ;; 12) MIN_DRIVER=525 ;; *) MIN_DRIVER=0 ;; esac
+  if [ -n "$DRIVER" ] && [ "${DRIVER%%.*}" -lt "$MIN_DRIVER" ] 2>/dev/null; then
+    echo "setup.sh: the NVIDIA driver $DRIVER is too old for CUDA $CUDA_VERSION (it needs $MIN_DRIVER or newer): update the driver, or point CUDA_HOME at an installed toolkit your driver runs (LOCALSPEC_CUDA=off builds for the CPU)" >&2
+    exit 1
+  fi
+  # One real (SASS) architecture each: the build targets the GPUs named, not every future one.
+  CMAKE_ARCHS=$(echo "$ARCHS" | tr ',' '\n' | sed 's/$/-real/' | paste -sd';')
+  BUILD_ARGS="$BUILD_ARGS -DGGML_CUDA=ON -DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=$CMAKE_ARCHS -DCMAKE_CUDA_COMPILER=$CUDA_ROOT/bin/nvcc -DCUDAToolkit_ROOT=$CUDA_ROOT"
+  CUDA_DESC=", CUDA $CUDA_VERSION for sm_${ARCHS//,/\/sm_}"
+fi
 [ -z "$CFLAGS_EXTRA" ] || BUILD_ARGS="$BUILD_ARGS -DCMAKE_C_FLAGS='$CFLAGS_EXTRA' -DCMAKE_CXX_FLAGS='$CFLAGS_EXTRA'"
 # What the native build will target here: every ISA extension the compiler enables for
 # -march=native with our flags (empty where the compiler cannot say; the options still key it).
 CPU_FEATURES=$(${CC:-cc} -march=native $CFLAGS_EXTRA -Q --help=target 2>/dev/null \
   | awk '$1 ~ /^-m[a-z0-9.-]+$/ && $2 == "[enabled]" {print $1}' | sort | tr '\n' ' ' || true)
-KEY=$(printf '%s\n' "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "$PATCH_SUM" | sha256sum | cut -c1-16)
+KEY=$(printf '%s\n' "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "$PATCH_SUM" "cuda=$WANT_CUDA ${CUDA_VERSION:-}" | sha256sum | cut -c1-16)
 WHEELS="${LOCALSPEC_WHEEL_DIR:-$HOME/.cache/localspec/wheels/$KEY}"
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip --disable-pip-version-check --quiet)
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
-  echo "building llama-cpp-python $LLAMA_VERSION (llamafile $LLAMAFILE${CFLAGS_EXTRA:+, AMX off}; a few minutes, once)" >&2
+  echo "building llama-cpp-python $LLAMA_VERSION (llamafile $LLAMAFILE${CFLAGS_EXTRA:+, AMX off}$CUDA_DESC; $([ "$WANT_CUDA" = 1 ] && echo "CUDA's kernels take a while" || echo "a few minutes"), once)" >&2
   mkdir -p "$WHEELS"
   SRC=$(mktemp -d)
   trap 'rm -rf "$SRC"' EXIT
@@ -92,11 +134,12 @@ if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
   done
   CMAKE_ARGS="$BUILD_ARGS" "${PIP[@]}" wheel --no-deps --no-cache-dir \
     "$SRC/llama_cpp_python-$LLAMA_VERSION" -w "$WHEELS"
-  printf 'llama-cpp-python %s\nCMAKE_ARGS=%s\narch=%s\ncpu features: %s\npatches: %s\n' \
-    "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "${PATCHES[*]:-none}" > "$WHEELS/BUILD.txt"
+  printf 'llama-cpp-python %s\nCMAKE_ARGS=%s\narch=%s\ncpu features: %s\npatches: %s\ncuda: %s\n' \
+    "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "${PATCHES[*]:-none}" \
+    "$([ "$WANT_CUDA" = 1 ] && echo "$CUDA_VERSION sm_$ARCHS ($CUDA_ROOT)" || echo off)" > "$WHEELS/BUILD.txt"
 fi
 INSTALLED_KEY=$(cat .venv/.localspec-wheel-key 2>/dev/null || true)
-if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, sys; info = llama_cpp.llama_print_system_info(); sys.exit((b'LLAMAFILE = 1' in info) != $WANT_SGEMM or (b'FA_BATCH_INVARIANT' in info) != $WANT_PATCH)" 2>/dev/null; then
+if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, pathlib, sys; info = llama_cpp.llama_print_system_info(); sys.exit((b'LLAMAFILE = 1' in info) != $WANT_SGEMM or (b'FA_BATCH_INVARIANT' in info) != $WANT_PATCH or any((pathlib.Path(llama_cpp.__file__).parent / 'lib').glob('libggml-cuda.*')) != $WANT_CUDA)" 2>/dev/null; then
   "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
   echo "$KEY" > .venv/.localspec-wheel-key
 fi
