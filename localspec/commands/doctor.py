@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
         if failure:
             print(f"localspec: error: the llama.cpp self-test {failure}", file=sys.stderr)
         else:
-            print(f"localspec: self-test passed: {test['prompt_tokens']} prompt tokens in one batch, "
-                  f"a verification batch of {test['verify_rows']} rows", file=sys.stderr)
+            print(f"localspec: self-test passed{_where(test)}: {test['prompt_tokens']} prompt tokens in one batch, "
+                  f"a verification batch of {test['verify_rows']} rows; {_exact_short(test)}", file=sys.stderr)
         return code
     build = result.records.get("build")
     dirs = doctor.folders()
@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
                    f"{'GPU offload' if build['gpu_offload'] else 'CPU only'}")
         out.append(f"CPU features  {' '.join(build['cpu_features']) or 'none reported'}")
         out.append(f"special paths {accel}")
-        out.append(f"exactness     {'batch-invariant (greedy speculation is token-identical)' if build['batch_invariant'] else 'not batch-invariant (greedy speculation may part at near-ties)'}")
+        if build["gpus"]:
+            out.append("exactness     on the GPU: as the self-test below measures it (model exact)")
+        else:
+            out.append(f"exactness     {'batch-invariant (greedy speculation is token-identical)' if build['batch_invariant'] else 'not batch-invariant (greedy speculation may part at near-ties)'}")
         if not build["gpu_offload"]:
             simd = {16: " in AVX-512", 8: " in AVX2", 0: " in plain loops"}.get(build["fa_simd"], "")
             out.append("flash attn    " + (f"on (batch-invariant CPU kernel{simd})" if build["cpu_flash_attention"] else
@@ -110,11 +113,29 @@ def run(args: argparse.Namespace) -> int:
     elif failure:
         out.append(f"self-test     FAILED: {failure}")
     else:
-        out.append(f"self-test     ok: {test['prompt_tokens']} prompt tokens in one batch "
+        out.append(f"self-test     ok{_where(test)}: {test['prompt_tokens']} prompt tokens in one batch "
                    f"({test['prefill_ms']:.0f} ms), a verification batch of {test['verify_rows']} rows")
         out.append(f"model exact   {_model_exactness(test)}")
     print("\n".join(out))
     return code
+
+
+def _where(test: dict[str, Any]) -> str:
+    """" on NVIDIA GeForce RTX 4090 (33/33 layers)" for a self-test on a GPU, "" on the CPU."""
+    device = test.get("device", "cpu")
+    if device == "cpu":
+        return ""
+    layers = test.get("offloaded_layers")
+    return f" on {device}" + (f" ({layers[0]}/{layers[1]} layers offloaded)" if layers else "")
+
+
+def _exact_short(test: dict[str, Any]) -> str:
+    """The self-test's batch-vs-single comparison in a few words (setup.sh's one line)."""
+    if test["batch_invariant"]:
+        return "verification rows bit-identical to one-token decodes"
+    same = test.get("argmax_same_rows", test["verify_rows"])
+    return (f"verification rows differ from one-token decodes by up to {test['max_logit_diff']:.3g} "
+            f"(the same top token in {same}/{test['verify_rows']}): exact up to near-ties")
 
 
 def _model_exactness(test: dict[str, Any]) -> str:
@@ -122,6 +143,12 @@ def _model_exactness(test: dict[str, Any]) -> str:
     if test["batch_invariant"]:
         return (f"yes: {test['verify_rows']} rows decoded in one batch and one at a time gave bit-identical "
                 "logits (greedy speculation is token-identical to plain decoding)")
+    same = test.get("argmax_same_rows", test["verify_rows"])
+    if test.get("device", "cpu") != "cpu":
+        return (f"up to near-ties: on the GPU a batch's logits differ from one-token decodes by up to "
+                f"{test['max_logit_diff']:.3g} (the same top token in {same}/{test['verify_rows']} rows); "
+                "llama.cpp's CUDA kernels for a batch are not those for one token, so greedy speculation "
+                "can part from plain decoding where two tokens are nearly tied (docs/gpu.md)")
     return (f"no: a batch's logits differ from one-token decodes by up to {test['max_logit_diff']:.3g} "
             "(greedy speculation may part from plain decoding at near-ties; a build from scripts/setup.sh, "
             "with its patches, is batch-invariant for the models it knows)")
