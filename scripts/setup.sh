@@ -85,6 +85,9 @@ if [ "$CUDA_MODE" != off ] && command -v nvidia-smi >/dev/null; then
 fi
 WANT_CUDA=0
 { [ "$CUDA_MODE" = on ] || { [ "$CUDA_MODE" = auto ] && [ -n "$GPU_CAPS" ]; }; } && WANT_CUDA=1
+if [ "$CUDA_MODE" = auto ] && [ -z "$GPU_CAPS" ] && command -v nvidia-smi >/dev/null; then
+  echo "setup.sh: nvidia-smi is here but reports no GPU (a driver not loaded yet?): building for the CPU; LOCALSPEC_CUDA=on CUDA_ARCH=89 builds for an RTX 40xx anyway" >&2
+fi
 CUDA_DESC=""
 if [ "$WANT_CUDA" = 1 ]; then
   ARCHS=${CUDA_ARCH:-$GPU_CAPS}
@@ -93,13 +96,24 @@ if [ "$WANT_CUDA" = 1 ]; then
   elif ! [[ "$ARCHS" =~ ^[0-9]{2,3}[af]?(,[0-9]{2,3}[af]?)*$ ]]; then
     echo "setup.sh: CUDA_ARCH must be compute capabilities without the dot, comma-separated (e.g. 89 or 89,90), not '$ARCHS'" >&2; exit 2
   fi
-  read -r CUDA_ROOT CUDA_VERSION < <(scripts/cuda-toolkit.sh) || exit 1
+  # CUDA 13 needs driver 580 or newer, CUDA 12 needs 525 (NVIDIA's release notes, minor-version
+  # compatibility). The PyPI wheels are CUDA 13: under an older driver only an installed toolkit can do.
+  too_old() {
+    echo "setup.sh: the NVIDIA driver $DRIVER is too old for CUDA ${1:-13} (it needs ${2:-580} or newer): update the driver, or install a CUDA toolkit your driver runs, with cuBLAS, and point CUDA_HOME at it (LOCALSPEC_CUDA=off builds for the CPU)" >&2
+    exit 1
+  }
+  TOOLKIT_MODE=${LOCALSPEC_CUDA_TOOLKIT:-auto}
+  OLD_DRIVER=0
+  [ -n "$DRIVER" ] && [ "${DRIVER%%.*}" -lt 580 ] 2>/dev/null && OLD_DRIVER=1
+  if [ "$OLD_DRIVER" = 1 ] && [ "$TOOLKIT_MODE" = auto ]; then
+    read -r CUDA_ROOT CUDA_VERSION < <(LOCALSPEC_CUDA_TOOLKIT=system scripts/cuda-toolkit.sh 2>/dev/null) || too_old
+  else
+    read -r CUDA_ROOT CUDA_VERSION < <(scripts/cuda-toolkit.sh) || exit 1
+  fi
   [ -n "${CUDA_VERSION:-}" ] || { echo "setup.sh: could not read nvcc's version under $CUDA_ROOT" >&2; exit 1; }
-  # CUDA 13 needs driver 580 or newer, CUDA 12 needs 525 (NVIDIA's release notes, minor-version compatibility).
   case "${CUDA_VERSION%%.*}" in 13) MIN_DRIVER=580 ;; 12) MIN_DRIVER=525 ;; *) MIN_DRIVER=0 ;; esac
   if [ -n "$DRIVER" ] && [ "${DRIVER%%.*}" -lt "$MIN_DRIVER" ] 2>/dev/null; then
-    echo "setup.sh: the NVIDIA driver $DRIVER is too old for CUDA $CUDA_VERSION (it needs $MIN_DRIVER or newer): update the driver, or point CUDA_HOME at an installed toolkit your driver runs (LOCALSPEC_CUDA=off builds for the CPU)" >&2
-    exit 1
+    too_old "$CUDA_VERSION" "$MIN_DRIVER"
   fi
   # One real (SASS) architecture each: the build targets the GPUs named, not every future one.
   CMAKE_ARCHS=$(echo "$ARCHS" | tr ',' '\n' | sed 's/$/-real/' | paste -sd';')
