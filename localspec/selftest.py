@@ -68,6 +68,8 @@ def build_info() -> dict[str, object]:
         "fa_simd": _int_flag(system, "FA_INVARIANT_SIMD"),
         "gpu_offload": backend.gpu_offload_supported(),
         "cuda": "CUDA" in system,
+        # compute capabilities ggml-cuda holds machine code for ("CUDA : ARCHS = 890,900"), also without a GPU
+        "cuda_archs": (m.group(1).split(",") if (m := re.search(r"CUDA : ARCHS = ([0-9,]+)", system)) else []),
         "batch_invariant": backend.batch_invariant(),
         "cpu_flash_attention": backend.cpu_flash_attention(),
         "gpus": [{"name": n, "free": free, "total": total} for n, free, total in backend.gpu_devices()],

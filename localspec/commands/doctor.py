@@ -103,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
         if gpus:
             for g in gpus:
                 out.append(f"GPU           {g['name']}: {human_size(g['free'])} free of {human_size(g['total'])}")
+        elif build.get("cuda"):
+            archs = "/".join(f"sm_{a[:-1]}" for a in build.get("cuda_archs", [])) or "CUDA"
+            out.append(f"GPU           none found: this build has CUDA ({archs}) but no driver or GPU answered, "
+                       "so it decodes on the CPU")
         else:
             out.append("GPU           none found")
     for key, folder in dirs.items():
