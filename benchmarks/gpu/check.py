@@ -160,14 +160,16 @@ def cost_curve(model: Any, prompt: list[int], depth: int, budget_s: float) -> di
 
 
 # --- exactness: a batch's rows against one-token decodes ----------------------------------
-def batch_vs_single(model: Any, prompt: list[int], sizes: tuple[int, ...] = EXACT_SIZES) -> dict[str, Any]:
+def batch_vs_single(model: Any, prompt: list[int], sizes: tuple[int, ...] = EXACT_SIZES, *,
+                    flash_attn: bool | None = None) -> dict[str, Any]:
     """The largest difference between a row's logits decoded alone (as plain decoding does) and the same
-    row inside a verification batch of each size, after ``prompt``; and the rows whose top token differs."""
+    row inside a verification batch of each size, after ``prompt``; and the rows whose top token differs.
+    ``flash_attn``: as ``Context`` takes it (None: what a generation uses)."""
     import numpy as np
     from localspec.backend import Context
 
     rows = (prompt * (max(sizes) // max(1, len(prompt)) + 2))[1:max(sizes) + 1]
-    ctx = Context(model, n_ctx=len(prompt) + max(sizes) + 8, n_batch=max(64, max(sizes)))
+    ctx = Context(model, n_ctx=len(prompt) + max(sizes) + 8, n_batch=max(64, max(sizes)), flash_attn=flash_attn)
     try:
         ctx.append(prompt)
         pos0 = len(ctx.tokens)
@@ -563,8 +565,12 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  ratio to k=1: {curves[f'depth_{depth}']['ratio']}")
 
         def exactness() -> None:
-            results.setdefault("exactness", {})["target"] = batch_vs_single(target, prompt)
-            log(f"target batch vs single: {results['exactness']['target']['max_diff']} max diff")
+            rows = results.setdefault("exactness", {})
+            rows["target"] = batch_vs_single(target, prompt)
+            log(f"target batch vs single: {rows['target']['max_diff']} max diff")
+            # Without flash attention: whether the attention kernels or the matmuls make the difference.
+            rows["target, flash attention off"] = batch_vs_single(target, prompt, flash_attn=False)
+            log(f"target batch vs single, flash attention off: {rows['target, flash attention off']['max_diff']}")
 
         def draft_curve() -> None:
             draft, results["offload_draft"] = load_with_offload_check(draft_path)
