@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _where(test: dict[str, Any]) -> str:
-    """" on NVIDIA GeForce RTX 4090 (33/33 layers)" for a self-test on a GPU, "" on the CPU."""
+    """Where the self-test ran, as " on NVIDIA GeForce RTX 4090 (33/33 layers offloaded)"; empty on the CPU."""
     device = test.get("device", "cpu")
     if device == "cpu":
         return ""
@@ -138,8 +138,10 @@ def _exact_short(test: dict[str, Any]) -> str:
     if test["batch_invariant"]:
         return "verification rows bit-identical to one-token decodes"
     same = test.get("argmax_same_rows", test["verify_rows"])
+    verdict = ("exact up to near-ties" if same == test["verify_rows"] else
+               "greedy speculation may part from plain decoding")
     return (f"verification rows differ from one-token decodes by up to {test['max_logit_diff']:.3g} "
-            f"(the same top token in {same}/{test['verify_rows']}): exact up to near-ties")
+            f"(the same top token in {same}/{test['verify_rows']}): {verdict}")
 
 
 def _model_exactness(test: dict[str, Any]) -> str:
@@ -149,7 +151,8 @@ def _model_exactness(test: dict[str, Any]) -> str:
                 "logits (greedy speculation is token-identical to plain decoding)")
     same = test.get("argmax_same_rows", test["verify_rows"])
     if test.get("device", "cpu") != "cpu":
-        return (f"up to near-ties: on the GPU a batch's logits differ from one-token decodes by up to "
+        return (f"{'up to near-ties' if same == test['verify_rows'] else 'no'}: on the GPU a batch's logits "
+                f"differ from one-token decodes by up to "
                 f"{test['max_logit_diff']:.3g} (the same top token in {same}/{test['verify_rows']} rows); "
                 "llama.cpp's CUDA kernels for a batch are not those for one token, so greedy speculation "
                 "can part from plain decoding where two tokens are nearly tied (docs/gpu.md)")
