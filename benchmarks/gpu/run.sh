@@ -47,21 +47,20 @@ $PY -c "import yaml" 2>/dev/null || need+=("$PACK"/wheels/[Pp]y[Yy][Aa][Mm][Ll]-
 say "installing ${need[*]##*/} into $SITE"
 timeout 120 $PY -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$SITE" "${need[@]}" \
   || fail "wheel install"
-# The CUDA wheel's RPATH names the toolkit folder of the machine that built it; here cuBLAS and the
-# runtime come from the CUDA wheels beside PyTorch (nvidia/cu13/lib) or the system toolkit.
+# libggml-cuda.so's RUNPATH is $ORIGIN: as scripts/setup.sh does, link the CUDA runtime and cuBLAS in
+# beside it, here from the CUDA wheels beside PyTorch (nvidia/cu13/lib) or a CUDA 13 toolkit.
 if unzip -Z1 "$WHEEL" | grep -q libggml-cuda; then
-  LIBS=""
-  for d in "$SITE/nvidia/cu13/lib" $($PY -c "import site; print(' '.join(p + '/nvidia/cu13/lib' for p in site.getsitepackages()))" 2>/dev/null) \
-           /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
-    if [ -e "$d/libcublas.so.13" ] && [ -e "$d/libcublasLt.so.13" ]; then LIBS="$LIBS:$d"; break; fi
+  SITES=$($PY -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null)
+  for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+    found=""
+    for d in $(for p in $SITES; do echo "$p/nvidia/cu13/lib"; done) /usr/local/cuda/lib64 \
+             /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+      [ -e "$d/$so" ] && { found=$d/$so; break; }
+    done
+    [ -n "$found" ] || fail "no $so here (the nvidia-cublas and nvidia-cuda-runtime wheels, or a CUDA 13 toolkit)"
+    ln -sf "$(readlink -f "$found")" "$SITE/llama_cpp/lib/$so"
+    say "$so: $found"
   done
-  for d in "$SITE/nvidia/cu13/lib" $($PY -c "import site; print(' '.join(p + '/nvidia/cu13/lib' for p in site.getsitepackages()))" 2>/dev/null) \
-           /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
-    if [ -e "$d/libcudart.so.13" ]; then LIBS="$LIBS:$d"; break; fi
-  done
-  [ -n "$LIBS" ] || fail "no libcublas.so.13 / libcudart.so.13 here (the nvidia-cublas and nvidia-cuda-runtime wheels, or a CUDA 13 toolkit)"
-  export LD_LIBRARY_PATH=${LIBS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  say "CUDA libraries from ${LIBS#:}"
 fi
 $PY -c "from localspec import backend; print('gpu offload:', backend.gpu_offload_supported(), backend.gpu_devices()); print(backend.system_info())" \
     || fail "llama_cpp does not import"
