@@ -54,7 +54,8 @@ if unzip -Z1 "$WHEEL" | grep -q libggml-cuda; then
   for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
     found=""
     for d in $(for p in $SITES; do echo "$p/nvidia/cu13/lib"; done) /usr/local/cuda/lib64 \
-             /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+             /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu \
+             "$HOME"/.cache/localspec/cuda-13.*/nvidia/cu13/lib; do   # the last: setup.sh's, for a dry run
       [ -e "$d/$so" ] && { found=$d/$so; break; }
     done
     [ -n "$found" ] || fail "no $so here (the nvidia-cublas and nvidia-cuda-runtime wheels, or a CUDA 13 toolkit)"
