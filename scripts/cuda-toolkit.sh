@@ -58,7 +58,7 @@ fi
 CACHE=${LOCALSPEC_CUDA_DIR:-$HOME/.cache/localspec/cuda-$WHEEL_NVCC}
 ROOT=$CACHE/nvidia/cu13
 if [ ! -x "$ROOT/bin/nvcc" ] || [ ! -e "$CACHE/.complete" ]; then
-  echo "setup.sh: no CUDA toolkit with cuBLAS here: fetching CUDA $WHEEL_NVCC's wheels from PyPI into $CACHE (~1.5 GB on disk, once)" >&2
+  echo "setup.sh: no CUDA toolkit with cuBLAS here: fetching CUDA $WHEEL_NVCC's wheels from PyPI into $CACHE (~850 MB on disk, once)" >&2
   rm -rf "$CACHE"
   mkdir -p "$CACHE"
   if ! "$PY" -m pip --disable-pip-version-check --quiet install --no-compile --no-deps \
