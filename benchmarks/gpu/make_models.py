@@ -27,7 +27,8 @@ token costs depends on that block and the output matrix, not on the trunk's
 depth, so the check measures the head's step cost on it next to the 0.5B
 draft's. Its random head does not predict the trunk: acceptance means nothing.
 
-    python benchmarks/gpu/make_models.py OUT_DIR            # target-8b, draft-0.5b, mtp-8b .gguf
+    python benchmarks/gpu/make_models.py OUT_DIR            # target-8b (Q4_K_M), draft-0.6b, mtp-8b .gguf
+    python benchmarks/gpu/make_models.py OUT_DIR --only curves --curve 27b:Q8_0   # curve-27b-Q8_0.gguf
     python benchmarks/gpu/make_models.py OUT_DIR --tiny     # target-tiny, draft-tiny, mtp-tiny (CPU tests)
 """
 
@@ -49,6 +50,24 @@ import tokenizer as tokenizer_file  # noqa: E402  (the sibling module, not a pac
 # Bytes per block of 32 weights: an f16 scale, then 16 bytes of nibbles (Q4_0) or 32 int8 (Q8_0).
 _BLOCK = 32
 _BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}
+# The K-quants hold 256 weights a block (ggml-common.h): Q4_K an f16 scale and min, 12 bytes of
+# 6-bit sub-block scales and mins, 128 bytes of nibbles; Q6_K 128 bytes of low nibbles, 64 of high
+# bit pairs, 16 int8 sub-block scales, then the f16 scale.
+_K_BLOCK = 256
+_K_BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+# Every Q4_K sub-block gets scale 32 and min 1, packed as get_scale_min_k4 reads them; with
+# dmin = 7.5 * 32 * d a code q in 0..15 is worth 32 d (q - 7.5): mean zero, std 32 d * _Q4K_CODE_STD.
+_Q4K_SCALES = np.array([0xA0] * 4 + [0x01] * 4 + [0x10] * 4, dtype=np.uint8)
+_Q4K_CODE_STD = math.sqrt((16 * 16 - 1) / 12)
+# Q6_K: codes q - 32 for q in 0..63 (mean -0.5); each 16-weight sub-block's int8 scale is +-64 with a
+# random sign, so the small mean cancels across sub-blocks instead of adding a rank-one component.
+_Q6K_SCALE = 64
+_Q6K_CODE_STD = math.sqrt((64 * 64 - 1) / 12 + 0.25)
+# A "Q4_K_M" file as llama.cpp's quantizer writes one (llama_tensor_get_type): Q4_K, with Q6_K for the
+# output matrix and for attn_v and ffn_down in the layers use_more_bits picks. The token embedding is
+# Q6_K here too (llama.cpp keeps it Q4_K; it is a row lookup that costs a decode nothing), so the
+# output's rows can be its rows, as the successor map needs.
+QTYPES = ("Q4_0", "Q8_0", "Q4_K_M")
 # Codes must have mean zero: a Q4_0 code is q - 8 for a nibble q, and uniform nibbles would
 # give every weight a mean of -0.5 scale, a rank-one component that deep stacks amplify until
 # every position predicts the same token. So the code -8 (Q4_0) or -128 (Q8_0) is replaced by
@@ -56,7 +75,29 @@ _BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}
 _CODE_STD = {"Q4_0": math.sqrt(2 * sum(v * v for v in range(8)) / 16),
              "Q8_0": math.sqrt(2 * sum(v * v for v in range(128)) / 256)}
 # llama.cpp's llama_ftype numbers for general.file_type.
-_FILE_TYPE = {"Q4_0": 2, "Q8_0": 7}
+_FILE_TYPE = {"Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}
+
+
+def use_more_bits(layer: int, n_layer: int) -> bool:
+    """llama.cpp's choice of the layers whose attn_v and ffn_down get more bits in a Q4_K_M file."""
+    return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
+
+
+def tensor_qtype(file_qtype: str, name: str, n_layer: int) -> str:
+    """The block type of tensor ``name`` in a file of ``file_qtype`` (Q4_K_M mixes Q4_K and Q6_K)."""
+    if file_qtype != "Q4_K_M":
+        return file_qtype
+    if name in ("output.weight", "token_embd.weight"):
+        return "Q6_K"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(int(name.split(".")[1]), n_layer):
+        return "Q6_K"
+    return "Q4_K"
+
+
+def row_bytes(qtype: str, cols: int) -> int:
+    if qtype in _K_BLOCK_BYTES:
+        return cols // _K_BLOCK * _K_BLOCK_BYTES[qtype]
+    return cols // _BLOCK * _BLOCK_BYTES[qtype]
 # How much of the margin the embedding term holds over the best other token the layers may
 # spend: about this share of greedy steps follow `succ` (measured on the shapes below).
 DEFAULT_NOISE = 1.2
@@ -93,9 +134,15 @@ SHAPES = {
     "8b": Shape(32, 4096, 32, 8, 14336),
     # Qwen2.5-0.5B's body.
     "0.5b": Shape(24, 896, 14, 2, 4864, rope_base=1000000.0),
+    # Qwen3-0.6B's body (28 layers, d 1024, FFN 3072; 16 query heads of 64 here, where Qwen3 has 128).
+    "0.6b": Shape(28, 1024, 16, 8, 3072, rope_base=1000000.0),
+    # Gemma-3-27B's size as a llama body: 62 layers, d 5376, FFN 21504, 42 heads of 128 (14 KV heads).
+    "27b": Shape(62, 5376, 42, 14, 21504),
     # For tests and a CPU dry run: seconds to write and to run.
     "tiny": Shape(2, 128, 4, 2, 256),
     "tiny-draft": Shape(1, 64, 2, 1, 128),
+    # The smallest shape K-quants can hold (rows of 256): the dry run's stand-in for 8B and 27B.
+    "tiny-k": Shape(2, 256, 4, 2, 512),
 }
 
 
@@ -165,7 +212,10 @@ def default_residual_scale(shape: Shape, n_vocab: int, noise: float = DEFAULT_NO
 
 
 def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str, std: float) -> np.ndarray:
-    """A ``rows x cols`` matrix as quantized blocks of random codes: uint8 ``(rows, cols/32*bytes)``."""
+    """A ``rows x cols`` matrix as quantized blocks of random codes: uint8 ``(rows, row_bytes)``, of
+    mean zero and std ``std``."""
+    if qtype in _K_BLOCK_BYTES:
+        return _random_k_blocks(rng, rows, cols, qtype, std)
     if cols % _BLOCK:
         raise ValueError(f"row length {cols} is not a multiple of {_BLOCK}")
     nb = cols // _BLOCK
@@ -183,10 +233,34 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str, st
     return out.reshape(rows, nb * width)
 
 
+def _random_k_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str, std: float) -> np.ndarray:
+    if cols % _K_BLOCK:
+        raise ValueError(f"row length {cols} is not a multiple of {_K_BLOCK} ({qtype} needs it)")
+    nb = cols // _K_BLOCK
+    out = np.empty((rows, nb, _K_BLOCK_BYTES[qtype]), dtype=np.uint8)
+    if qtype == "Q4_K":
+        d = np.float16(std / (32 * _Q4K_CODE_STD))
+        out[:, :, 0:2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
+        out[:, :, 2:4] = np.frombuffer(np.float16(7.5 * 32 * float(d)).tobytes(), dtype=np.uint8)
+        out[:, :, 4:16] = _Q4K_SCALES
+        out[:, :, 16:] = rng.integers(0, 256, size=(rows, nb, 128), dtype=np.uint8)
+    else:  # Q6_K
+        out[:, :, :192] = rng.integers(0, 256, size=(rows, nb, 192), dtype=np.uint8)
+        signs = rng.integers(0, 2, size=(rows, nb, 16), dtype=np.int8) * 2 - 1
+        out[:, :, 192:208] = (signs * _Q6K_SCALE).astype(np.int8).view(np.uint8)
+        d = np.float16(std / (_Q6K_SCALE * _Q6K_CODE_STD))
+        out[:, :, 208:210] = np.frombuffer(d.tobytes(), dtype=np.uint8)
+    return out.reshape(rows, -1)
+
+
 def write_model(path: Path, shape: Shape, tok: dict, *, qtype: str = "Q4_0", seed: int = 0,
                 succ_seed: int = 1234, residual_scale: float | None = None, attn_share: float = DEFAULT_ATTN_SHARE,
-                name: str | None = None) -> Path:
-    """Write one random-weight llama GGUF to ``path`` (via ``path.partial``, then renamed)."""
+                name: str | None = None, reuse: bool = False) -> Path:
+    """Write one random-weight llama GGUF to ``path`` (via ``path.partial``, then renamed).
+
+    ``reuse``: every layer gets the same random blocks (each tensor shape drawn once): the file
+    costs a decode exactly what a fresh one does (every byte is still read), and a 27B Q8_0 file
+    is written at the disk's speed instead of the random generator's. For cost curves only."""
     import gguf
 
     n_vocab = len(tok["tokens"])
@@ -195,8 +269,6 @@ def write_model(path: Path, shape: Shape, tok: dict, *, qtype: str = "Q4_0", see
     rng = np.random.default_rng(seed)
     succ = successor(tok["token_type"], succ_seed)
     d, kv, ffn = shape.d_model, shape.n_head_kv * shape.head_dim, shape.d_ffn
-    qt = getattr(gguf.GGMLQuantizationType, qtype)
-
     # Tensor list in file order: (name, rows, cols, kind); kind = weight init.
     plan: list[tuple[str, int, int, str]] = [("token_embd.weight", n_vocab, d, "embd")]
     for i in range(shape.n_layer):
@@ -215,36 +287,49 @@ def write_model(path: Path, shape: Shape, tok: dict, *, qtype: str = "Q4_0", see
     writer.add_string("localspec.random_weights", f"seed={seed} succ_seed={succ_seed} "
                       f"residual_scale={residual_scale:.4g} attn_share={attn_share:.3g} qtype={qtype}")
     tokenizer_file.add_to_writer(writer, tok)
-    width = _BLOCK_BYTES[qtype]
+    types = {tname: tensor_qtype(qtype, tname, shape.n_layer) for tname, _, _, _ in plan}
     for tname, rows, cols, kind in plan:
         if kind == "norm":
             writer.add_tensor_info(tname, (cols,), np.dtype(np.float32), cols * 4)
         else:
-            writer.add_tensor_info(tname, (rows, cols // _BLOCK * width), np.dtype(np.uint8),
-                                   rows * cols // _BLOCK * width, raw_dtype=qt)
+            width = row_bytes(types[tname], cols)
+            writer.add_tensor_info(tname, (rows, width), np.dtype(np.uint8), rows * width,
+                                   raw_dtype=getattr(gguf.GGMLQuantizationType, types[tname]))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
 
     embd: np.ndarray | None = None
+    drawn: dict[tuple[int, int, str, str], np.ndarray] = {}
+
+    def layer_blocks(rows: int, cols: int, qt: str, std: float) -> np.ndarray:
+        """A layer's matrix: drawn afresh, or with ``reuse`` once per shape, type and scale."""
+        if not reuse:
+            return random_blocks(rng, rows, cols, qt, std)
+        key = (rows, cols, qt, f"{std:.6g}")
+        if key not in drawn:
+            drawn[key] = random_blocks(rng, rows, cols, qt, std)
+        return drawn[key]
+
     for tname, rows, cols, kind in plan:
+        qt = types[tname]
         if kind == "norm":
             data = np.ones(cols, dtype=np.float32)
         elif kind == "embd":
             # Entries of std 1: each token's own logit (~d_model) then stands far above the rest.
-            data = embd = random_blocks(rng, rows, cols, qtype, 1.0)
+            data = embd = random_blocks(rng, rows, cols, qt, 1.0)
         elif kind == "output":
             # Row succ[t] is t's embedding: the embedding term of the residual votes for succ[t].
             # Rows nothing maps to (control tokens) get their own random codes.
             assert embd is not None
-            data = random_blocks(rng, rows, cols, qtype, 1.0)
+            data = random_blocks(rng, rows, cols, qt, 1.0)
             data[succ[tok_normal(tok)]] = embd[tok_normal(tok)]
         elif kind == "in":
-            data = random_blocks(rng, rows, cols, qtype, 1.0 / math.sqrt(cols))
+            data = layer_blocks(rows, cols, qt, 1.0 / math.sqrt(cols))
         elif kind == "out":
-            data = random_blocks(rng, rows, cols, qtype, attn_share * residual_scale / math.sqrt(cols))
+            data = layer_blocks(rows, cols, qt, attn_share * residual_scale / math.sqrt(cols))
         else:  # out_ffn: silu(gate) * up has ~0.6 the rms of its inputs; make up for it
-            data = random_blocks(rng, rows, cols, qtype, residual_scale / (0.6 * math.sqrt(cols)))
+            data = layer_blocks(rows, cols, qt, residual_scale / (0.6 * math.sqrt(cols)))
         writer.write_tensor_data(data)
     writer.close()
     os.replace(tmp, path)
@@ -297,6 +382,8 @@ def write_mtp_model(path: Path, mshape: MtpShape, tok: dict, *, qtype: str = "Q4
     writer.add_file_type(_FILE_TYPE[qtype])
     writer.add_string("localspec.random_weights", f"seed={seed} qtype={qtype} (MTP step cost only)")
     tokenizer_file.add_to_writer(writer, tok)
+    if qtype not in _BLOCK_BYTES:
+        raise ValueError(f"the MTP model is written as Q4_0 or Q8_0, not {qtype}")
     width = _BLOCK_BYTES[qtype]
     for tname, dims, kind in plan:
         if kind in ("norm", "zero", "f32"):
@@ -333,19 +420,30 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", type=Path)
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU tests), not 8B and 0.5B")
-    p.add_argument("--qtype", choices=sorted(_BLOCK_BYTES), default="Q4_0")
-    p.add_argument("--draft-qtype", choices=sorted(_BLOCK_BYTES), default=None,
+    p.add_argument("--qtype", choices=QTYPES, default=None,
+                   help="the target's and draft's quantization (default: Q4_K_M; Q4_0 with --tiny)")
+    p.add_argument("--draft-qtype", choices=QTYPES, default=None,
                    help="the draft's quantization (default: --qtype)")
+    p.add_argument("--curve", action="append", default=[], metavar="SHAPE:QTYPE",
+                   help="also write curve-SHAPE-QTYPE.gguf (every layer the same random blocks: for cost "
+                        f"curves only); shapes {', '.join(SHAPES)}; may repeat")
     p.add_argument("--noise", type=float, default=DEFAULT_NOISE,
                    help="how strongly the layers perturb the successor vote (0: pure cycle, ~1: mostly noise)")
     p.add_argument("--attn-share", type=float, default=DEFAULT_ATTN_SHARE,
                    help="attention's share of the perturbation (0: a pure function of the current token)")
-    p.add_argument("--only", choices=["target", "draft", "mtp"], default=None)
+    p.add_argument("--only", choices=["target", "draft", "mtp", "curves"], default=None)
     args = p.parse_args(argv)
+    curves = []
+    for spec in args.curve:
+        shape_name, _, qtype = spec.partition(":")
+        if shape_name not in SHAPES or qtype not in QTYPES:
+            p.error(f"--curve {spec}: name a shape ({', '.join(SHAPES)}) and a type ({', '.join(QTYPES)})")
+        curves.append((shape_name, qtype))
+    qtype = args.qtype or ("Q4_0" if args.tiny else "Q4_K_M")
     tok = tokenizer_file.load()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    pairs = [("target", "tiny" if args.tiny else "8b", args.qtype, 1),
-             ("draft", "tiny-draft" if args.tiny else "0.5b", args.draft_qtype or args.qtype, 2)]
+    pairs = [("target", "tiny" if args.tiny else "8b", qtype, 1),
+             ("draft", "tiny-draft" if args.tiny else "0.6b", args.draft_qtype or qtype, 2)]
     for role, shape_name, qtype, seed in pairs:
         label = "tiny" if args.tiny else shape_name
         if args.only and role != args.only:
@@ -363,9 +461,28 @@ def main(argv: list[str] | None = None) -> None:
         label = "tiny" if args.tiny else "8b"
         path = args.out_dir / f"mtp-{label}.gguf"
         t0 = time.perf_counter()
-        write_mtp_model(path, MTP_SHAPES[label], tok, qtype=args.qtype, name=f"random-glm4moe-mtp-{label}")
+        mtp_qtype = qtype if qtype in _BLOCK_BYTES else "Q4_0"
+        write_mtp_model(path, MTP_SHAPES[label], tok, qtype=mtp_qtype, name=f"random-glm4moe-mtp-{label}")
         print(f"{path}: glm4moe with one NextN layer, {path.stat().st_size / 2**30:.2f} GiB, "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
+    for shape_name, curve_qtype in curves if args.only in (None, "curves") else ():
+        write_curve_model(args.out_dir, shape_name, curve_qtype, tok)
+
+
+def curve_path(out_dir: Path, shape_name: str, qtype: str) -> Path:
+    return out_dir / f"curve-{shape_name}-{qtype}.gguf"
+
+
+def write_curve_model(out_dir: Path, shape_name: str, qtype: str, tok: dict | None = None) -> Path:
+    """A model for a cost curve only (``reuse``: its layers share their random blocks)."""
+    tok = tok or tokenizer_file.load()
+    shape = SHAPES[shape_name]
+    path = curve_path(out_dir, shape_name, qtype)
+    t0 = time.perf_counter()
+    write_model(path, shape, tok, qtype=qtype, seed=5, name=f"random-{shape_name}-{qtype}-curve", reuse=True)
+    print(f"{path}: {shape.n_params(len(tok['tokens'])) / 1e9:.2f}B params {qtype} (curve only), "
+          f"{path.stat().st_size / 2**30:.2f} GiB, {time.perf_counter() - t0:.1f} s", flush=True)
+    return path
 
 
 if __name__ == "__main__":

@@ -1,50 +1,75 @@
 #!/usr/bin/env bash
-# Prepare .gpu/: what the GPU machine (no network, Python 3.12, nvcc, CMake) lacks.
+# Prepare .gpu/: what the GPU machine (no network, Python 3.12, nvcc 13.0, driver 580) lacks.
 #
-#   .gpu/llama_cpp_python-0.3.36-trimmed.tar.gz   the sdist without what a CUDA build of the
-#                                                 library does not read (75 MB -> ~7 MB)
-#   .gpu/wheels/*.whl                             gguf, diskcache, PyYAML (cp312) for an offline install
+#   .gpu/llama_cpp_python-*.whl.xz   the CUDA wheel scripts/setup.sh built (LOCALSPEC_CUDA=on
+#                                    CUDA_ARCH=89,90 ...): compiled here, so run.sh installs it in
+#                                    seconds instead of compiling ggml-cuda there; xz'd
+#   .gpu/BUILD.txt                   how that wheel was built (setup.sh's record)
+#   .gpu/COMMIT                      the commit it is packed at (the device gets no .git)
+#   .gpu/wheels/*.whl                gguf, diskcache, PyYAML (cp312) for an offline install
 #
 # Run on a machine with PyPI access, from anywhere in the repository:
-#   bash benchmarks/gpu/pack.sh            (SDIST=path/to/llama_cpp_python-0.3.36.tar.gz to skip the download)
-# .gpu/ is git-ignored through .git/info/exclude and never committed.
+#   bash benchmarks/gpu/pack.sh                     the newest CUDA wheel in ~/.cache/localspec/wheels
+#   WHEEL=path/to/llama_cpp_python-….whl bash benchmarks/gpu/pack.sh   that one (a CPU wheel: dry runs)
+#   ARCH=90 (default) names the architecture the wheel must hold.
+# .gpu/ is git-ignored (.gitignore) and never committed; a device call carries it (carry: [".gpu"]).
 set -euo pipefail
 
-VERSION=0.3.36
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 DEST=$ROOT/.gpu
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
+ARCH=${ARCH:-90}
+LIMIT_MIB=48   # of the 64 MiB a device call may carry: the repository and the logs need the rest
+fail() { echo "pack.sh: $*" >&2; exit 1; }
 
-grep -qxF '/.gpu/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$ROOT/.git/info/exclude"
+# --- the wheel -----------------------------------------------------------------------------
+if [ -z "${WHEEL:-}" ]; then
+  # The newest cached build whose record says CUDA with this architecture.
+  for dir in $(ls -td "$HOME"/.cache/localspec/wheels/*/ 2>/dev/null); do
+    if grep -q "^cuda: .*sm_[0-9,]*\b$ARCH\b" "$dir/BUILD.txt" 2>/dev/null; then
+      WHEEL=$(ls "$dir"/llama_cpp_python-*.whl 2>/dev/null | head -1); BUILD_TXT=$dir/BUILD.txt; break
+    fi
+  done
+  [ -n "${WHEEL:-}" ] || fail "no CUDA wheel for sm_$ARCH in ~/.cache/localspec/wheels: build one first with LOCALSPEC_CUDA=on CUDA_ARCH=89,$ARCH scripts/setup.sh (or name one: WHEEL=...)"
+fi
+[ -f "$WHEEL" ] || fail "$WHEEL: no such wheel"
+BUILD_TXT=${BUILD_TXT:-$(dirname "$WHEEL")/BUILD.txt}
+# ctypes bindings: the wheel is tagged py3-none-<platform>, so a build made with Python 3.11 installs on 3.12.
+case "$(basename "$WHEEL")" in
+  *-py3-none-linux_x86_64.whl|*-py3-none-manylinux*_x86_64.whl) ;;
+  *) fail "$(basename "$WHEEL") is not a py3-none x86_64 wheel; the GPU machine runs CPython 3.12 on x86_64" ;;
+esac
+
 rm -rf "$DEST" && mkdir -p "$DEST/wheels"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-# --- the trimmed sdist ------------------------------------------------------------------------
-SDIST=${SDIST:-/tmp/sdist/llama_cpp_python-$VERSION.tar.gz}
-if [ ! -f "$SDIST" ]; then
-    "$PY" -m pip download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK/dl"
-    SDIST=$WORK/dl/llama_cpp_python-$VERSION.tar.gz
-fi
-tar -xzf "$SDIST" -C "$WORK"
-SRC=$WORK/llama_cpp_python-$VERSION
-LC=$SRC/vendor/llama.cpp
-
-# The Python package's own extras: docs, CI, examples, tests, the git history of the sdist.
-rm -rf "$SRC"/{.git,.github,docs,docker,examples,tests,scripts,mkdocs.yml,CHANGELOG.md,Makefile}
-# llama.cpp: vocab GGUFs (75 MB), docs, tests, tools and examples (not built: LLAMA_BUILD_TESTS,
-# _EXAMPLES, _TOOLS, _SERVER default to OFF under add_subdirectory), the Python converters.
-# tools/mtmd stays: the default LLAVA_BUILD=ON adds it (run.sh turns it off, but keep it buildable).
-rm -rf "$LC"/{models,docs,tests,benches,media,examples,pocs,gguf-py,conversion,scripts,app,ci,skills,requirements,grammars,.devops,.github}
-rm -f "$LC"/convert_*.py "$LC"/requirements.txt
-find "$LC/tools" -mindepth 1 -maxdepth 1 ! -name mtmd ! -name CMakeLists.txt -exec rm -rf {} +
-# ggml backends other than CPU and CUDA: ggml_add_backend() only enters a backend's folder when
-# its GGML_<NAME> option is on.
-for b in opencl vulkan sycl hexagon metal et webgpu openvino cann virtgpu musa zdnn zendnn; do
-    rm -rf "$LC/ggml/src/ggml-$b"
+# A CUDA wheel must hold machine code for the GPU there: ggml-cuda says which (ARCHS, from
+# __CUDA_ARCH_LIST__) in llama.cpp's system line, also on a machine without a GPU or driver.
+mkdir -p "$WORK/site"
+unzip -q "$WHEEL" -d "$WORK/site"
+# Its RUNPATH is $ORIGIN: link in the CUDA libraries of the toolkit it was built with (BUILD.txt), as
+# setup.sh does, so it imports here.
+TOOLKIT=$(sed -n 's/^cuda: .*(\(.*\))$/\1/p' "$BUILD_TXT" 2>/dev/null)
+for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+  for d in "$TOOLKIT/lib64" "$TOOLKIT/lib"; do
+    [ -e "$d/$so" ] && { ln -sf "$(readlink -f "$d/$so")" "$WORK/site/llama_cpp/lib/$so"; break; }
+  done
 done
-tar -C "$WORK" -czf "$DEST/llama_cpp_python-$VERSION-trimmed.tar.gz" "llama_cpp_python-$VERSION"
+INFO=$(cd "$WORK" && "$PY" -c "import sys; sys.path.insert(0, 'site'); import llama_cpp; print(llama_cpp.llama_print_system_info().decode())" 2>/dev/null) \
+  || fail "$(basename "$WHEEL") does not import here (run scripts/setup.sh with the same options first)"
+ARCHS=$(echo "$INFO" | sed -n 's/.*CUDA : ARCHS = \([0-9,]*\).*/\1/p')
+if [ -n "$ARCHS" ]; then
+  echo "CUDA wheel: $(basename "$WHEEL"), machine code for ARCHS = $ARCHS (890: sm_89, 900: sm_90)"
+  case ",$ARCHS," in *",${ARCH}0,"*) ;; *) fail "$(basename "$WHEEL") has no sm_$ARCH code (ARCHS = $ARCHS)" ;; esac
+else
+  echo "pack.sh: $(basename "$WHEEL") has no CUDA backend: packing it for a dry run only" >&2
+fi
+xz -T0 -9 -c "$WHEEL" > "$DEST/$(basename "$WHEEL").xz"
+[ -f "$BUILD_TXT" ] && cp "$BUILD_TXT" "$DEST/BUILD.txt"
+git -C "$ROOT" rev-parse HEAD > "$DEST/COMMIT"
+git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo "(with uncommitted changes)" >> "$DEST/COMMIT"
 
 # --- wheels the machine lacks ---------------------------------------------------------------
 # gguf and diskcache are pure Python; PyYAML (gguf imports it) in its CPython 3.12 manylinux build,
@@ -56,5 +81,5 @@ tar -C "$WORK" -czf "$DEST/llama_cpp_python-$VERSION-trimmed.tar.gz" "llama_cpp_
 
 du -ah "$DEST" | sort -h
 TOTAL=$(du -sm "$DEST" | cut -f1)
-echo "total: ${TOTAL} MiB (limit: 64 MiB of carried files)"
-[ "$TOTAL" -lt 60 ] || { echo "pack.sh: .gpu/ is ${TOTAL} MiB, too big" >&2; exit 1; }
+echo "total: ${TOTAL} MiB (at most $LIMIT_MIB of the 64 MiB a device call carries)"
+[ "$TOTAL" -le "$LIMIT_MIB" ] || fail ".gpu/ is ${TOTAL} MiB, too big to carry with the repository"

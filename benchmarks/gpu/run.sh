@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with an NVIDIA GPU and no network (see README.md here).
 #
-#   bash benchmarks/gpu/run.sh          from the repository root, with .gpu/ (pack.sh) present
+#   bash benchmarks/gpu/run.sh              from the repository root, with .gpu/ (pack.sh) present
+#   bash benchmarks/gpu/run.sh --dry-run    the same on a CPU, with tiny models (~2 minutes)
 #
-# Phases, each with a wall-clock limit: install the carried wheels; build llama-cpp-python with
-# CUDA for this GPU's architecture only (meanwhile write the random-weight models); run check.py.
-# Everything goes to $OUT (default /tmp/gpu-out): run.log, build.log (tail), models.log, results.json.
+# Nothing is compiled here: the CUDA wheel pack.sh carried is installed (seconds); the random-weight
+# models are written; check.py measures within CHECK_BUDGET (it starts nothing new after it) and is
+# killed at CHECK_LIMIT; report.py writes RESULTS.md. Everything goes to $OUT (default /tmp/gpu-out):
+# run.log, results.json, RESULTS.md, selftest.json, models.log, curve-models.log. About 6 minutes in
+# all with the defaults, so a second run fits the same 15-minute device lease.
 set -uo pipefail
 
-OUT=${OUT:-/tmp/gpu-out}
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+OUT=${OUT:-$([ $DRY = 1 ] && echo /tmp/gpu-dry || echo /tmp/gpu-out)}
 WORKDIR=${GPU_WORKDIR:-/tmp/localspec-gpu}
-BUILD_LIMIT=${BUILD_LIMIT:-330}     # seconds
-CHECK_BUDGET=${CHECK_BUDGET:-120}   # check.py starts no new measurement after this
-CHECK_LIMIT=${CHECK_LIMIT:-200}     # ... and is killed after this
-JOBS=${JOBS:-$(nproc)}
+CHECK_BUDGET=${CHECK_BUDGET:-$([ $DRY = 1 ] && echo 150 || echo 230)}   # seconds: no new measurement after
+CHECK_LIMIT=${CHECK_LIMIT:-$([ $DRY = 1 ] && echo 300 || echo 330)}    # ... and killed after this
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PACK=$ROOT/.gpu
 SITE=$WORKDIR/site
 MODELS=$WORKDIR/models
+PY=${PY:-python3}
 mkdir -p "$OUT" "$SITE" "$MODELS"
 exec > >(tee -a "$OUT/run.log") 2>&1
 T0=$(date +%s)
@@ -27,61 +31,74 @@ fail() { say "FAILED: $*"; echo "{\"error\": \"$*\"}" > "$OUT/results.json"; exi
 cd "$ROOT"
 [ -d "$PACK" ] || fail "no .gpu/ in $ROOT: run benchmarks/gpu/pack.sh where there is network and carry .gpu"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,compute_cap --format=csv
-PY=python3
-say "python: $($PY --version 2>&1), cmake: $(cmake --version | head -1), nvcc: $(nvcc --version | tail -1)"
+say "python: $($PY --version 2>&1); packed at $(head -1 "$PACK/COMMIT" 2>/dev/null || echo '?')"
+[ -f "$PACK/BUILD.txt" ] && sed 's/^/  build: /' "$PACK/BUILD.txt"
 
-# --- 1. wheels the machine lacks (only those whose import fails) ---------------------------
+# --- 1. the wheels: llama-cpp-python (CUDA, built by scripts/setup.sh), and what the machine lacks --
 export PYTHONPATH=$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}
-need=()
+WHEEL_XZ=$(ls "$PACK"/llama_cpp_python-*.whl.xz 2>/dev/null | head -1)
+[ -n "$WHEEL_XZ" ] || fail "no llama_cpp_python wheel in .gpu/ (pack.sh)"
+WHEEL=$WORKDIR/$(basename "${WHEEL_XZ%.xz}")
+xz -dc "$WHEEL_XZ" > "$WHEEL" || fail "cannot unpack $(basename "$WHEEL_XZ")"
+need=("$WHEEL")
 $PY -c "import gguf" 2>/dev/null || need+=("$PACK"/wheels/gguf-*.whl)
 $PY -c "import diskcache" 2>/dev/null || need+=("$PACK"/wheels/diskcache-*.whl)
 $PY -c "import yaml" 2>/dev/null || need+=("$PACK"/wheels/[Pp]y[Yy][Aa][Mm][Ll]-*.whl)
-if [ ${#need[@]} -gt 0 ]; then
-    say "installing ${need[*]##*/} into $SITE"
-    timeout 120 $PY -m pip install --quiet --no-index --no-deps --target "$SITE" "${need[@]}" || fail "wheel install"
+say "installing ${need[*]##*/} into $SITE"
+timeout 120 $PY -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$SITE" "${need[@]}" \
+  || fail "wheel install"
+# libggml-cuda.so's RUNPATH is $ORIGIN: as scripts/setup.sh does, link the CUDA runtime and cuBLAS in
+# beside it, here from the CUDA wheels beside PyTorch (nvidia/cu13/lib) or a CUDA 13 toolkit.
+if unzip -Z1 "$WHEEL" | grep -q libggml-cuda; then
+  SITES=$($PY -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null)
+  for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+    found=""
+    for d in $(for p in $SITES; do echo "$p/nvidia/cu13/lib"; done) /usr/local/cuda/lib64 \
+             /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu \
+             "$HOME"/.cache/localspec/cuda-13.*/nvidia/cu13/lib; do   # the last: setup.sh's, for a dry run
+      [ -e "$d/$so" ] && { found=$d/$so; break; }
+    done
+    [ -n "$found" ] || fail "no $so here (the nvidia-cublas and nvidia-cuda-runtime wheels, or a CUDA 13 toolkit)"
+    ln -sf "$(readlink -f "$found")" "$SITE/llama_cpp/lib/$so"
+    say "$so: $found"
+  done
 fi
-$PY -c "import gguf, diskcache, numpy, jinja2" || fail "python dependencies missing"
-
-# --- 2. llama-cpp-python with CUDA, for this GPU only -----------------------------------------
-CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-ARCH=${CUDA_ARCH:-${CAP:-90}}
-CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
-extra=""
-# ggml-cuda links cuBLAS (no way around it); say so at once rather than after minutes of compiling.
-if ! ls "$CUDA_HOME"/lib64/libcublas.so* "$CUDA_HOME"/targets/*/lib/libcublas.so* /usr/lib/x86_64-linux-gnu/libcublas.so* >/dev/null 2>&1; then
-    fail "cuBLAS not found under $CUDA_HOME (ggml-cuda needs libcublas); install the CUDA toolkit's cuBLAS"
-fi
-# Without an unversioned libcuda.so to link, build without CUDA VMM (a memory-pool detail).
-if ! ls "$CUDA_HOME"/lib64/libcuda.so "$CUDA_HOME"/lib64/stubs/libcuda.so "$CUDA_HOME"/targets/*/lib/stubs/libcuda.so \
-        /usr/lib/x86_64-linux-gnu/libcuda.so /usr/lib64/libcuda.so >/dev/null 2>&1; then
-    extra="-DGGML_CUDA_NO_VMM=ON"
-    say "no libcuda.so to link against: building with GGML_CUDA_NO_VMM"
-fi
-# --- 3. models in the background (only gguf + numpy: no llama.cpp needed) -------------------
-say "writing the random-weight models to $MODELS (background)"
-( timeout 300 nice -n 5 $PY benchmarks/gpu/make_models.py "$MODELS" > "$OUT/models.log" 2>&1; echo $? > "$WORKDIR/models.rc" ) &
-MODELS_PID=$!
-
-# --- 4. the build
-SDIST=$(ls "$PACK"/llama_cpp_python-*-trimmed.tar.gz | head -1)
-export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DLLAVA_BUILD=OFF -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=ON $extra"
-export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
-say "building $(basename "$SDIST") with CMAKE_ARGS=$CMAKE_ARGS, $JOBS jobs, limit ${BUILD_LIMIT}s"
-timeout "$BUILD_LIMIT" $PY -m pip install -v --no-index --no-deps --no-build-isolation --target "$SITE" "$SDIST" \
-    > "$WORKDIR/build.log" 2>&1
-rc=$?
-tail -c 400000 "$WORKDIR/build.log" > "$OUT/build.log"
-[ $rc -eq 0 ] || { tail -40 "$WORKDIR/build.log"; fail "llama-cpp-python build (rc $rc; 124 = over ${BUILD_LIMIT}s)"; }
-say "build done"
-$PY -c "from localspec import backend; print('gpu offload:', backend.gpu_offload_supported()); print(backend.system_info())" \
+$PY -c "from localspec import backend; print('gpu offload:', backend.gpu_offload_supported(), backend.gpu_devices()); print(backend.system_info())" \
     || fail "llama_cpp does not import"
+say "installed"
 
-# --- 5. the check ---------------------------------------------------------------------------------
-wait "$MODELS_PID"
+# --- 2. the random-weight models (gguf + numpy only), three writers side by side ----------------------
+TINY=$([ $DRY = 1 ] && echo --tiny)
+say "writing the random-weight models to $MODELS"
+rm -f "$MODELS"/*.gguf "$MODELS"/*.partial
+pids=()
+for part in target draft mtp; do
+  ( timeout 240 $PY benchmarks/gpu/make_models.py "$MODELS" $TINY --only $part >> "$OUT/models.log" 2>&1 ) &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || fail "make_models.py (see models.log)"; done
 cat "$OUT/models.log"
-[ "$(cat "$WORKDIR/models.rc")" = 0 ] || fail "make_models.py"
+
+# --- 3. the self-test on the GPU (what `localspec doctor --smoke-only` runs after setup) ---------------
+TARGET=$MODELS/$([ $DRY = 1 ] && echo target-tiny.gguf || echo target-8b.gguf)
+timeout 120 $PY -m localspec.backend.selftest "$TARGET" > "$OUT/selftest.json" 2> "$WORKDIR/selftest.err" \
+  || { tail -5 "$WORKDIR/selftest.err"; say "self-test FAILED (exit $?)"; }
+$PY -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; t=[x['selftest'] for x in r if 'selftest' in x]; print('self-test:', t[0] if t else 'none')" "$OUT/selftest.json"
+
+# --- 4. the check ---------------------------------------------------------------------------------
+CURVES=$([ $DRY = 1 ] && echo "tiny-k:Q4_K_M,tiny-k:Q8_0" || echo "8b:Q8_0,27b:Q4_K_M,27b:Q8_0")
+EXTRA=()
+[ $DRY = 1 ] && EXTRA=(--tiny --max-tokens 24 --rounds 1 --cost-budget-s 0.3 --ctx 1100 --exact-n 3 --exact-tokens 24)
 say "running check.py (budget ${CHECK_BUDGET}s, limit ${CHECK_LIMIT}s)"
-timeout "$CHECK_LIMIT" $PY benchmarks/gpu/check.py "$MODELS" --out "$OUT/results.json" --budget-s "$CHECK_BUDGET"
+timeout "$CHECK_LIMIT" $PY benchmarks/gpu/check.py "$MODELS" --out "$OUT/results.json" --budget-s "$CHECK_BUDGET" \
+  --curve-models "$CURVES" "${EXTRA[@]}"
 rc=$?
 say "check.py exited with $rc; results in $OUT/results.json"
+[ -f "$OUT/curve-models.log" ] && cat "$OUT/curve-models.log"
+
+# --- 5. RESULTS.md --------------------------------------------------------------------------------------
+timeout 120 $PY benchmarks/gpu/report.py "$OUT/results.json" --out "$OUT/RESULTS.md" \
+  --commit "$(head -1 "$PACK/COMMIT" 2>/dev/null)" $([ $DRY = 1 ] && echo --dry-run) || say "report.py failed (rerun it on results.json)"
+rm -f "$MODELS"/curve-*.gguf
+say "done"
 exit $rc

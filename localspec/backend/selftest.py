@@ -3,7 +3,8 @@
 Run as ``python -m localspec.backend.selftest [MODEL]``. It prints one JSON object per
 line on stdout: first ``{"build": ...}`` (what this llama.cpp was compiled
 with, the GPUs it sees), then, with a model, ``{"selftest": ...}`` after a
-decode that exercises the paths a real generation takes: a prompt of at least
+decode that exercises the paths a real generation takes (on the GPU, every layer
+offloaded, where the build sees one): a prompt of at least
 ``LONG_PROMPT`` tokens in ONE ``llama_decode`` call (the large-batch matmul
 kernels, where ggml's AMX path crashed with SIGILL) and a multi-token
 verification batch with logits for every row, then a rollback. The same rows
@@ -68,10 +69,21 @@ def build_info() -> dict[str, object]:
         "fa_simd": _int_flag(system, "FA_INVARIANT_SIMD"),
         "gpu_offload": backend.gpu_offload_supported(),
         "cuda": "CUDA" in system,
+        # compute capabilities ggml-cuda holds machine code for ("CUDA : ARCHS = 890,900"), also without a GPU
+        "cuda_archs": (m.group(1).split(",") if (m := re.search(r"CUDA : ARCHS = ([0-9,]+)", system)) else []),
         "batch_invariant": backend.batch_invariant(),
         "cpu_flash_attention": backend.cpu_flash_attention(),
         "gpus": [{"name": n, "free": free, "total": total} for n, free, total in backend.gpu_devices()],
     }
+
+
+def offloaded_layers(log: list[str]) -> tuple[int, int] | None:
+    """``(offloaded, offloadable)`` from llama.cpp's ``offloaded N/M layers to GPU`` log line, if any."""
+    for line in reversed(log):
+        m = re.search(r"offloaded (\d+)/(\d+) layers", line)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
 
 
 def decode_test(model_path: str, *, flash_attn: bool | None = None) -> dict[str, object]:
@@ -81,9 +93,13 @@ def decode_test(model_path: str, *, flash_attn: bool | None = None) -> dict[str,
     """
     import numpy as np
 
+    from localspec import backend
     from localspec.backend import Context, Model
 
-    model = Model(model_path, n_gpu_layers=0)
+    # On the GPU where there is one (every layer, as a generation loads it), else on the CPU.
+    gpus = backend.gpu_devices()
+    model = Model(model_path, n_gpu_layers=-1 if gpus else 0)
+    offloaded = offloaded_layers(backend.recent_log()) if gpus else None
     n_batch = LONG_PROMPT + 64
     ctx = Context(model, n_ctx=2 * n_batch, n_batch=n_batch, n_seq=1, flash_attn=flash_attn)
     try:
@@ -109,13 +125,20 @@ def decode_test(model_path: str, *, flash_attn: bool | None = None) -> dict[str,
         ctx.tokens.extend(draft)
         ctx.rollback_to(pos0)
         diff = 0.0
+        argmax_same = 0
         for i, token in enumerate(draft):  # the same rows as plain decoding computes them
             ctx.append([token])
-            diff = max(diff, float(np.max(np.abs(ctx.logits(0) - batch_rows[i]))))
+            single = ctx.logits(0)
+            diff = max(diff, float(np.max(np.abs(single - batch_rows[i]))))
+            argmax_same += int(np.argmax(single)) == int(np.argmax(batch_rows[i]))
         ctx.rollback_to(pos0 + 1)
         return {"ok": True, "prompt_tokens": len(tokens), "one_batch": True, "verify_rows": len(draft),
                 "prefill_ms": round(prefill_s * 1e3, 1), "batch_invariant": diff == 0.0,
-                "max_logit_diff": diff, "repack": model.repack, "flash_attn": ctx.flash_attn}
+                "max_logit_diff": diff, "argmax_same_rows": argmax_same, "repack": model.repack,
+                "flash_attn": ctx.flash_attn,
+                # where it ran: the GPU's name and the layers llama.cpp put on it ("cpu", None: none)
+                "device": gpus[0][0] if gpus else "cpu", "offloaded_layers": offloaded,
+                "n_layers": model.n_layers}
     finally:
         ctx.close()
         model.close()

@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
         if failure:
             print(f"localspec: error: the llama.cpp self-test {failure}", file=sys.stderr)
         else:
-            print(f"localspec: self-test passed: {test['prompt_tokens']} prompt tokens in one batch, "
-                  f"a verification batch of {test['verify_rows']} rows", file=sys.stderr)
+            print(f"localspec: self-test passed{_where(test)}: {test['prompt_tokens']} prompt tokens in one batch, "
+                  f"a verification batch of {test['verify_rows']} rows; {_exact_short(test)}", file=sys.stderr)
         return code
     build = result.records.get("build")
     dirs = doctor.folders()
@@ -120,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"patches       {_patches(build)}")
         out.append(f"CPU features  {' '.join(build['cpu_features']) or 'none reported'}")
         out.append(f"special paths {accel}")
-        out.append(f"exactness     {'batch-invariant (greedy speculation is token-identical)' if build['batch_invariant'] else 'not batch-invariant (greedy speculation may part at near-ties)'}")
+        if build["gpus"]:
+            out.append("exactness     on the GPU: as the self-test below measures it (model exact)")
+        else:
+            out.append(f"exactness     {'batch-invariant (greedy speculation is token-identical)' if build['batch_invariant'] else 'not batch-invariant (greedy speculation may part at near-ties)'}")
         if not build["gpu_offload"]:
             simd = {16: " in AVX-512", 8: " in AVX2", 0: " in plain loops"}.get(build["fa_simd"], "")
             out.append("flash attn    " + (f"on (batch-invariant CPU kernel{simd})" if build["cpu_flash_attention"] else
@@ -129,6 +132,10 @@ def run(args: argparse.Namespace) -> int:
         if gpus:
             for g in gpus:
                 out.append(f"GPU           {g['name']}: {human_size(g['free'])} free of {human_size(g['total'])}")
+        elif build.get("cuda"):
+            archs = "/".join(f"sm_{a[:-1]}" for a in build.get("cuda_archs", [])) or "CUDA"
+            out.append(f"GPU           none found: this build has CUDA ({archs}) but no driver or GPU answered, "
+                       "so it decodes on the CPU")
         else:
             out.append("GPU           none found")
     for key, folder in dirs.items():
@@ -145,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     elif failure:
         out.append(f"self-test     FAILED: {failure}")
     else:
-        out.append(f"self-test     ok: {test['prompt_tokens']} prompt tokens in one batch "
+        out.append(f"self-test     ok{_where(test)}: {test['prompt_tokens']} prompt tokens in one batch "
                    f"({test['prefill_ms']:.0f} ms), a verification batch of {test['verify_rows']} rows")
         out.append(f"model exact   {_model_exactness(test)}")
     print("\n".join(out))
@@ -161,11 +168,38 @@ def _patches(build: dict[str, Any]) -> str:
             "upstream's slower kernels; run scripts/setup.sh to build the patched one")
 
 
+def _where(test: dict[str, Any]) -> str:
+    """Where the self-test ran, as " on NVIDIA GeForce RTX 4090 (33/33 layers offloaded)"; empty on the CPU."""
+    device = test.get("device", "cpu")
+    if device == "cpu":
+        return ""
+    layers = test.get("offloaded_layers")
+    return f" on {device}" + (f" ({layers[0]}/{layers[1]} layers offloaded)" if layers else "")
+
+
+def _exact_short(test: dict[str, Any]) -> str:
+    """The self-test's batch-vs-single comparison in a few words (setup.sh's one line)."""
+    if test["batch_invariant"]:
+        return "verification rows bit-identical to one-token decodes"
+    same = test.get("argmax_same_rows", test["verify_rows"])
+    verdict = ("exact up to near-ties" if same == test["verify_rows"] else
+               "greedy speculation may part from plain decoding")
+    return (f"verification rows differ from one-token decodes by up to {test['max_logit_diff']:.3g} "
+            f"(the same top token in {same}/{test['verify_rows']}): {verdict}")
+
+
 def _model_exactness(test: dict[str, Any]) -> str:
     """What the self-test's row-by-row comparison says about greedy speculation with this model."""
     if test["batch_invariant"]:
         return (f"yes: {test['verify_rows']} rows decoded in one batch and one at a time gave bit-identical "
                 "logits (greedy speculation is token-identical to plain decoding)")
+    same = test.get("argmax_same_rows", test["verify_rows"])
+    if test.get("device", "cpu") != "cpu":
+        return (f"{'up to near-ties' if same == test['verify_rows'] else 'no'}: on the GPU a batch's logits "
+                f"differ from one-token decodes by up to "
+                f"{test['max_logit_diff']:.3g} (the same top token in {same}/{test['verify_rows']} rows); "
+                "llama.cpp's CUDA kernels for a batch are not those for one token, so greedy speculation "
+                "can part from plain decoding where two tokens are nearly tied (docs/gpu.md)")
     return (f"no: a batch's logits differ from one-token decodes by up to {test['max_logit_diff']:.3g} "
             "(greedy speculation may part from plain decoding at near-ties; a build from scripts/setup.sh, "
             "with its patches, is batch-invariant for the models it knows)")

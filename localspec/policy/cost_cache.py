@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from localspec.backend import Context
 
 # 2: per-cell costs and the depth measured at; 3: per-cell costs timed side by side, fitted to a line in k,
-# and a sliding-window model's window; 4: batches of 24 and 32 (drafts up to 31 tokens).
-SCHEMA = 4
+# and a sliding-window model's window; 4: batches of 24 and 32 (drafts up to 31 tokens); 5: the device
+# the decodes ran on is part of the key.
+SCHEMA = 5
 # A cached cost is dropped when the refined estimates settle this far from it (either way),
 # after at least DRIFT_MIN_STEPS observed decodes: one slow step never moves it.
 DRIFT = 1.25
@@ -72,6 +73,9 @@ class CostKey:
     n_seq: int
     llama_cpp_version: str
     repack: bool  # weights repacked for the CPU (Model's choice, not the build's)
+    # Where the decodes run: "cpu", or the GPUs layers are offloaded to (name and memory). A CUDA build
+    # run on the CPU (n_gpu_layers 0, or no driver) and on a GPU never share costs, nor two GPUs.
+    devices: str = "cpu"
 
     def digest(self) -> str:
         raw = json.dumps({"schema": SCHEMA, **self.__dict__}, sort_keys=True).encode()
@@ -86,7 +90,7 @@ def cost_key(ctx: "Context", *, n_threads: int | None = None, n_gpu_layers: int 
     """
     from importlib.metadata import PackageNotFoundError, version
 
-    from localspec.backend import default_threads, gpu_offload_supported, system_info
+    from localspec.backend import default_threads, gpu_devices, gpu_offload_supported, system_info
 
     path = Path(ctx.model.path).resolve()
     st = path.stat()
@@ -94,11 +98,14 @@ def cost_key(ctx: "Context", *, n_threads: int | None = None, n_gpu_layers: int 
         llama_version = version("llama-cpp-python")
     except PackageNotFoundError:  # pragma: no cover - a source checkout of the bindings
         llama_version = "unknown"
+    offload = gpu_offload_supported()
+    gpus = gpu_devices() if offload and n_gpu_layers != 0 else []
+    devices = "; ".join(f"{name} ({total} bytes)" for name, _free, total in gpus) or "cpu"
     return CostKey(
         model=str(path), model_size=st.st_size, model_mtime_ns=st.st_mtime_ns,
-        system_info=system_info(), gpu_offload=gpu_offload_supported(), n_gpu_layers=n_gpu_layers,
+        system_info=system_info(), gpu_offload=offload, n_gpu_layers=n_gpu_layers,
         n_threads=n_threads or default_threads(), n_ctx=ctx.n_ctx, n_seq=ctx.n_seq,
-        llama_cpp_version=llama_version, repack=ctx.model.repack,
+        llama_cpp_version=llama_version, repack=ctx.model.repack, devices=devices,
     )
 
 

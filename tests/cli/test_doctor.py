@@ -290,3 +290,20 @@ def test_doctor_names_a_truncated_model_with_generates_cause(smollm2_path: Path,
     found = json.loads(_cli("doctor", "--model", str(trunc), "--json").stdout)
     assert found["model"] == found["default_model"] == {"name": str(trunc), "path": str(trunc), "problem": cause}
     assert found["selftest"]["ok"] is False and found["selftest"]["failure"] == cause
+
+
+def test_a_gpu_self_test_names_the_device_and_what_exactness_holds() -> None:
+    """On a GPU the batch-vs-single comparison decides the words: bit-identical, up to near-ties (same top
+    token in every row), or not (a row's top token changed)."""
+    from localspec.commands import doctor as doctor_cmd
+
+    test = {"batch_invariant": False, "verify_rows": 65, "max_logit_diff": 0.031, "argmax_same_rows": 65,
+            "device": "NVIDIA GeForce RTX 4090", "offloaded_layers": [31, 31]}
+    assert doctor_cmd._where(test) == " on NVIDIA GeForce RTX 4090 (31/31 layers offloaded)"
+    assert doctor_cmd._exact_short(test).endswith("(the same top token in 65/65): exact up to near-ties")
+    assert doctor_cmd._model_exactness(test).startswith("up to near-ties: on the GPU")
+    test["argmax_same_rows"] = 63
+    assert doctor_cmd._exact_short(test).endswith("greedy speculation may part from plain decoding")
+    assert doctor_cmd._model_exactness(test).startswith("no: on the GPU")
+    assert doctor_cmd._where({"device": "cpu"}) == ""
+    assert doctor_cmd._exact_short({"batch_invariant": True}) == "verification rows bit-identical to one-token decodes"

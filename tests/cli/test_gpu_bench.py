@@ -29,7 +29,7 @@ def test_tokenizer_file_is_small_and_complete() -> None:
     assert tok["merges"] and "chat_template" in tok and tok["license"] == "apache-2.0"
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
 def test_random_blocks_have_zero_mean_and_the_asked_std(qtype: str) -> None:
     import gguf
 
@@ -108,11 +108,23 @@ def test_check_runs_on_the_cpu(tiny_models: Path, tmp_path: Path) -> None:
 
     out = tmp_path / "results.json"
     rc = check.main([str(tiny_models), "--tiny", "--out", str(out), "--max-tokens", "12", "--rounds", "1",
-                     "--cost-budget-s", "0.2", "--ctx", "1100"])
+                     "--cost-budget-s", "0.2", "--ctx", "1100", "--exact-n", "2", "--exact-tokens", "12",
+                     "--curve-models", "tiny-k:Q4_K_M"])
     results = json.loads(out.read_text())
     assert rc == 0, results["errors"]
     assert results["offload_target"]["verdict"]
-    assert set(results["verify_costs"]["depth_64"]["ms"]) == {str(k) for k in range(1, 17)}
+    assert set(results["verify_costs"]["depth_64"]["ms"]) == {str(k) for k in range(1, 33)}
+    # Exactness: batches of 2..32 against one-token decodes (bit-identical on this CPU build), replies too.
+    assert set(results["exactness"]["target"]["by_batch"]) == {str(b) for b in range(2, 33)}
+    assert results["exactness"]["target"]["top_token_differs"] == 0
+    assert results["exact_replies"]["draft-small"]["replies"] == 2
+    # A curve-only model written while the check ran, measured, then deleted.
+    assert set(results["curves"]["tiny-k Q4_K_M"]["depth_64"]["ms"]) == {str(k) for k in range(1, 33)}
+    assert not list(tiny_models.glob("curve-*.gguf"))
+    import report
+
+    md = report.render(results, commit="abc", dry_run=True)
+    assert "DRY RUN on the CPU" in md and "| tiny-k Q4_K_M |" in md and "## Exactness on this device" in md
     rows = results["speculative"]
     assert {"ngram k=8 echo", "draft-small auto free", "self k=4 free"} <= set(rows)
     assert rows["self k=4 free"]["alpha"] > 0.5  # the target agrees with itself

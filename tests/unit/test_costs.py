@@ -393,6 +393,32 @@ def test_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert load_costs(path, k) is None
 
 
+def test_a_gpu_run_and_a_cpu_run_never_share_costs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One CUDA build: offloaded to a 4090, to a 3090, kept on the CPU, on a machine without a driver.
+    Each gets its own entry; the GPU's free memory (which changes from run to run) is not part of it."""
+    from types import SimpleNamespace
+
+    from localspec import backend
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    ctx = SimpleNamespace(model=SimpleNamespace(path=gguf, repack=True), n_ctx=4096, n_seq=1)
+    monkeypatch.setattr(backend, "system_info", lambda: "CUDA : ARCHS = 890,900 | CPU : AVX2 = 1")
+    monkeypatch.setattr(backend, "gpu_offload_supported", lambda: True)
+    monkeypatch.setattr(backend, "gpu_devices", lambda: [("NVIDIA GeForce RTX 4090", 20 << 30, 24 << 30)])
+    gpu = measure_costs.cost_key(ctx, n_threads=2)
+    on_cpu = measure_costs.cost_key(ctx, n_threads=2, n_gpu_layers=0)
+    monkeypatch.setattr(backend, "gpu_devices", lambda: [("NVIDIA GeForce RTX 4090", 3 << 30, 24 << 30)])
+    assert measure_costs.cost_key(ctx, n_threads=2) == gpu
+    monkeypatch.setattr(backend, "gpu_devices", lambda: [("NVIDIA GeForce RTX 3090", 20 << 30, 24 << 30)])
+    other_gpu = measure_costs.cost_key(ctx, n_threads=2)
+    monkeypatch.setattr(backend, "gpu_offload_supported", lambda: False)
+    monkeypatch.setattr(backend, "gpu_devices", lambda: [])
+    no_driver = measure_costs.cost_key(ctx, n_threads=2)
+    assert gpu.devices.startswith("NVIDIA GeForce RTX 4090") and on_cpu.devices == no_driver.devices == "cpu"
+    assert len({k.digest() for k in (gpu, on_cpu, other_gpu, no_driver)}) == 4
+
+
 def test_saving_drops_the_records_of_models_that_are_gone_or_rewritten(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path / "cache"))

@@ -1,0 +1,204 @@
+"""RESULTS.md from the GPU check's results.json: the tables, and the controller's choices under the costs
+measured there (simulate.py). No GPU needed: run it there after check.py, or here on a fetched JSON.
+
+    python benchmarks/gpu/report.py results.json --out RESULTS.md [--commit SHA] [--dry-run]
+
+``--dry-run`` (or results measured without a GPU) heads the file with a warning: such a file is the
+check's CPU rehearsal, never GPU results, and is not to be committed as benchmarks/gpu/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import simulate  # noqa: E402
+
+ALPHAS = (0.6, 0.7, 0.8, 0.9)
+SIM_STEPS = 500
+
+
+def _ms_curve(curve: dict[str, Any]) -> dict[int, float]:
+    return {int(k): float(v) for k, v in curve["ms"].items()}
+
+
+def target_curves(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every measured target curve after a short context: label -> {"ms": ..., "ratio": ..., "offload": ...}."""
+    found: dict[str, dict[str, Any]] = {}
+    main = results.get("verify_costs", {}).get("depth_64")
+    if main:
+        found["8b Q4_K_M (target)" if results["args"].get("tiny") != "True" else "tiny Q4_0 (target)"] = {
+            **main, "offload": results.get("offload_target", {})}
+    for label, row in results.get("curves", {}).items():
+        if "depth_64" in row:
+            found[label] = {**row["depth_64"], "offload": row.get("offload", {})}
+    return found
+
+
+def controller_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The simulated controller under each measured target curve and the measured draft's step."""
+    draft = results.get("verify_costs_draft")
+    rows = []
+    for label, curve in target_curves(results).items():
+        target = _ms_curve(curve)
+        costs = simulate.GpuCosts(label, target, _ms_curve(draft) if draft else {1: target[1] * 0.2})
+        cases = [(f"alpha {a:.1f}", lambda a=a: simulate.run_lengths_from_alpha(a, 0)) for a in ALPHAS]
+        for row in simulate.report(costs, cases, steps=SIM_STEPS):
+            rows.append({"target": label, **row})
+    return rows
+
+
+def _gpu_line(results: dict[str, Any]) -> str:
+    gpus = results.get("device", {}).get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        return "no GPU (a CPU run)"
+    g = gpus[0]
+    return f"{g['name']}, {g['memory_total_mib']} MiB, driver {g['driver']}, compute capability {g['compute_cap']}"
+
+
+def _fmt_ratio_row(ratio: dict[str, Any], ks: tuple[int, ...]) -> str:
+    return " | ".join(f"{float(ratio[str(k)]):.2f}" if str(k) in ratio else "" for k in ks)
+
+
+def render(results: dict[str, Any], *, commit: str, dry_run: bool) -> str:
+    gpus = results.get("device", {}).get("gpus")
+    on_gpu = isinstance(gpus, list) and bool(gpus)
+    out: list[str] = []
+    out.append("# GPU check results")
+    out.append("")
+    if dry_run or not on_gpu:
+        out.append("> **DRY RUN on the CPU: not GPU results.** This file shows that the check runs and what it "
+                   "writes; its numbers are a 2-core CPU's with tiny models. Do not commit it as "
+                   "benchmarks/gpu/RESULTS.md.")
+        out.append("")
+    out.append(f"- date: {results.get('started', time.strftime('%Y-%m-%d'))}")
+    out.append(f"- GPU: {_gpu_line(results)}")
+    out.append(f"- commit: {commit or 'unknown'}")
+    out.append(f"- llama.cpp: {results.get('device', {}).get('system_info', '?')}")
+    out.append(f"- check wall time: {results.get('wall_s', '?')} s; skipped: {', '.join(results.get('skipped', [])) or 'none'}; "
+               f"errors: {len(results.get('errors', []))}")
+    out.append("")
+    out.append("Random weights, realistic shapes (make_models.py): what a decode costs depends on the shapes and the "
+               "quantization, not on what the weights learned. They give no real acceptance: the target and the "
+               "draft share a hidden successor map, which is what they agree on; `self` (the target drafting for "
+               "itself) keeps nearly every draft, so it prices a step whose draft is kept; `mtp`'s random head is "
+               "never right, so it prices the drafting alone.")
+    out.append("")
+
+    curves = target_curves(results)
+    ks = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32)
+    out.append("## Verification cost: one decode of k tokens, relative to k = 1 (after 64 tokens)")
+    out.append("")
+    out.append("| model | k=1 ms | layers on GPU | " + " | ".join(f"k={k}" for k in ks) + " |")
+    out.append("|---|---|---|" + "---|" * len(ks))
+    for label, curve in curves.items():
+        off = curve.get("offload", {})
+        layers = f"{off.get('offloaded_layers')}/{off.get('offloadable_layers')}" if off.get("offloaded_layers") is not None else "none"
+        out.append(f"| {label} | {float(curve['ms']['1']):.2f} | {layers} | {_fmt_ratio_row(curve['ratio'], ks)} |")
+    deep = results.get("verify_costs", {}).get("depth_1024")
+    if deep:
+        out.append(f"| target after 1024 tokens | {float(deep['ms']['1']):.2f} | | {_fmt_ratio_row(deep['ratio'], ks)} |")
+    draft = results.get("verify_costs_draft")
+    if draft:
+        out.append(f"| 0.6B-class draft | {float(draft['ms']['1']):.2f} | | {_fmt_ratio_row(draft['ratio'], ks)} |")
+    mtp = results.get("mtp")
+    if mtp and "depth_64" in mtp:
+        head = mtp["depth_64"]["head_ms"]
+        out.append("")
+        out.append(f"MTP head (GLM-4.5-Air's NextN block at the 8B width): {float(head['1']):.3f} ms a draft token; "
+                   f"{mtp.get('head_vs_target_k1', '?')} of the target's one-token decode, "
+                   f"{mtp.get('head_vs_draft_small_k1', '?')} of the draft's.")
+    out.append("")
+
+    out.append("## Exactness on this device")
+    out.append("")
+    out.append("A row's logits decoded alone (as plain decoding does) against the same row inside verification "
+               "batches of 2..32 tokens; rows whose top token differs would part greedy speculation from plain.")
+    out.append("")
+    out.append("| model | flash attn | max difference | logits' std | rows with another top token | verdict |")
+    out.append("|---|---|---|---|---|---|")
+    exact_rows = dict(results.get("exactness", {}))
+    for label, row in results.get("curves", {}).items():
+        if "exactness" in row:
+            exact_rows[label] = row["exactness"]
+    for label, e in exact_rows.items():
+        verdict = ("bit-identical" if e["bit_identical"] else
+                   "identical up to near-ties" if e["top_token_differs"] == 0 else
+                   f"top token differs in {e['top_token_differs']} rows")
+        out.append(f"| {label} | {e.get('flash_attn')} | {e['max_diff']:.3g} | {e.get('logit_std', '')} | "
+                   f"{e['top_token_differs']} | {verdict} |")
+    replies = results.get("exact_replies", {})
+    if replies:
+        out.append("")
+        for label, r in replies.items():
+            out.append(f"- greedy replies with {label} (k = {r['draft_len']}, {r['max_tokens']} tokens): "
+                       f"{r['identical']} of {r['replies']} token for token the plain reply"
+                       + (f"; the others parted at tokens {r['parted_at_token']}" if r["parted_at_token"] else ""))
+    out.append("")
+
+    spec = results.get("speculative", {})
+    if spec:
+        out.append("## Plain vs speculative, tokens/s (alternating in one process, greedy)")
+        out.append("")
+        out.append("| drafter, length, prompt | plain t/s | speculative t/s | ratio | alpha | tokens/step | same as plain for |")
+        out.append("|---|---|---|---|---|---|---|")
+        for key, row in spec.items():
+            if not isinstance(row, dict) or "plain_tps" not in row:
+                if isinstance(row, dict):
+                    out.append(f"| {key} | {row.get('skipped') or row.get('error', '')} | | | | | |")
+                continue
+            out.append(f"| {key} | {row['plain_tps']:.1f} | {row['spec_tps']:.1f} | {row['ratio_median']:.2f} | "
+                       f"{row['alpha']:.2f} | {row['tau']:.2f} | {row['tokens_same_as_plain']}/{row['tokens']} tokens |")
+        out.append("")
+
+    rows = controller_rows(results)
+    if rows:
+        out.append("## The controller under these costs (simulate.py)")
+        out.append("")
+        out.append(f"The real Controller and CostModel on a simulated clock charged from each measured curve and the "
+                   f"measured draft step; acceptance drawn at alpha per token ({SIM_STEPS} steps). `lookup` is "
+                   f"ngram's kind of drafter (microseconds a proposal).")
+        out.append("")
+        out.append("| target | drafter | case | speedup | median draft length | plain steps | best fixed length | its speedup |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            out.append(f"| {r['target']} | {r['drafter']} | {r['case']} | {r['speedup']:.2f} | "
+                       f"{r['median_draft_len']:.0f} | {r['plain_steps']}/{r['steps']} | "
+                       f"{r['best_fixed_draft_len']} | {r['best_fixed_speedup']:.2f} |")
+        out.append("")
+    if results.get("errors"):
+        out.append("## Errors")
+        out.append("")
+        for err in results["errors"]:
+            out.append("```")
+            out.append(err.strip()[-1500:])
+            out.append("```")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--commit", default="")
+    p.add_argument("--dry-run", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        results = json.loads(args.results.read_text())
+    except (OSError, ValueError) as err:
+        print(f"report.py: error: cannot read {args.results}: {err}", file=sys.stderr)
+        return 2
+    args.out.write_text(render(results, commit=args.commit, dry_run=args.dry_run))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
