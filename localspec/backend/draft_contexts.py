@@ -35,6 +35,46 @@ class _ExtBatchContext(_OwnedContext):
     def _free_batch(self) -> None:
         llama_cpp.llama_batch_ext_free(self._batch)
 
+
+class _CachedDraftContext(_ExtBatchContext):
+    """A drafting context with a KV cache of its own in sequence 0 (MTP, EAGLE-3, DFlash)."""
+
+    _mem: Any
+
+    def rollback_to(self, n: int) -> None:
+        """Keep positions [0, n) and drop the rest."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
+
+    @property
+    def n_past(self) -> int:
+        """Positions the cache holds (0 when empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+
+class _RowDraftContext(_CachedDraftContext):
+    """A drafting context fed rows of (token, position, hidden row) that returns logits and a hidden row
+    per output row (the MTP head; EAGLE-3's decoder block, whose hidden row is the next step's g)."""
+
+    _what: str  # for the errors: "MTP", "EAGLE-3"
+    _api: Any
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
+               outputs: Sequence[bool]) -> None:
+        """One forward pass: row i is (``tokens[i]`` at ``positions[i]``, ``hidden[i]``)."""
+        self._process_rows(tokens, positions, hidden, outputs, self._what)
+
+    def logits(self, row: int) -> np.ndarray:
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
+                           f"no {self._what} logits were requested for row {row}")
+
+    def hidden(self, row: int) -> np.ndarray:
+        """The context's own hidden output at batch row ``row`` (an output row): the next draft's input."""
+        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, row), (self.n_embd,),
+                           f"no {self._what} hidden row for batch row {row}")
+
     def _process_rows(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
                       outputs: Sequence[bool], what: str) -> None:
         """One decode: row i is (``tokens[i]`` at ``positions[i]``, the row ``hidden[i]`` of ``n_embd``)."""
@@ -73,7 +113,7 @@ class _ExtBatchContext(_OwnedContext):
             raise RuntimeError(f"llama_process ({what}) failed with code {rc}")
 
 
-class MtpContext(_ExtBatchContext):
+class MtpContext(_RowDraftContext):
     """A model's MTP (NextN) layers as a second context over the target's weights.
 
     Row ``p`` of its cache is built from token ``x_p`` at position ``p`` and
@@ -84,6 +124,8 @@ class MtpContext(_ExtBatchContext):
     Logits and hidden rows are read by batch row and are views valid until the
     next ``decode``.
     """
+
+    _what = "MTP"
 
     def __init__(self, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
         model = target.model
@@ -131,31 +173,7 @@ class MtpContext(_ExtBatchContext):
             self._api.set_nextn_layer_offset(self._ctx, head)
             self.head = head
 
-    def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
-               outputs: Sequence[bool]) -> None:
-        """One forward pass of the head: row i is (``tokens[i]`` at ``positions[i]``, ``hidden[i]``)."""
-        self._process_rows(tokens, positions, hidden, outputs, "MTP")
 
-    def logits(self, row: int) -> np.ndarray:
-        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
-                           f"no MTP logits were requested for row {row}")
-
-    def hidden(self, row: int) -> np.ndarray:
-        """The head's own hidden output at batch row ``row`` (an output row): the next draft's input."""
-        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, row), (self.n_embd,),
-                           f"no MTP hidden row for batch row {row}")
-
-    def rollback_to(self, n: int) -> None:
-        """Keep positions [0, n) and drop the rest."""
-        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
-
-    @property
-    def n_past(self) -> int:
-        """Positions the head's cache holds (0 when empty)."""
-        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
-
-    def clear(self) -> None:
-        llama_cpp.llama_memory_clear(self._mem, True)
 
 
 # --- Gemma 4 assistant -----------------------------------------------------------
@@ -283,7 +301,7 @@ class AssistantContext(_ExtBatchContext):
 # stands in for g when the draft drafts on from its own output. A draft without its own
 # token embedding or output matrix borrows the target's (the context's ``ctx_other``).
 
-class Eagle3Context(_ExtBatchContext):
+class Eagle3Context(_RowDraftContext):
     """An EAGLE-3 draft model run beside its target's context.
 
     ``encode(features)`` turns rows of the target's tapped layer inputs
@@ -292,6 +310,8 @@ class Eagle3Context(_ExtBatchContext):
     ``g[i]``), ``logits(row)``/``hidden(row)`` read an output row back (views
     valid until the next call). ``layers``: the target layers it reads.
     """
+
+    _what = "EAGLE-3"
 
     def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
         from localspec.backend.feature_taps import eagle3_unavailable_reason, tap_api
@@ -365,30 +385,7 @@ class Eagle3Context(_ExtBatchContext):
                                                         (len(chunk), self.n_embd), "the EAGLE-3 encoder returned nothing")
         return out
 
-    def decode(self, tokens: Sequence[int], positions: Sequence[int], g: np.ndarray,
-               outputs: Sequence[bool]) -> None:
-        """One pass of the decoder block: row i is (``tokens[i]`` at ``positions[i]``, ``g[i]``)."""
-        self._process_rows(tokens, positions, g, outputs, "EAGLE-3")
 
-    def logits(self, row: int) -> np.ndarray:
-        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
-                           f"no EAGLE-3 logits were requested for row {row}")
-
-    def hidden(self, row: int) -> np.ndarray:
-        """The decoder's pre-norm state at output row ``row``: the g of the next draft step."""
-        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, row), (self.n_embd,),
-                           f"no EAGLE-3 hidden row for batch row {row}")
-
-    def rollback_to(self, n: int) -> None:
-        """Keep positions [0, n) and drop the rest."""
-        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
-
-    @property
-    def n_past(self) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
-
-    def clear(self) -> None:
-        llama_cpp.llama_memory_clear(self._mem, True)
 
 
 # --- DFlash ------------------------------------------------------------------------
@@ -399,7 +396,7 @@ class Eagle3Context(_ExtBatchContext):
 # after the features then attends to that cache and, non-causally, to itself: row i predicts
 # the token i places after ``x_last``, all k of them in ONE pass.
 
-class DFlashContext(_ExtBatchContext):
+class DFlashContext(_CachedDraftContext):
     """A DFlash draft model run beside its target's context.
 
     ``inject(features, positions)`` writes rows of the target's tapped layer inputs
@@ -499,13 +496,3 @@ class DFlashContext(_ExtBatchContext):
         return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
                            f"no DFlash logits for row {row}")
 
-    def rollback_to(self, n: int) -> None:
-        """Keep positions [0, n) and drop the rest."""
-        llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
-
-    @property
-    def n_past(self) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
-
-    def clear(self) -> None:
-        llama_cpp.llama_memory_clear(self._mem, True)
