@@ -7,20 +7,16 @@ often: drafts are both accepted and rejected.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from localspec.backend import Context, Eagle3Context, Model, feature_taps
-from localspec.drafting.eagle3 import Eagle3Drafter
-from localspec.drafting.specs import parse_draft
 from localspec.engine import Engine, GenerateOptions
-from localspec.errors import IncompatibleDraftError, UnsupportedModelError
+from localspec.errors import UnsupportedModelError
 from localspec.sampling import Sampler, SamplingParams
 from cli import localspec, one_error_line
-from stats import assert_first_two_follow
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MIX = 0.3
@@ -38,64 +34,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _run(engine: Engine, prompt: str, **kw) -> tuple[tuple[int, ...], dict[str, tuple[int, int]]]:
     done = engine.generate(prompt, GenerateOptions(**kw)).run()
     return done.tokens, {d.name: (d.drafted, d.accepted) for d in done.stats.drafters}
-
-
-@pytest.mark.parametrize("drafters", ["draft", "draft,ngram"])
-def test_greedy_with_eagle3_is_plain_greedy(drafters, pair):
-    target, draft = pair
-    plain = Engine.load(target, n_ctx=512, n_threads=1)
-    spec = Engine.load(target, draft, specs=parse_draft(drafters.replace("draft", "").strip(",") or None),
-                       n_ctx=512, n_threads=1)
-    try:
-        assert spec.draft_ctx is None and spec.eagle3_ctx is not None
-        greedy = SamplingParams(temperature=0.0)
-        seen = [0, 0]
-        # The second prompt extends the first (a chat's next turn): both caches keep the shared prefix.
-        for prompt in (PROMPT, PROMPT + " after that", "1, 2, 3,"):
-            want, _ = _run(plain, prompt, max_tokens=32, sampling=greedy)
-            got, by_drafter = _run(spec, prompt, max_tokens=32, sampling=greedy, draft_len=4, drafter=drafters)
-            assert got == want
-            assert set(by_drafter) <= {"eagle3", "ngram"}  # the stats name it eagle3
-            drafted, accepted = by_drafter.get("eagle3", (0, 0))
-            seen = [seen[0] + drafted, seen[1] + accepted]
-        if drafters == "draft":
-            assert 0 < seen[1] < seen[0]  # both accepted and rejected drafts
-    finally:
-        plain.close()
-        spec.close()
-
-
-def test_sampled_tokens_follow_the_target_distribution(pair):
-    """At T=1 the first two tokens a step emits are distributed as the target's, jointly (chi-square).
-
-    The draft's tokens are accepted by rejection sampling with its own q; a wrong q, a row read
-    from the wrong position or a verifier that only matched would skew the counts."""
-    target_path, draft_path = pair
-    target, draft = Model(target_path), Model(draft_path)
-    tctx = Context(target, n_ctx=256, n_threads=1)
-    head = Eagle3Context(draft, tctx, n_threads=1)
-    tctx.enable_layer_taps(head.layers)
-    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=7))
-    drafter = Eagle3Drafter(head, tctx, sampler)
-    prompt = target.tokenize(PROMPT)
-    tctx.append(prompt[:-1])  # the drafter keeps these rows' features
-    n0 = len(tctx.tokens)
-    tctx.append(prompt[-1:])
-    p1 = sampler.distribution(tctx.logits(-1)).copy()
-    joint: dict[tuple[int, int], float] = {}
-    for x1 in np.flatnonzero(p1):
-        tctx.append([int(x1)])
-        p2 = sampler.distribution(tctx.logits(-1))
-        for x2 in np.flatnonzero(p2):
-            joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
-        tctx.rollback_to(n0 + 1)
-    tctx.rollback_to(n0)
-    assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0))
-    drafter.close()
-    head.close()
-    tctx.close()
-    target.close()
-    draft.close()
 
 
 def test_the_draft_reads_the_target_layers(pair):
@@ -127,33 +65,6 @@ def test_the_draft_reads_the_target_layers(pair):
         draft.close()
 
 
-def test_cli_drafts_with_eagle3(pair):
-    target, draft = pair
-    proc = localspec("generate", str(target), "--draft", str(draft), "--prompt", PROMPT, "--max-tokens",
-                     "24", "--temp", "0", "--draft-max", "3", "--threads", "1", "--json")
-    assert proc.returncode == 0, proc.stderr
-    stats = json.loads(proc.stdout)["stats"]
-    assert list(stats["drafters"]) == ["eagle3"]
-    assert stats["drafters"]["eagle3"]["drafted"] > 0
-
-
-@pytest.mark.parametrize("change, message", [
-    ({"target_n_embd": 96}, "reads features 96 wide, the target's are 64"),
-    ({"target_layers": (0, 1, 4)}, r"reads layer\(s\) 4, the target has layers 0..3"),
-    ({"target_layers": (0, 1)}, "names 2 target layers"),
-    ({"n_embd": 32}, "borrows the target's token embedding and output matrix but is 32 wide"),
-])
-def test_an_eagle3_draft_that_does_not_fit_is_refused_before_loading(pair, tmp_path, change, message, monkeypatch):
-    from eagle3_model import write_eagle3_draft
-
-    target, _ = pair
-    wrong = write_eagle3_draft(tmp_path / "wrong.gguf", **change)
-    monkeypatch.setattr(Model, "__init__", _no_load)
-    with pytest.raises(IncompatibleDraftError, match=message) as err:
-        Engine.load(target, wrong)
-    assert "\n" not in str(err.value)
-
-
 def _no_load(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
     raise AssertionError("weights were loaded before the pair was refused")
 
@@ -167,12 +78,6 @@ def test_cli_refuses_an_eagle3_draft_for_a_target_without_layer_taps(pair, tmp_p
     line = one_error_line(localspec("generate", str(target), "--draft", str(draft), "--prompt", "Hi",
                                     "--threads", "1"))
     assert "cannot hand a glm4moe target's layer inputs to a draft" in line
-
-
-def test_cli_refuses_the_eagle3_draft_as_the_model(pair):
-    _, draft = pair
-    line = one_error_line(localspec("generate", str(draft), "--prompt", "Hi", "--threads", "1"))
-    assert "is an EAGLE-3 draft" in line and "--draft" in line
 
 
 def test_missing_tap_functions_refuse_eagle3(pair, monkeypatch):
