@@ -19,7 +19,7 @@ from localspec.drafting.base import TreeProposal
 from localspec.drafting.dflash import DFlashDrafter
 from localspec.sampling import Sampler, SamplingParams
 from localspec.speculative import speculative_step
-from stats import assert_first_two_follow
+from stats import assert_first_two_follow, first_two_joint
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
@@ -88,16 +88,7 @@ def test_sampled_tokens_with_a_draft_tree_follow_the_target(models):
     prompt = target.tokenize(PROMPT)
     tctx.append(prompt[:-1])
     n0 = len(tctx.tokens)
-    tctx.append(prompt[-1:])
-    p1 = sampler.distribution(tctx.logits(-1)).copy()
-    joint: dict[tuple[int, int], float] = {}
-    for x1 in np.flatnonzero(p1):
-        tctx.append([int(x1)])
-        p2 = sampler.distribution(tctx.logits(-1))
-        for x2 in np.flatnonzero(p2):
-            joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
-        tctx.rollback_to(n0 + 1)
-    tctx.rollback_to(n0)
+    joint = first_two_joint(tctx, sampler, prompt[-1])
     proposal = drafter.propose(prompt, 3)
     assert isinstance(proposal, TreeProposal) and proposal.child_q is not None
     assert () in proposal.child_q  # the root's children were drawn from the block's first row

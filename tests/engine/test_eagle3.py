@@ -65,10 +65,6 @@ def test_the_draft_reads_the_target_layers(pair):
         draft.close()
 
 
-def _no_load(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
-    raise AssertionError("weights were loaded before the pair was refused")
-
-
 def test_cli_refuses_an_eagle3_draft_for_a_target_without_layer_taps(pair, tmp_path):
     """A target whose graph exposes no layer inputs (here glm4moe): refused in one line, no abort."""
     from mtp_model import write_mtp_model

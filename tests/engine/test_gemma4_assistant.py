@@ -24,7 +24,7 @@ from localspec.models.planner import plan
 from localspec.sampling import Sampler, SamplingParams
 from cli import localspec, one_error_line
 from stand_ins import HiddenRowSource
-from stats import assert_first_two_follow
+from stats import assert_first_two_follow, first_two_joint
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MIX, LOGIT_SCALE = 0.1, 0.5
@@ -86,16 +86,7 @@ def test_sampled_tokens_follow_the_target_distribution(pair):
     n0 = len(tctx.tokens)
 
     # The target's own joint distribution of the next two tokens: p1(x1) p2(x2 | x1).
-    tctx.append(prompt[-1:])
-    p1 = sampler.distribution(tctx.logits(-1)).copy()
-    joint: dict[tuple[int, int], float] = {}
-    for x1 in np.flatnonzero(p1):
-        tctx.append([int(x1)])
-        p2 = sampler.distribution(tctx.logits(-1))
-        for x2 in np.flatnonzero(p2):
-            joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
-        tctx.rollback_to(n0 + 1)
-    tctx.rollback_to(n0)
+    joint = first_two_joint(tctx, sampler, prompt[-1])
     # The drafter's hidden row for the prompt's last position comes from this decode.
     tctx.append(prompt[-1:])
     tctx.rollback_to(n0)

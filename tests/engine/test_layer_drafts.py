@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from cli import localspec, one_error_line
-from stats import assert_first_two_follow
+from stats import assert_first_two_follow, first_two_joint
 
 from localspec.backend import Context, DFlashContext, Eagle3Context, Model
 from localspec.drafting.dflash import DFlashDrafter
@@ -119,16 +118,7 @@ def test_sampled_tokens_follow_the_target_distribution(kind: Kind, pair: tuple[P
     prompt = target.tokenize(PROMPT)
     tctx.append(prompt[:-1])  # the drafter keeps these rows' features
     n0 = len(tctx.tokens)
-    tctx.append(prompt[-1:])
-    p1 = sampler.distribution(tctx.logits(-1)).copy()
-    joint: dict[tuple[int, int], float] = {}
-    for x1 in np.flatnonzero(p1):
-        tctx.append([int(x1)])
-        p2 = sampler.distribution(tctx.logits(-1))
-        for x2 in np.flatnonzero(p2):
-            joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
-        tctx.rollback_to(n0 + 1)
-    tctx.rollback_to(n0)
+    joint = first_two_joint(tctx, sampler, prompt[-1])
     assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0))
     drafter.close()
     head.close()

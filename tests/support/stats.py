@@ -58,3 +58,23 @@ def assert_first_two_follow(tctx, prompt: list[int], drafter, sampler, joint: Ma
     assert 0 < accepted < drafted  # both branches of the rule ran
     assert set(counts) <= set(joint)  # never a pair the target cannot produce
     assert_follows(counts, joint, trials)
+
+
+def first_two_joint(tctx, sampler, last: int) -> dict[tuple[int, int], float]:  # noqa: ANN001
+    """The target's own joint distribution of the next two tokens, p1(x1) p2(x2 | x1), after its cache
+    and then ``last`` (the prompt's last token, decoded here and taken back): what a step's first two
+    emitted tokens must follow. The cache is left as it was found."""
+    import numpy as np
+
+    n0 = len(tctx.tokens)
+    tctx.append([last])
+    p1 = sampler.distribution(tctx.logits(-1)).copy()
+    joint: dict[tuple[int, int], float] = {}
+    for x1 in np.flatnonzero(p1):
+        tctx.append([int(x1)])
+        p2 = sampler.distribution(tctx.logits(-1))
+        for x2 in np.flatnonzero(p2):
+            joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
+        tctx.rollback_to(n0 + 1)
+    tctx.rollback_to(n0)
+    return joint
