@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static, TextArea
@@ -37,6 +40,52 @@ def legend(colours: dict[str, str]) -> Content:
     for name, colour in colours.items():
         parts.extend(["  ", (f"■ {name}", colour)])
     return Content.assemble(*parts)
+
+
+NEWLINE_KEYS = ("shift+enter", "ctrl+j", "alt+enter")
+"""Keys that start a new line in the message box. Most terminals send Enter and Shift+Enter alike (a
+carriage return); Shift+Enter arrives apart only where the terminal speaks the kitty keyboard protocol
+(kitty, WezTerm, foot, Ghostty), which Textual asks for. Ctrl+J (a line feed) arrives apart everywhere,
+tmux and screen included, and Alt+Enter (escape, return) in most terminals."""
+
+
+class MessageBox(TextArea):
+    """The message box: Enter sends, Shift+Enter / Ctrl+J / Alt+Enter start a new line, and a paste keeps
+    every line (a one-line ``Input`` kept only the first line of a pasted block and sent it).
+
+    Posts ``MessageBox.Submitted`` with the whole text on Enter; ``value`` is the text, as on ``Input``.
+    """
+
+    @dataclass
+    class Submitted(Message):
+        box: "MessageBox"
+        value: str
+
+    def __init__(self, *, placeholder: str = "", id: str | None = None) -> None:
+        super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
+                         placeholder=placeholder)
+
+    @property
+    def value(self) -> str:
+        return self.text
+
+    @value.setter
+    def value(self, text: str) -> None:
+        self.text = text
+        self.move_cursor(self.document.end)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self, self.text))
+            return
+        if event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
 
 
 class UserMessage(Static):

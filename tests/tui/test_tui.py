@@ -9,14 +9,13 @@ from typing import Iterator
 
 import pytest
 from textual.message import Message
-from textual.widgets import Input
 
 from localspec.engine import Engine, GenerateOptions
 from localspec.history import latest_session, list_sessions, load_session
 from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard, expected_tokens_per_step, tokens_per_step_ceiling
 from localspec_tui.messages import ReplyProgress
-from localspec_tui.widgets import ReplyView, StatusLine, UserMessage
+from localspec_tui.widgets import MessageBox, ReplyView, StatusLine, UserMessage
 from tui_support import send, shown_text, svg_text, wait_until
 
 SIZE = (120, 40)
@@ -65,7 +64,7 @@ def test_a_turn_streams_and_the_dashboard_agrees_with_the_engine(engine: Engine,
     async def go() -> None:
         app = make_app(engine, tmp_path, max_tokens=16, measure=True)
         async with app.run_test(size=SIZE, message_hook=hook) as pilot:
-            app.query_one(Input).cursor_blink = False
+            app.query_one(MessageBox).cursor_blink = False
             await wait_until(pilot, lambda: app.plain_tok_s > 0, what="the plain-speed baseline")
             await send(pilot, "Name three colours.")
             await wait_until(pilot, lambda: not app.reply_running, what="the reply to finish")
@@ -269,7 +268,7 @@ def test_a_prompt_that_does_not_fit_is_one_line_and_the_app_keeps_running(engine
             assert "context holds 1024" in error and "\n" not in error
             assert app.is_running
             # The refused turn is back in the input box, not in the chat, the history or the next prompt.
-            assert app.query_one(Input).value == ("word " * 1500).strip()
+            assert app.query_one(MessageBox).value == ("word " * 1500).strip()
             assert not app.query(ReplyView) and not app.query(UserMessage)
             # Nothing is left of this chat, so no session file is left either (--resume would reopen it).
             assert list_sessions(tmp_path) == []

@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 from textual.app import App, ComposeResult
 from textual.content import Content
-from textual.widgets import Input, TextArea
+from textual.widgets import TextArea
 
 from localspec.engine import GenerateOptions
 from localspec.events import DoneEvent, DrafterStats, GenerationStats, StepEvent, TokenEvent
@@ -21,7 +21,7 @@ from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard, bar, expected_tokens_per_step, tokens_per_step_ceiling
 from localspec_tui.messages import Piece, ReplyFinished, ReplyProgress
 from localspec_tui.streaming import stream_reply
-from localspec_tui.widgets import ReplyView, StatusLine, SystemPromptScreen
+from localspec_tui.widgets import MessageBox, ReplyView, StatusLine, SystemPromptScreen
 from tui_support import shown_text, stub_engine, svg_text
 
 STATS = GenerationStats(
@@ -173,7 +173,7 @@ def test_footer_shows_every_key_and_drafter_colour_system_new_chat_keys_work(tmp
         app = LocalspecApp(stub_engine(("draft", "ngram")), GenerateOptions(), history_dir=tmp_path,  # type: ignore[arg-type]
                            measure_on_start=False)
         async with app.run_test(size=(140, 40)) as pilot:
-            app.query_one(Input).cursor_blink = False
+            app.query_one(MessageBox).cursor_blink = False
             await pilot.pause()
             screen = svg_text(app.export_screenshot())
             for key, label in (("esc", "Stop reply"), ("^n", "New chat"), ("^s", "System prompt"),
