@@ -125,6 +125,7 @@ class GenerationStats:
     drafters: tuple[DrafterStats, ...] = field(default=())
     control: ControlSummary | None = None  # None: no controller (plain decoding)
     n_ctx: int = 0  # the context window it ran in, as llama.cpp sized it (it may round up what was asked)
+    measuring_costs: bool = False  # decoding plain while this machine's costs are measured (Engine.costs_pending)
 
     @property
     def acceptance_rate(self) -> float:

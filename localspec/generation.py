@@ -31,20 +31,31 @@ if TYPE_CHECKING:
     from localspec.engine import Engine, GenerateOptions
 
 
+MEASURING_REASON = "plain: measuring this machine's costs; speculation starts once they are known"
+
+
 class _Tally:
     """Running counts behind GenerationStats."""
 
     def __init__(self, prompt_tokens: int, controller: Controller | None = None, n_ctx: int = 0) -> None:
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
-        self.controller = controller
-        self.control_before = controller.stats.copy() if controller is not None else None
+        self.controller: Controller | None = None
+        self.control_before: object = None
+        self.measuring_costs = False
+        if controller is not None:
+            self.attach(controller)
         self.tokens = self.steps = self.drafted = self.accepted = self.verified = 0
         self.prefill_ms = self.draft_ms = self.verify_ms = self.python_ms = 0.0
         self.start = self.end = 0.0
         self.pos_drafted: list[int] = []
         self.pos_accepted: list[int] = []
         self.by_drafter: dict[str, list[int]] = {}
+
+    def attach(self, controller: Controller) -> None:
+        """Count the controller's decisions from now on (it may start after the first steps)."""
+        self.controller = controller
+        self.control_before = controller.stats.copy()
 
     def add(self, step: StepEvent) -> None:
         self.steps += 1
@@ -78,7 +89,7 @@ class _Tally:
             verify_ms=self.verify_ms, python_ms=self.python_ms,
             position_drafted=tuple(self.pos_drafted), position_accepted=tuple(self.pos_accepted),
             drafters=tuple(DrafterStats(name, *row) for name, row in self.by_drafter.items()),
-            control=self._control(), n_ctx=self.n_ctx,
+            control=self._control(), n_ctx=self.n_ctx, measuring_costs=self.measuring_costs,
         )
 
     def _control(self) -> ControlSummary | None:
@@ -109,10 +120,14 @@ class Generation(Iterator[Event]):
         self.opts = opts
         self.sampler = Sampler(opts.sampling)
         self.drafters = engine.make_drafters(self.sampler, opts)
-        self.controller = engine.controller() if self.drafters else None
-        if self.controller is not None:
-            self.controller.start(self.drafters, draft_len=opts.draft_len, draft_len_limit=engine.draft_len_limit)
-        self.tally = _Tally(len(prompt), self.controller, engine.n_ctx)
+        # Costs this machine has not measured yet are measured in the background (where the engine
+        # allows it): the reply starts at once, plain, and speculation starts once they are known.
+        self.measuring_costs = bool(self.drafters) and engine.costs_pending()
+        """True while the reply decodes plain because the costs are still being measured."""
+        self.controller: Controller | None = None
+        self.tally = _Tally(len(prompt), None, engine.n_ctx)
+        if self.drafters and not self.measuring_costs:
+            self._start_controller()
         self.tokens: list[int] = []
         self.text_parts: list[str] = []
         self.result: DoneEvent | None = None
@@ -120,6 +135,17 @@ class Generation(Iterator[Event]):
         self._releaser = TokenReleaser(opts.stop)
         self._cancel = False
         self._events = self._run()
+
+    def _start_controller(self) -> None:
+        self.controller = self.engine.controller()
+        self.controller.start(self.drafters, draft_len=self.opts.draft_len, draft_len_limit=self.engine.draft_len_limit)
+        self.tally.attach(self.controller)
+
+    def _costs_arrived(self) -> None:
+        """Between steps: once the background measurement is done, the controller takes over."""
+        if self.measuring_costs and not self.engine.costs_pending():
+            self.measuring_costs = False
+            self._start_controller()
 
     def __iter__(self) -> "Generation":
         return self
@@ -187,7 +213,8 @@ class Generation(Iterator[Event]):
             step = speculative_step(self.engine.ctx, history, decision.drafter, self.sampler, decision.draft_len,
                                     decision.proposal, decision.proposal_ms)
         if decision is None:
-            return dataclasses.replace(step, index=self.tally.steps + 1)
+            reason = MEASURING_REASON if self.measuring_costs else ""
+            return dataclasses.replace(step, index=self.tally.steps + 1, decision=reason)
         # The controller's own time for this step is the step's Python work too (its lookups are in draft_ms).
         return dataclasses.replace(step, index=self.tally.steps + 1, decision=decision.reason,
                                    python_ms=step.python_ms + decision.planning_ms)
@@ -244,15 +271,19 @@ class Generation(Iterator[Event]):
 
     def _run(self) -> Iterator[Event]:
         try:
-            history = self._prefill()
+            with self.engine.turn():
+                history = self._prefill()
             reason = ""
             while not reason:
                 reason = self._halt_reason()
                 if reason:
                     break
-                decision = self._plan(history)
-                step = self._step(history, decision)
-                self._observe(step, history)
+                self._costs_arrived()
+                self.tally.measuring_costs = self.measuring_costs
+                with self.engine.turn():  # a background cost measurement waits for the step
+                    decision = self._plan(history)
+                    step = self._step(history, decision)
+                    self._observe(step, history)
                 reason = yield from self._emit(step)
             yield from self._finish(reason)
         except GeneratorExit:

@@ -65,6 +65,10 @@ OFF = "off"
 INTERRUPTED = "interrupted"
 """The finish reason saved with a reply cut short by leaving the app (Esc saves "cancelled")."""
 
+GENERATING_ACTIVITY = "generating… (Esc stops)"
+MEASURING_ACTIVITY = "measuring costs… (plain decoding until they are known; Esc stops)"
+"""The first reply with new models, threads or build: the costs are measured between its steps."""
+
 NARROW_COLUMNS = 80
 """Below this width the dashboard (46 columns) folds away so the chat keeps the room; ctrl+b shows it
 in the chat's place and back."""
@@ -368,7 +372,7 @@ class LocalspecApp(App[int]):
         self._cancel = threading.Event()
         self.reply_running = True
         self._status().error = ""
-        self._status().activity = "generating… (Esc stops)"
+        self._status().activity = GENERATING_ACTIVITY
         dashboard = self.query_one(Dashboard)
         dashboard.drafter = self.drafter
         dashboard.begin_reply()
@@ -398,6 +402,8 @@ class LocalspecApp(App[int]):
             return
         self._reply_view.append(message.pieces)
         self.query_one(Dashboard).show_stats(message.stats)
+        if not self._cancel.is_set():  # "stopping…" stays
+            self._status().activity = MEASURING_ACTIVITY if message.stats.measuring_costs else GENERATING_ACTIVITY
 
     def on_reply_finished(self, message: ReplyFinished) -> None:
         if message.reply_id != self._reply_id or self._reply_view is None:

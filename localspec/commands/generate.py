@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -121,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
         tokens = engine.chat_tokens(messages)
     else:
         tokens = engine.tokenize(prompt)
+    engine.measure_in_background = True  # the reply starts at once, plain, while the costs are measured
     gen = engine.generate(tokens, opts)
+    if gen.measuring_costs and not args.quiet:
+        print("localspec: measuring this machine's decode costs (once per model, build and thread count); "
+              "decoding plain until they are known, then speculating", file=sys.stderr, flush=True)
     done: DoneEvent | None = None
     code = 0
     try:
@@ -136,12 +141,18 @@ def run(args: argparse.Namespace) -> int:
     except Terminated as stop:
         done = gen.interrupted()
         code = stop.exit_code
-        print(f"localspec: stopped by {stop}", file=sys.stderr)
+        stopped_by = str(stop)
+    else:
+        stopped_by = ""
     assert done is not None
+    # The result first: after SIGHUP the terminal (stderr) may be gone while stdout is a file.
     if args.json:
         write_out(json.dumps(result_json(done), ensure_ascii=False) + "\n", flush=True)
     else:
         write_out("\n", flush=True)
+    if stopped_by:
+        with contextlib.suppress(OSError):
+            print(f"localspec: stopped by {stopped_by}", file=sys.stderr, flush=True)
     for warning in gen.warnings:
         print(f"localspec: warning: {warning}", file=sys.stderr)
     if not args.quiet:
