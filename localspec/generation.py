@@ -47,6 +47,7 @@ class _Tally:
             self.attach(controller)
         self.tokens = self.steps = self.drafted = self.accepted = self.verified = 0
         self.prefill_ms = self.draft_ms = self.verify_ms = self.python_ms = 0.0
+        self.plain_estimate_ms = 0.0
         self.start = self.end = 0.0
         self.pos_drafted: list[int] = []
         self.pos_accepted: list[int] = []
@@ -65,6 +66,10 @@ class _Tally:
         self.draft_ms += step.draft_ms
         self.verify_ms += step.verify_ms
         self.python_ms += step.python_ms
+        if self.controller is not None:
+            self.plain_estimate_ms += step.emitted * self.controller.costs.plain_ms()
+        elif self.measuring_costs:  # a plain step while the costs are measured: plain's own time
+            self.plain_estimate_ms += step.draft_ms + step.verify_ms + step.python_ms
         if step.drafted:
             reached = min(step.drafted, step.accepted + 1)
             while len(self.pos_drafted) < step.drafted:
@@ -90,6 +95,7 @@ class _Tally:
             position_drafted=tuple(self.pos_drafted), position_accepted=tuple(self.pos_accepted),
             drafters=tuple(DrafterStats(name, *row) for name, row in self.by_drafter.items()),
             control=self._control(), n_ctx=self.n_ctx, measuring_costs=self.measuring_costs,
+            plain_estimate_ms=self.plain_estimate_ms,
         )
 
     def _control(self) -> ControlSummary | None:

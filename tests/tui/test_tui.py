@@ -92,7 +92,9 @@ def test_a_turn_streams_and_the_dashboard_agrees_with_the_engine(engine: Engine,
             assert d.gamma == 4  # make_app fixes the draft length
             assert d.expected_tau == pytest.approx(expected_tokens_per_step(reached, 4))
             assert d.tokens_per_second == s.tokens_per_second
-            assert d.speedup == pytest.approx(s.tokens_per_second / app.plain_tok_s)
+            # one definition: the reply's steps against the controller's plain-step estimate
+            assert s.speedup is not None and d.speedup == s.speedup
+            assert d.plain_speed == pytest.approx(1000 * s.tokens / s.plain_estimate_ms)
             total = s.draft_ms + s.verify_ms + s.python_ms
             assert d.time_split == pytest.approx((s.draft_ms / total, s.verify_ms / total, s.python_ms / total))
             assert d.speed_samples and all(x > 0 for x in d.speed_samples)
@@ -106,7 +108,7 @@ def test_a_turn_streams_and_the_dashboard_agrees_with_the_engine(engine: Engine,
                 f"α accepted      {s.acceptance_rate:5.2f}  {s.accepted}/{s.drafted} drafted",
                 f"τ tokens/step   {s.tokens_per_step:5.2f}  {s.tokens} tokens / {s.steps} steps",
                 "ceiling 1/(1−α)", "expected τ γ=4 ", "Acceptance by draft position",
-                f"reply {s.tokens_per_second:.1f} tok/s · plain {app.plain_tok_s:.1f} tok/s",
+                f"reply {s.tokens_per_second:.1f} tok/s · plain {d.plain_speed:.1f} tok/s",
                 f"speedup {d.speedup:.2f}×", "Time per step", "draft ", "verify ", "python ",
                 "Name three colours.", "drafter draft", "GPU offload:", "Controller",
                 f"draft {c.draft_steps} · plain {c.plain_steps} · probes {c.probes}",

@@ -89,6 +89,34 @@ def test_dashboard_shows_the_engine_numbers_and_a_screenshot_has_them() -> None:
         assert expected in screen, (expected, screen)
 
 
+def test_the_speedup_is_one_number_against_the_controllers_plain_estimate() -> None:
+    """Issue 33: "speedup 0.17×" beside "measured 0.66×", from a plain baseline measured while busy."""
+    from dataclasses import replace
+
+    from localspec.events import ControlSummary
+
+    control = ControlSummary(draft_steps=8, plain_steps=4, probes=0, mean_draft_len=4.0, expected_gain=1.54,
+                             measured_gain=1.3, last_reason="drafting pays")
+    # 30 tokens that plain decoding would have taken 1500 ms for (50 ms a token), in 1000 ms of steps
+    stats = replace(STATS, plain_estimate_ms=1500.0, control=control)
+
+    async def go() -> tuple[Dashboard, str]:
+        app = DashboardApp()
+        async with app.run_test(size=(60, 50)) as pilot:
+            d = app.query_one(Dashboard)
+            d.drafter, d.plain_tok_s = "draft", 1.0  # a start-up baseline taken under load: not the divisor
+            d.begin_reply()
+            d.show_stats(stats)
+            await pilot.pause()
+            return d, svg_text(app.export_screenshot())
+
+    d, screen = asyncio.run(go())
+    assert stats.speedup == pytest.approx(1.5) and d.speedup == stats.speedup
+    assert d.plain_speed == pytest.approx(20.0)
+    assert "speedup 1.50× over plain decoding" in screen and "plain 20.0 tok/s" in screen, screen
+    assert "drafting steps  expected 1.54× · measured 1.30×" in screen, screen
+
+
 def test_a_new_draft_length_alone_redraws_the_drafter_line() -> None:
     async def go() -> tuple[str, str]:
         app = DashboardApp()
