@@ -202,4 +202,13 @@ class DoneEvent:
     stats: GenerationStats
 
 
-Event = Union[TokenEvent, StepEvent, DoneEvent]
+@dataclass(frozen=True)
+class PrefillEvent:
+    """Prompt processing in progress: ``done`` of ``total`` prompt tokens are in the cache. Emitted after
+    each batch of a prompt longer than one batch (a 5,000-word prompt took over a minute in silence)."""
+
+    done: int
+    total: int
+
+
+Event = Union[TokenEvent, StepEvent, DoneEvent, PrefillEvent]

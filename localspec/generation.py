@@ -16,6 +16,7 @@ from localspec.events import (
     ControlSummary,
     DoneEvent,
     DrafterStats,
+    PrefillEvent,
     Event,
     GenerationStats,
     StepEvent,
@@ -180,26 +181,37 @@ class Generation(Iterator[Event]):
         return self.result
 
     # --- the loop's stages ---------------------------------------------------
-    def _prefill(self) -> list[int]:
-        """Decode the prompt into the target's cache (all but its last token). Drafters are only reset:
-        a draft model decodes the prompt when the controller first asks it to draft."""
+    def _prefill(self) -> Iterator[PrefillEvent]:
+        """Decode the prompt into the target's cache (all but its last token), a batch per turn, with a
+        PrefillEvent after each batch of a prompt longer than one; stops early when cancelled. Drafters
+        are only reset: a draft model decodes the prompt when the controller first asks it to draft."""
         t0 = time.perf_counter()
         ctx = self.engine.ctx
-        history = list(self.prompt)
-        # Keep whatever prefix the cache already holds (the previous chat turn).
-        # A recurrent state drops a suffix only within its last batch; else the prompt is decoded afresh.
-        keep = ctx.keepable(ctx.common_prefix(history[:-1]))
-        ctx.rollback_to(keep)
-        ctx.append(history[keep:-1])
+        history = self.prompt
+        with self.engine.turn():
+            # Keep whatever prefix the cache already holds (the previous chat turn).
+            # A recurrent state drops a suffix only within its last batch; else the prompt is decoded afresh.
+            keep = ctx.keepable(ctx.common_prefix(history[:-1]))
+            ctx.rollback_to(keep)
+        todo = history[keep:-1]
+        total = len(history) - 1
+        for start in range(0, len(todo), ctx.n_batch):
+            if self._cancel:
+                break
+            with self.engine.turn():  # a background measurement may take a sample between batches
+                ctx.append(todo[start:start + ctx.n_batch])
+            if len(todo) > ctx.n_batch:
+                yield PrefillEvent(keep + min(start + ctx.n_batch, len(todo)), total)
         for drafter in self.drafters:
             drafter.reset()
         self.tally.start = time.perf_counter()
         self.tally.prefill_ms = (self.tally.start - t0) * 1e3
-        return history
 
     def _halt_reason(self) -> str:
         """Why no further step can run ("" when one can)."""
         if self._cancel:
+            return "cancelled"
+        if len(self.engine.ctx.tokens) < len(self.prompt) - 1:  # the prefill stopped early
             return "cancelled"
         if len(self.engine.ctx.tokens) >= self.engine.ctx.n_ctx:
             return "context"
@@ -277,8 +289,8 @@ class Generation(Iterator[Event]):
 
     def _run(self) -> Iterator[Event]:
         try:
-            with self.engine.turn():
-                history = self._prefill()
+            yield from self._prefill()
+            history = list(self.prompt)
             reason = ""
             while not reason:
                 reason = self._halt_reason()

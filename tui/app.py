@@ -42,6 +42,7 @@ from localspec.models.placement import LoadSettings
 from localspec_tui.dashboard import Dashboard
 from localspec_tui.messages import (
     PlainSpeedFailed,
+    PromptProgress,
     PlainSpeedMeasured,
     ReplyFailed,
     ReplyFinished,
@@ -404,6 +405,12 @@ class LocalspecApp(App[int]):
         self.query_one(Dashboard).show_stats(message.stats)
         if not self._cancel.is_set():  # "stopping…" stays
             self._status().activity = MEASURING_ACTIVITY if message.stats.measuring_costs else GENERATING_ACTIVITY
+
+    def on_prompt_progress(self, message: PromptProgress) -> None:
+        if message.reply_id != self._reply_id or self._cancel.is_set():
+            return
+        self._status().activity = (f"reading the prompt… {message.done}/{message.total} tokens "
+                                   f"({100 * message.done // max(1, message.total)}%; Esc stops)")
 
     def on_reply_finished(self, message: ReplyFinished) -> None:
         if message.reply_id != self._reply_id or self._reply_view is None:

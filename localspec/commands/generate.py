@@ -24,7 +24,7 @@ from localspec.commands.common import (
     write_out,
     with_mtp,
 )
-from localspec.events import DoneEvent, GenerationStats, TokenEvent
+from localspec.events import DoneEvent, GenerationStats, PrefillEvent, TokenEvent
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -130,9 +130,15 @@ def run(args: argparse.Namespace) -> int:
     done: DoneEvent | None = None
     code = 0
     try:
+        progress = not args.quiet and sys.stderr is not None and sys.stderr.isatty()
         for event in gen:
             if isinstance(event, TokenEvent) and not args.json and event.text:
                 write_out(event.text, flush=True)
+            elif isinstance(event, PrefillEvent) and progress:
+                # one line, rewritten in place, gone once the prompt is read
+                end = "\r\x1b[K" if event.done >= event.total else ""
+                print(f"\rlocalspec: reading the prompt: {event.done}/{event.total} tokens", end=end,
+                      file=sys.stderr, flush=True)
             elif isinstance(event, DoneEvent):
                 done = event
     except KeyboardInterrupt:

@@ -145,3 +145,34 @@ def test_generate_says_it_measures_and_starts_at_once(smollm2_path: Path, no_cos
             "decoding plain until they are known, then speculating\n") in proc.stderr
     result = json.loads(proc.stdout)
     assert result["stats"]["measuring_costs"] is True and result["stats"]["tokens"] == 6
+
+
+def test_a_long_prompt_reports_its_prefill_and_esc_stops_it(smollm2_path: Path) -> None:
+    """A prompt longer than one batch: a PrefillEvent after each batch (issue 33: a 5,000-word prompt read
+    for over a minute with nothing on screen); cancelling between batches ends the reply, and the part
+    read stays in the cache for the next one."""
+    from localspec.events import PrefillEvent
+
+    engine = Engine(Model(smollm2_path), n_ctx=1024, n_batch=64, personal_history=False)
+    try:
+        prompt = engine.tokenize("word " * 300)
+        total = len(prompt) - 1
+        events = list(engine.generate(prompt, GenerateOptions(max_tokens=2)))
+        progress = [(e.done, e.total) for e in events if isinstance(e, PrefillEvent)]
+        assert progress == [(min(n, total), total) for n in range(64, total + 64, 64)]
+        assert isinstance(events[-1], DoneEvent) and events[-1].finish_reason == "length"
+
+        other = engine.tokenize("other " * 300)
+        gen = engine.generate(other, GenerateOptions(max_tokens=2))
+        first = next(gen)
+        assert isinstance(first, PrefillEvent) and first.done == 64
+        gen.cancel()
+        rest = list(gen)
+        assert not any(isinstance(e, PrefillEvent) for e in rest)
+        assert rest[-1].finish_reason == "cancelled" and rest[-1].tokens == ()
+        assert engine.ctx.tokens == other[:64]
+        # the next reply on the same prompt starts after what was read
+        again = [e for e in engine.generate(other, GenerateOptions(max_tokens=1)) if isinstance(e, PrefillEvent)]
+        assert again[0].done == 128
+    finally:
+        engine.close()

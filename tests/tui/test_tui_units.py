@@ -167,6 +167,29 @@ class FakeGeneration:
         return GenerationStats(tokens=1)
 
 
+def test_stream_reply_passes_prompt_progress_on_and_the_app_shows_it(tmp_path: Path) -> None:
+    from localspec.events import PrefillEvent
+    from localspec_tui.messages import PromptProgress
+
+    events = [PrefillEvent(512, 1300), PrefillEvent(1024, 1300), PrefillEvent(1299, 1299),
+              DoneEvent("length", "", (), GenerationStats())]
+    posted: list = []
+    stream_reply(FakeGeneration(events), 7, posted.append, drafter=None)  # type: ignore[arg-type]
+    progress = [(m.done, m.total) for m in posted if isinstance(m, PromptProgress)]
+    assert progress == [(512, 1300), (1024, 1300), (1299, 1299)] and isinstance(posted[-1], ReplyFinished)
+
+    async def go() -> str:
+        app = LocalspecApp(stub_engine(), GenerateOptions(), history_dir=tmp_path,  # type: ignore[arg-type]
+                           measure_on_start=False)
+        async with app.run_test(size=(120, 30)) as pilot:
+            app._reply_id = 7
+            app.post_message(PromptProgress(7, 1024, 1300))
+            await pilot.pause()
+            return app.query_one(StatusLine).activity
+
+    assert asyncio.run(go()) == "reading the prompt… 1024/1300 tokens (78%; Esc stops)"
+
+
 def test_stream_reply_posts_all_text_before_finishing() -> None:
     step = StepEvent(1, "draft", 3, 1, 2, 1.0, 2.0, 0.1)
     events = [TokenEvent(1, "He", "draft"), TokenEvent(2, "llo", None), step,
