@@ -143,7 +143,7 @@ class LocalspecApp(App[int]):
         self.drafter_choices = list(dict.fromkeys([*([wanted] if wanted else []), *names, OFF]))
         self.drafter = wanted if wanted else self.drafter_choices[0]
         self.colours = drafter_colours(names)
-        self.colour = True
+        self.colour = False  # replies as Markdown; ctrl+t: provenance colours
         self.dashboard_asked = False
         self._told_folded = False
         """ctrl+b: on a wide screen, hide the dashboard; on a narrow one, show it in the chat's place."""
@@ -187,6 +187,7 @@ class LocalspecApp(App[int]):
         dashboard.draft_len = self.base_opts.draft_len or 0  # 0: the adaptive controller decides
         dashboard.drafter = self.drafter
         self.query_one(StatusLine).drafter = self.drafter
+        self.query_one(StatusLine).colour = self.colour
         self._show_system_note()
         for m in self.session.messages:
             if m.role == "user":

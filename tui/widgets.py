@@ -99,15 +99,16 @@ class UserMessage(Static):
 class ReplyView(Static):
     """An assistant reply that grows as pieces arrive (append-only).
 
-    Pieces of consecutive tokens from the same source are merged into runs;
-    with ``colour`` on, drafter runs are drawn in that drafter's colour. The
-    text is shown verbatim (not as Markdown) because provenance is per token
-    and Markdown blocks cannot carry per-token styles.
+    Pieces of consecutive tokens from the same source are merged into runs.
+    Shown as Markdown (code blocks, lists, emphasis; re-rendered as it streams,
+    so an open code fence is a code block at once), or, with ``colour`` on
+    (ctrl+t), verbatim with each drafter's runs in that drafter's colour:
+    provenance is per token, and Markdown blocks cannot carry per-token styles.
     """
 
-    colour: reactive[bool] = reactive(True, init=False)
+    colour: reactive[bool] = reactive(False, init=False)
 
-    def __init__(self, colours: dict[str, str], *, colour: bool = True, text: str = "") -> None:
+    def __init__(self, colours: dict[str, str], *, colour: bool = False, text: str = "") -> None:
         super().__init__("", classes="reply")
         self.colours = colours
         self.runs: list[Piece] = [Piece(text, None)] if text else []
@@ -136,7 +137,17 @@ class ReplyView(Static):
     def watch_colour(self) -> None:
         self._redraw()
 
+    @property
+    def shown(self) -> str:
+        """The reply's text and its finish note, as plain text (what either view shows, without styles)."""
+        note = FINISH_NOTES.get(self.finish_reason or "")
+        text = self.text if self.runs or self.finish_reason is not None else "…"
+        return f"{text}{' ' if self.runs and note else ''}[{note}]" if note else text
+
     def _redraw(self) -> None:
+        if not self.colour:
+            self._redraw_markdown()
+            return
         parts: list[str | tuple[str, str]] = []
         for run in self.runs:
             style = self.colours.get(run.drafter or "", "") if self.colour and run.drafter else ""
@@ -147,6 +158,18 @@ class ReplyView(Static):
         if note:
             parts.append((f"{' ' if self.runs else ''}[{note}]", "dim italic"))
         self.update(Content.assemble(*parts))
+
+    def _redraw_markdown(self) -> None:
+        from rich.console import Group
+        from rich.markdown import Markdown
+        from rich.text import Text
+
+        note = FINISH_NOTES.get(self.finish_reason or "")
+        if not self.runs:
+            self.update(Content.assemble(("…", "dim") if note is None else (f"[{note}]", "dim italic")))
+            return
+        body = Markdown(self.text, code_theme="monokai", hyperlinks=False)
+        self.update(Group(body, Text(f"[{note}]", style="dim italic")) if note else body)
 
 
 class StatusLine(Static):
@@ -161,7 +184,7 @@ class StatusLine(Static):
         # Most urgent first: a narrow terminal cuts the end of the line.
         parts: list[str | tuple[str, str]] = [(self.error, "bold $error"), " · "] if self.error else []
         parts.extend([self.activity, " · drafter ", (self.drafter, "bold"),
-                      f" · colours {'on' if self.colour else 'off'}"])
+                      " · provenance colours (ctrl+t: markdown)" if self.colour else " · markdown"])
         return Content.assemble(*parts)
 
 

@@ -16,7 +16,7 @@ from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard, expected_tokens_per_step, tokens_per_step_ceiling
 from localspec_tui.messages import ReplyProgress
 from localspec_tui.widgets import MessageBox, ReplyView, StatusLine, UserMessage
-from tui_support import send, shown_text, svg_text, wait_until
+from tui_support import send, svg_text, wait_until
 
 SIZE = (120, 40)
 
@@ -143,7 +143,7 @@ def test_escape_stops_a_reply_midway_and_the_partial_reply_is_kept(engine: Engin
             assert 0 < done.stats.tokens < 300
             view = last_reply(app)
             assert view.text == done.text != ""
-            assert shown_text(view).endswith("[stopped]")
+            assert view.shown.endswith("[stopped]")
             reply = load_session(app.session.id, tmp_path).messages[-1]
             assert (reply.content, reply.finish_reason) == (done.text, "cancelled")
 

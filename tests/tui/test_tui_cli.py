@@ -17,10 +17,8 @@ from tui_support import Tmux, localspec_command
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
     """``localspec.cli.main`` with the data dir in tmp_path, as if run in a terminal."""
-    import localspec.commands.run
-
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(localspec.commands.run, "needs_terminal", lambda: None)
+    monkeypatch.setattr(run_command, "needs_terminal", lambda: None)
     return localspec.cli.main
 
 

@@ -23,7 +23,7 @@ from localspec.history import Session, SessionMessage, latest_session, list_sess
 from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard
 from localspec_tui.widgets import MessageBox, ReplyView, StatusLine, UserMessage
-from tui_support import send, shown_text, wait_until
+from tui_support import send, wait_until
 
 SIZE = (120, 40)
 STORY = "Write a long story about a dragon who learns to cook."
@@ -185,7 +185,7 @@ def test_a_reply_that_fails_midway_is_one_line_and_the_app_goes_on(engine: Engin
             assert error == "the reply failed with an internal error (RuntimeError: decoder broke)"
             done = app.last_done
             assert done is not None and done.finish_reason == "error" and done.text
-            assert shown_text(list(app.query(ReplyView))[-1]).endswith("[failed]")
+            assert list(app.query(ReplyView))[-1].shown.endswith("[failed]")
             saved = load_session(app.session.id, tmp_path).messages
             assert [(m.role, m.finish_reason) for m in saved] == [("user", None), ("assistant", "error")]
             assert saved[1].content == done.text

@@ -245,15 +245,25 @@ def test_footer_shows_every_key_and_drafter_colour_system_new_chat_keys_work(tmp
             await pilot.press("ctrl+o")
             assert app.reply_options().drafter == "draft" and app.reply_options().speculative
 
-            # Colours toggle reaches every reply view.
-            view = ReplyView(app.colours, text="")
-            view.append([Piece("drafted", "draft"), Piece(" target", None)])
+            # Replies show as Markdown; ctrl+t switches every reply view to provenance colours and back.
+            from rich.markdown import Markdown
+
+            view = ReplyView(app.colours, colour=app.colour, text="")
+            view.append([Piece("drafted **bold**", "draft"), Piece("\n```python\nx = 1\n", None)])
             await app.query_one("#chat").mount(view)
-            assert any(s.style for s in view.content.spans)  # type: ignore[union-attr]
+            await pilot.pause()
+            assert app.colour is False and isinstance(view.content, Markdown)
+            screen = svg_text(app.export_screenshot())
+            # the code block is highlighted (its spaces become separate spans), the emphasis marks are gone
+            assert "x=1" in screen.replace(" ", "") and "drafted bold" in screen
+            assert "**" not in screen and "```" not in screen
             await pilot.press("ctrl+t")
-            assert app.colour is False and view.colour is False
-            assert isinstance(view.content, Content) and not view.content.spans
-            assert view.text == "drafted target"
+            assert app.colour is True and view.colour is True
+            assert isinstance(view.content, Content) and any(s.style for s in view.content.spans)
+            assert "provenance colours" in status.render().plain
+            await pilot.press("ctrl+t")
+            assert app.colour is False and isinstance(view.content, Markdown)
+            assert view.text == "drafted **bold**\n```python\nx = 1\n" and "markdown" in status.render().plain
 
             # System prompt: ctrl+s opens the editor, ctrl+s there saves.
             await pilot.press("ctrl+s")
