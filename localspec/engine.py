@@ -8,10 +8,11 @@ statistics, so a caller interrupted midway can still report them.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from localspec import pairing
 from localspec.backend import (
@@ -98,6 +99,10 @@ class _Claim:
         self.stepping = threading.Lock()
 
 
+class _MeasurementStopped(Exception):
+    """The engine is closing: the background measurement ends without a result."""
+
+
 # Sequences for multi-branch verification: candidate branches and lookahead's window.
 TREE_SEQUENCES = 32
 
@@ -142,6 +147,15 @@ class Engine:
         self.n_threads = n_threads
         self._controller: Controller | None = None
         self._costs: CostModel | None = None
+        self.measure_in_background = False
+        """True: a generation whose costs this machine has not measured yet starts at once, decoding plain,
+        while they are measured on scratch contexts in a thread that takes turns with its steps
+        (``turn``); speculation starts once they are known. The CLI and the app set it; an Engine made
+        directly measures them before its first drafting generation, as ``controller()`` says."""
+        self._measurer: threading.Thread | None = None
+        self._measure_failed = False
+        self._turn_lock = threading.Lock()
+        self._closing = threading.Event()
         # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
         n_seq = 1 + TREE_SEQUENCES if model_free and target.rollback == "cache" else 1
         self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
@@ -233,37 +247,107 @@ class Engine:
         ``measure``)."""
         self.check_open()
         if self._costs is None and measure:
+            self._wait_for_measurer()
+        if self._costs is None and measure:
             from localspec.policy.measure import load_or_measure
 
-            self._costs = load_or_measure(self.ctx, n_threads=self.n_threads)
-            if self.draft_ctx is not None:
-                self._costs.set_model_drafter("draft", load_or_measure(self.draft_ctx, n_threads=self.n_threads))
-            if self.mtp_ctx is not None:
-                from localspec.policy.measure import load_or_measure_mtp
-
-                # The head drafts like a draft model, its catch-up one pass per chained head.
-                head_costs = load_or_measure_mtp(self.mtp_ctx, self.ctx, n_threads=self.n_threads)
-                self._costs.set_model_drafter(MTP, head_costs, passes=self.mtp_ctx.n_heads)
-            if self.assistant_ctx is not None:
-                # A first guess, refined by every proposal the controller observes: the assistant's
-                # layers and the output matrix per drafted token, against the trunk's.
-                share = (1 + self.assistant_ctx.n_layers) / (self.target.n_layers + 1)
-                one = self._costs.verify_ms(1) * share
-                self._costs.set_draft_cost("draft", one, one)
-            if self.eagle3_ctx is not None:
-                # A first guess, refined by every proposal the controller observes: one block and the
-                # output matrix per drafted token, against the trunk's layers and the same matrix (the
-                # encoder's projection of the caught-up rows is small beside them).
-                one = self._costs.verify_ms(1) * 2 / (self.target.n_layers + 1)
-                self._costs.set_draft_cost(EAGLE3, one, one)
-            if self.dflash_ctx is not None:
-                # One pass drafts the whole block: a fixed cost (its layers and the output matrix, against
-                # the trunk's) and, per drafted token, what one more row adds to a batch, scaled alike.
-                # A first guess, refined by every proposal the controller observes.
-                share = (self.dflash_ctx.model.n_layers + 1) / (self.target.n_layers + 1)
-                per_row = max(0.0, self._costs.verify_ms(8) - self._costs.verify_ms(1)) / 7
-                self._costs.set_draft_cost(DFLASH, self._costs.verify_ms(1) * share, per_row * share)
+            target = load_or_measure(self.ctx, n_threads=self.n_threads)
+            draft = load_or_measure(self.draft_ctx, n_threads=self.n_threads) if self.draft_ctx is not None else None
+            self._costs = self._compose_costs(target, draft)
         return self._costs
+
+    def _compose_costs(self, costs: CostModel, draft: CostModel | None) -> CostModel:
+        """The target's verify costs with every drafter's (a draft model's measured, the MTP head's
+        measured here, the assistant's a first guess)."""
+        if draft is not None:
+            costs.set_model_drafter("draft", draft)
+        if self.mtp_ctx is not None:
+            from localspec.policy.measure import load_or_measure_mtp
+
+            # The head drafts like a draft model, its catch-up one pass per chained head.
+            head_costs = load_or_measure_mtp(self.mtp_ctx, self.ctx, n_threads=self.n_threads)
+            costs.set_model_drafter(MTP, head_costs, passes=self.mtp_ctx.n_heads)
+        if self.assistant_ctx is not None:
+            # A first guess, refined by every proposal the controller observes: the assistant's
+            # layers and the output matrix per drafted token, against the trunk's.
+            share = (1 + self.assistant_ctx.n_layers) / (self.target.n_layers + 1)
+            one = costs.verify_ms(1) * share
+            costs.set_draft_cost("draft", one, one)
+        if self.eagle3_ctx is not None:
+            # A first guess, refined by every proposal the controller observes: one block and the
+            # output matrix per drafted token, against the trunk's layers and the same matrix (the
+            # encoder's projection of the caught-up rows is small beside them).
+            one = costs.verify_ms(1) * 2 / (self.target.n_layers + 1)
+            costs.set_draft_cost(EAGLE3, one, one)
+        if self.dflash_ctx is not None:
+            # One pass drafts the whole block: a fixed cost (its layers and the output matrix, against
+            # the trunk's) and, per drafted token, what one more row adds to a batch, scaled alike.
+            # A first guess, refined by every proposal the controller observes.
+            share = (self.dflash_ctx.model.n_layers + 1) / (self.target.n_layers + 1)
+            per_row = max(0.0, costs.verify_ms(8) - costs.verify_ms(1)) / 7
+            costs.set_draft_cost(DFLASH, costs.verify_ms(1) * share, per_row * share)
+        return costs
+
+    # --- costs measured while a generation runs ------------------------------------------------
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Held by a generation around its prefill and each step, and by the background measurement around
+        each timed sample, so the two never decode at once (a sample taken while a step runs would time
+        both) and a step never waits for more than one sample."""
+        with self._turn_lock:
+            if self._closing.is_set() and threading.current_thread() is self._measurer:
+                raise _MeasurementStopped
+            yield
+
+    def costs_pending(self) -> bool:
+        """True while this machine's costs are being measured in the background (``measure_in_background``):
+        the first call starts that when they are neither known nor cached. False once they are known, and
+        whenever they will be measured on demand instead (``cost_model``)."""
+        if self._costs is not None:
+            return False
+        if self._measurer is not None:
+            if self._measurer.is_alive():
+                return True
+            self._measurer = None
+            return False  # done: the costs are set, or it failed and cost_model() measures (and says why)
+        if not self.measure_in_background or self._measure_failed or self.mtp_ctx is not None:
+            return False  # the MTP head is timed against the target's own context: measured on demand
+        from localspec.policy.measure import load_cached
+
+        target = load_cached(self.ctx, n_threads=self.n_threads)
+        draft = load_cached(self.draft_ctx, n_threads=self.n_threads) if self.draft_ctx is not None else None
+        if target is not None and (self.draft_ctx is None or draft is not None):
+            self._costs = self._compose_costs(target, draft)
+            return False
+        self._measurer = threading.Thread(target=self._measure_in_background, name="localspec-costs", daemon=True)
+        self._measurer.start()
+        return True
+
+    def _measure_in_background(self) -> None:
+        try:
+            target = self._measure_on_scratch(self.ctx)
+            draft = self._measure_on_scratch(self.draft_ctx) if self.draft_ctx is not None else None
+            self._costs = self._compose_costs(target, draft)
+        except _MeasurementStopped:
+            pass
+        except Exception:  # noqa: BLE001 - measured again on demand, where the error reaches the caller
+            self._measure_failed = True
+
+    def _measure_on_scratch(self, ctx: Context) -> CostModel:
+        """``ctx``'s costs (cached under its key), timed on a scratch context over the same weights."""
+        from localspec.policy.measure import DEFAULT_KS, DEPTH_CELLS, load_or_measure
+
+        with self.turn():
+            scratch = ctx.scratch(n_ctx=min(ctx.n_ctx, DEPTH_CELLS + 2 * max(DEFAULT_KS)))
+        try:
+            return load_or_measure(ctx, n_threads=self.n_threads, measure_on=scratch, turn=self.turn)
+        finally:
+            scratch.close()
+
+    def _wait_for_measurer(self) -> None:
+        if self._measurer is not None:
+            self._measurer.join()
+            self._measurer = None
 
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, *, specs: Sequence[DrafterSpec] = (),
@@ -453,6 +537,8 @@ class Engine:
         A generation mid-step in another thread finishes its step first (llama.cpp's memory is never
         freed under it); it then ends with that error at its next step. Closing twice is harmless.
         """
+        self._closing.set()  # a background measurement stops at its next sample
+        self._wait_for_measurer()
         with self._turn:
             if self._closed:
                 return

@@ -125,6 +125,10 @@ class GenerationStats:
     drafters: tuple[DrafterStats, ...] = field(default=())
     control: ControlSummary | None = None  # None: no controller (plain decoding)
     n_ctx: int = 0  # the context window it ran in, as llama.cpp sized it (it may round up what was asked)
+    measuring_costs: bool = False  # decoding plain while this machine's costs are measured (Engine.costs_pending)
+    plain_estimate_ms: float = 0.0
+    """What plain decoding of the same tokens would have taken: each step's tokens at the controller's
+    plain-step estimate at the time (learned from this machine's plain steps); 0 without a controller."""
 
     @property
     def acceptance_rate(self) -> float:
@@ -147,6 +151,14 @@ class GenerationStats:
     def tokens_per_step(self) -> float:
         """tau: generated tokens per target forward pass."""
         return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        """The reply's speedup over plain decoding: ``plain_estimate_ms`` over the time its steps took
+        (drafting, verifying, Python). None without a controller. One definition for every front end;
+        the controller's ``measured_gain`` is the same ratio over its drafting steps only."""
+        spent = self.draft_ms + self.verify_ms + self.python_ms
+        return self.plain_estimate_ms / spent if self.plain_estimate_ms > 0 and spent > 0 else None
 
     @property
     def tokens_per_second(self) -> float:
@@ -191,4 +203,13 @@ class DoneEvent:
     stats: GenerationStats
 
 
-Event = Union[TokenEvent, StepEvent, DoneEvent]
+@dataclass(frozen=True)
+class PrefillEvent:
+    """Prompt processing in progress: ``done`` of ``total`` prompt tokens are in the cache. Emitted after
+    each batch of a prompt longer than one batch (a 5,000-word prompt took over a minute in silence)."""
+
+    done: int
+    total: int
+
+
+Event = Union[TokenEvent, StepEvent, DoneEvent, PrefillEvent]

@@ -18,6 +18,7 @@ from localspec.events import (
     ControlSummary,
     DoneEvent,
     DrafterStats,
+    PrefillEvent,
     Event,
     GenerationStats,
     StepEvent,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 SUPERSEDED = ("this generation was ended when its thread started another on the same engine (one generation "
               "at a time); iterate each generation to its end, or cancel it, before starting the next")
+MEASURING_REASON = "plain: measuring this machine's costs; speculation starts once they are known"
 
 
 class _Tally:
@@ -43,14 +45,23 @@ class _Tally:
     def __init__(self, prompt_tokens: int, controller: Controller | None = None, n_ctx: int = 0) -> None:
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
-        self.controller = controller
-        self.control_before = controller.stats.copy() if controller is not None else None
+        self.controller: Controller | None = None
+        self.control_before: object = None
+        self.measuring_costs = False
+        if controller is not None:
+            self.attach(controller)
         self.tokens = self.steps = self.drafted = self.accepted = self.verified = 0
         self.prefill_ms = self.draft_ms = self.verify_ms = self.python_ms = 0.0
+        self.plain_estimate_ms = 0.0
         self.start = self.end = 0.0
         self.pos_drafted: list[int] = []
         self.pos_accepted: list[int] = []
         self.by_drafter: dict[str, list[int]] = {}
+
+    def attach(self, controller: Controller) -> None:
+        """Count the controller's decisions from now on (it may start after the first steps)."""
+        self.controller = controller
+        self.control_before = controller.stats.copy()
 
     def add(self, step: StepEvent) -> None:
         self.steps += 1
@@ -60,6 +71,10 @@ class _Tally:
         self.draft_ms += step.draft_ms
         self.verify_ms += step.verify_ms
         self.python_ms += step.python_ms
+        if self.controller is not None:
+            self.plain_estimate_ms += step.emitted * self.controller.costs.plain_ms()
+        elif self.measuring_costs:  # a plain step while the costs are measured: plain's own time
+            self.plain_estimate_ms += step.draft_ms + step.verify_ms + step.python_ms
         if step.drafted:
             reached = min(step.drafted, step.accepted + 1)
             while len(self.pos_drafted) < step.drafted:
@@ -84,7 +99,8 @@ class _Tally:
             verify_ms=self.verify_ms, python_ms=self.python_ms,
             position_drafted=tuple(self.pos_drafted), position_accepted=tuple(self.pos_accepted),
             drafters=tuple(DrafterStats(name, *row) for name, row in self.by_drafter.items()),
-            control=self._control(), n_ctx=self.n_ctx,
+            control=self._control(), n_ctx=self.n_ctx, measuring_costs=self.measuring_costs,
+            plain_estimate_ms=self.plain_estimate_ms,
         )
 
     def _control(self) -> ControlSummary | None:
@@ -120,10 +136,14 @@ class Generation(Iterator[Event]):
         self.opts = opts
         self.sampler = Sampler(opts.sampling)
         self.drafters = engine.make_drafters(self.sampler, opts)
-        self.controller = engine.controller() if self.drafters else None
-        if self.controller is not None:
-            self.controller.start(self.drafters, draft_len=opts.draft_len, draft_len_limit=engine.draft_len_limit)
-        self.tally = _Tally(len(prompt), self.controller, engine.n_ctx)
+        # Costs this machine has not measured yet are measured in the background (where the engine
+        # allows it): the reply starts at once, plain, and speculation starts once they are known.
+        self.measuring_costs = bool(self.drafters) and engine.costs_pending()
+        """True while the reply decodes plain because the costs are still being measured."""
+        self.controller: Controller | None = None
+        self.tally = _Tally(len(prompt), None, engine.n_ctx)
+        if self.drafters and not self.measuring_costs:
+            self._start_controller()
         self.tokens: list[int] = []
         self.text_parts: list[str] = []
         self.result: DoneEvent | None = None
@@ -132,6 +152,17 @@ class Generation(Iterator[Event]):
         self._releaser = TokenReleaser(opts.stop)
         self._cancel = False
         self._events = self._run()
+
+    def _start_controller(self) -> None:
+        self.controller = self.engine.controller()
+        self.controller.start(self.drafters, draft_len=self.opts.draft_len, draft_len_limit=self.engine.draft_len_limit)
+        self.tally.attach(self.controller)
+
+    def _costs_arrived(self) -> None:
+        """Between steps: once the background measurement is done, the controller takes over."""
+        if self.measuring_costs and not self.engine.costs_pending():
+            self.measuring_costs = False
+            self._start_controller()
 
     def __iter__(self) -> "Generation":
         return self
@@ -195,27 +226,38 @@ class Generation(Iterator[Event]):
         return self.result
 
     # --- the loop's stages ---------------------------------------------------
-    def _prefill(self) -> list[int]:
-        """Decode the prompt into the target's cache (all but its last token). Drafters are only reset:
-        a draft model decodes the prompt when the controller first asks it to draft."""
+    def _prefill(self) -> Iterator[PrefillEvent]:
+        """Decode the prompt into the target's cache (all but its last token), a batch per turn, with a
+        PrefillEvent after each batch of a prompt longer than one; stops early when cancelled. Drafters
+        are only reset: a draft model decodes the prompt when the controller first asks it to draft."""
         t0 = time.perf_counter()
         ctx = self.engine.ctx
-        history = list(self.prompt)
-        # Keep whatever prefix the cache already holds (the previous chat turn).
-        # A recurrent state drops a suffix only within its last batch; else the prompt is decoded afresh.
-        keep = ctx.keepable(ctx.common_prefix(history[:-1]))
-        ctx.rollback_to(keep)
-        self.cached_tokens = keep
-        ctx.append(history[keep:-1])
+        history = self.prompt
+        with self.engine.turn():
+            # Keep whatever prefix the cache already holds (the previous chat turn).
+            # A recurrent state drops a suffix only within its last batch; else the prompt is decoded afresh.
+            keep = ctx.keepable(ctx.common_prefix(history[:-1]))
+            ctx.rollback_to(keep)
+        self.cached_tokens = keep  # prompt tokens found in the cache (the server's cached_tokens)
+        todo = history[keep:-1]
+        total = len(history) - 1
+        for start in range(0, len(todo), ctx.n_batch):
+            if self._cancel:
+                break
+            with self.engine.turn():  # a background measurement may take a sample between batches
+                ctx.append(todo[start:start + ctx.n_batch])
+            if len(todo) > ctx.n_batch:
+                yield PrefillEvent(keep + min(start + ctx.n_batch, len(todo)), total)
         for drafter in self.drafters:
             drafter.reset()
         self.tally.start = time.perf_counter()
         self.tally.prefill_ms = (self.tally.start - t0) * 1e3
-        return history
 
     def _halt_reason(self) -> str:
         """Why no further step can run ("" when one can)."""
         if self._cancel:
+            return "cancelled"
+        if len(self.engine.ctx.tokens) < len(self.prompt) - 1:  # the prefill stopped early
             return "cancelled"
         if len(self.engine.ctx.tokens) >= self.engine.ctx.n_ctx:
             return "context"
@@ -235,7 +277,8 @@ class Generation(Iterator[Event]):
             step = speculative_step(self.engine.ctx, history, decision.drafter, self.sampler, decision.draft_len,
                                     decision.proposal, decision.proposal_ms)
         if decision is None:
-            return dataclasses.replace(step, index=self.tally.steps + 1)
+            reason = MEASURING_REASON if self.measuring_costs else ""
+            return dataclasses.replace(step, index=self.tally.steps + 1, decision=reason)
         # The controller's own time for this step is the step's Python work too (its lookups are in draft_ms).
         return dataclasses.replace(step, index=self.tally.steps + 1, decision=decision.reason,
                                    python_ms=step.python_ms + decision.planning_ms)
@@ -293,15 +336,19 @@ class Generation(Iterator[Event]):
 
     def _run(self) -> Iterator[Event]:
         try:
-            history = self._prefill()
+            yield from self._prefill()
+            history = list(self.prompt)
             reason = ""
             while not reason:
                 reason = self._halt_reason()
                 if reason:
                     break
-                decision = self._plan(history)
-                step = self._step(history, decision)
-                self._observe(step, history)
+                self._costs_arrived()
+                self.tally.measuring_costs = self.measuring_costs
+                with self.engine.turn():  # a background cost measurement waits for the step
+                    decision = self._plan(history)
+                    step = self._step(history, decision)
+                    self._observe(step, history)
                 reason = yield from self._emit(step)
             yield from self._finish(reason)
         except GeneratorExit:

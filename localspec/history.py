@@ -12,7 +12,9 @@ This module is UI-free: the TUI and any other front end use it the same way.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
+import os
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -176,6 +178,77 @@ def session_path(session_id: str, directory: Path | None = None) -> Path:
     if not _ID_RE.match(session_id):
         raise SessionError(f"{shown(session_id)} is not a session id; ids look like 20250131-142502-3fa2c1")
     return (directory or sessions_dir()) / f"{session_id}.json"
+
+
+class SessionLock:
+    """One app's hold on a session: ``<id>.lock`` beside its file, locked with ``flock`` and holding
+    the holder's pid (for the message). Two apps on one chat would each save their own list of turns,
+    and the last writer would drop the other's; the second one is refused instead.
+
+    The kernel drops an ``flock`` when its process dies, however it dies, so a lock left by a dead
+    process is simply taken over. ``release`` removes the file while still holding it, and ``acquire``
+    checks that the file it locked is still the one at the path, so a release racing an acquire
+    cannot leave two holders.
+    """
+
+    def __init__(self, session_id: str, path: Path, fd: int) -> None:
+        self.session_id, self.path, self._fd = session_id, path, fd
+
+    @classmethod
+    def acquire(cls, session_id: str, directory: Path | None = None) -> "SessionLock":
+        """Hold ``session_id``; SessionError (one line, naming the other process) when another holds it."""
+        path = session_path(session_id, directory).with_suffix(".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                who = f" (pid {holder})" if holder else ""
+                raise SessionError(
+                    f"session {session_id} is open in another `localspec run`{who}; close that one first, "
+                    "or run without --resume to start a new chat"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder released (and removed) it meanwhile: lock the new file
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return cls(session_id, path, fd)
+
+    def release(self) -> None:
+        """Let another app open the session (idempotent)."""
+        if self._fd < 0:
+            return
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = -1
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def __del__(self) -> None:  # an app dropped without ending lets go of its chat
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or "0") or None
+    except (OSError, ValueError):
+        return None
 
 
 def save_session(session: Session, directory: Path | None = None) -> Path:

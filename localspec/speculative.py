@@ -181,8 +181,9 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
     it is computed once and attends exactly to its ancestors (llama.cpp masks
     by a token's first sequence id). Extra tokens (lookahead's window) get the
     sequences after the leaves. Afterwards the accepted path is copied into
-    sequence 0 and every other sequence is removed, which leaves the cache as
-    if that path alone had been decoded.
+    sequence 0 and every other sequence is removed; a path that is not the
+    first branch is decoded again after the part that is (``_place_rest``), so
+    the cache holds every kept token in the cell plain decoding gives it.
     """
     tree, extra = proposal.tree, proposal.extra
     n_past = len(target.tokens)
@@ -202,7 +203,8 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
 
     # Batch order: depth first, most probable child first. llama.cpp places a batch
     # in consecutive cells, so when the accepted path is the first one the kept cells
-    # stay contiguous, exactly where plain decoding would have put them.
+    # stay contiguous, exactly where plain decoding would have put them (and the
+    # second decode of ``_place_rest`` is needed least often).
     order = _depth_first(tree)
     row = {node: 1 + i for i, node in enumerate(order)}
     tokens = [history[-1], *(tree.tokens[n] for n in order)]
@@ -232,15 +234,60 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
         first_extra = len(tree) + 1
         extra.on_logits(lambda j: target.logits(first_extra + j))
 
-    # keep [last, *accepted path] in sequence 0, drop every other sequence
-    m = len(result.nodes)
-    if m:
-        keep_seq = node_seqs[result.nodes[-1]][0]
-        target.copy_seq(keep_seq, 0, n_past + 1, n_past + 1 + m)
+    # Keep [last, *accepted path] in sequence 0, in the cells plain decoding uses, and drop every
+    # other sequence. The batch took consecutive cells from ``n_past`` (llama.cpp's slot search
+    # starts at its head, which the last rollback left right after the history), so node ``i`` sits
+    # in cell ``n_past + row[i]``; plain decoding puts depth d in cell ``n_past + d``. The path's
+    # leading nodes that are first children all the way down have row == depth and stay; the rest
+    # are removed and decoded again (``_place_rest``).
+    path = result.nodes
+    in_place = 0
+    while in_place < len(path) and row[path[in_place]] == tree.depths[path[in_place]]:
+        in_place += 1
+    if in_place:
+        keep_seq = node_seqs[path[in_place - 1]][0]
+        target.copy_seq(keep_seq, 0, n_past + 1, n_past + 1 + in_place)
     for seq in range(1, n_seqs):
         target.remove_seq(seq)
-    target.tokens.extend([history[-1], *result.tokens])
-    return result.tokens, result.next_token
+    target.tokens.extend([history[-1], *result.tokens[:in_place]])
+    if in_place == len(path):
+        return result.tokens, result.next_token
+    return _place_rest(target, result.tokens, in_place, result.next_token, sampler)
+
+
+def _place_rest(target: Context, accepted: tuple[int, ...], in_place: int, next_token: int,
+                sampler: Sampler) -> tuple[tuple[int, ...], int]:
+    """Decode ``accepted[in_place:]`` again, as one batch at the end of sequence 0, and return what to emit.
+
+    Why: the tree batch left these tokens in cells past other branches' cells. Once those are freed,
+    the next tokens would fill them, so the cache would list positions out of order, and batch-invariant
+    flash attention (which sums a row's cells in fixed 128-cell chunks, in cell order) would sum them in
+    another order than plain decoding: another rounding, and at a near-tie another token. With every
+    cell after the kept ones free, llama.cpp's slot search (``find_slot`` from the head that the removal
+    moved to the first freed cell) puts this batch in the cells right after them, where plain decoding
+    puts these positions.
+
+    The tree's rows for those nodes were also computed at the wrong cells. Greedy, the choices are
+    therefore taken again from this batch's rows, computed in the right cells: the same bits as plain
+    decoding, so where they differ (only at a rounding-level near-tie) the path is cut there and the
+    target's own token from this batch follows. Sampled, the tree's draws stand (the rows differ by
+    rounding only) and only the cells are fixed.
+    """
+    rest = accepted[in_place:]
+    start = len(target.tokens)
+    greedy = sampler.params.greedy
+    target.decode(rest, range(start, start + len(rest)), None, [True] * len(rest) if greedy else None)
+    target.tokens.extend(rest)
+    if not greedy:
+        return accepted, next_token
+    for k in range(len(rest)):
+        choice = _argmax(target.logits(k))
+        expected = accepted[in_place + k + 1] if in_place + k + 1 < len(accepted) else next_token
+        if choice != expected:
+            kept = in_place + k + 1
+            target.rollback_to(start + k + 1)
+            return accepted[:kept], choice
+    return accepted, next_token
 
 
 def _accept_sampled_tree(tree, child_q: dict[tuple[int, ...], np.ndarray], rows: Sequence[np.ndarray],  # noqa: ANN001

@@ -18,11 +18,11 @@ import dataclasses
 import threading
 from pathlib import Path
 
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Footer, Header, Static
 from textual.worker import get_current_worker
 
 from localspec.backend import gpu_offload_supported
@@ -31,6 +31,7 @@ from localspec.errors import LocalspecError
 from localspec.events import DoneEvent, GenerationStats
 from localspec.history import (
     Session,
+    SessionLock,
     SessionMessage,
     remove_session,
     save_session,
@@ -41,6 +42,7 @@ from localspec.models.placement import LoadSettings
 from localspec_tui.dashboard import Dashboard
 from localspec_tui.messages import (
     PlainSpeedFailed,
+    PromptProgress,
     PlainSpeedMeasured,
     ReplyFailed,
     ReplyFinished,
@@ -49,6 +51,7 @@ from localspec_tui.messages import (
 from localspec_tui.signals import ExitSignals
 from localspec_tui.streaming import measure_plain_speed, stream_reply
 from localspec_tui.widgets import (
+    MessageBox,
     ReplyView,
     StatusLine,
     SystemPromptScreen,
@@ -62,6 +65,17 @@ OFF = "off"
 
 INTERRUPTED = "interrupted"
 """The finish reason saved with a reply cut short by leaving the app (Esc saves "cancelled")."""
+
+GENERATING_ACTIVITY = "generating… (Esc stops)"
+MEASURING_ACTIVITY = "measuring costs… (plain decoding until they are known; Esc stops)"
+"""The first reply with new models, threads or build: the costs are measured between its steps."""
+
+NARROW_COLUMNS = 80
+"""Below this width the dashboard (46 columns) folds away so the chat keeps the room; ctrl+b shows it
+in the chat's place and back."""
+
+SHORT_ROWS = 16
+"""Below this height the header goes, so the chat and the message box keep the rows."""
 
 SIGNAL_WAIT_S = 10.0
 """How long a signal waits for the reply's current step before saving what is on screen instead."""
@@ -84,6 +98,9 @@ class LocalspecApp(App[int]):
     means the user's data dir. ``plain_tokens`` is the length of the plain
     baseline run, measured at start when ``measure_on_start``. ``placement`` is what the
     models were loaded with; its GPU plan, if one was made, shows in the title and a notification.
+    ``session_lock``: the caller's hold on ``session`` (``localspec run`` takes it before loading
+    models); without one the app takes its own, so constructing a second app on a chat that is open
+    raises ``SessionError``. The app holds its current chat's lock until it ends.
     """
 
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses live elsewhere
@@ -96,12 +113,14 @@ class LocalspecApp(App[int]):
         Binding("ctrl+o", "next_drafter", "Drafter"),
         Binding("ctrl+t", "toggle_colours", "Colours"),
         Binding("ctrl+r", "measure_plain", "Plain speed"),
+        Binding("ctrl+b", "toggle_dashboard", "Dashboard"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
     def __init__(self, engine: Engine, opts: GenerateOptions | None = None, *, session: Session | None = None,
                  system: str | None = None, history_dir: Path | None = None, plain_tokens: int = 24,
-                 measure_on_start: bool = True, placement: LoadSettings | None = None) -> None:
+                 measure_on_start: bool = True, placement: LoadSettings | None = None,
+                 session_lock: SessionLock | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.placement = placement
@@ -110,6 +129,7 @@ class LocalspecApp(App[int]):
         names = engine.drafter_names()
         self.session = session or Session(model=engine.target.name,
                                           draft=engine.draft.name if engine.draft is not None else None)
+        self.session_lock = session_lock or SessionLock.acquire(self.session.id, history_dir)
         self._notices: list[str] = []  # shown once the app is mounted
         if system is not None:
             self.session.system = self._valid(system, "the system prompt") or None
@@ -123,7 +143,10 @@ class LocalspecApp(App[int]):
         self.drafter_choices = list(dict.fromkeys([*([wanted] if wanted else []), *names, OFF]))
         self.drafter = wanted if wanted else self.drafter_choices[0]
         self.colours = drafter_colours(names)
-        self.colour = True
+        self.colour = False  # replies as Markdown; ctrl+t: provenance colours
+        self.dashboard_asked = False
+        self._told_folded = False
+        """ctrl+b: on a wide screen, hide the dashboard; on a narrow one, show it in the chat's place."""
         self.plain_tokens = plain_tokens
         self.measure_on_start = measure_on_start
         self.plain_tok_s = 0.0
@@ -153,7 +176,7 @@ class LocalspecApp(App[int]):
                 with VerticalScroll(id="chat"):
                     yield Static(id="system-note")
                 yield StatusLine(id="status")
-                yield Input(placeholder="Message (Enter sends)", id="prompt")
+                yield MessageBox(placeholder="Message (Enter sends, Ctrl+J or Shift+Enter: new line)", id="prompt")
             yield Dashboard(legend=legend(self.colours), id="dashboard")
         yield Footer()
 
@@ -164,6 +187,7 @@ class LocalspecApp(App[int]):
         dashboard.draft_len = self.base_opts.draft_len or 0  # 0: the adaptive controller decides
         dashboard.drafter = self.drafter
         self.query_one(StatusLine).drafter = self.drafter
+        self.query_one(StatusLine).colour = self.colour
         self._show_system_note()
         for m in self.session.messages:
             if m.role == "user":
@@ -174,7 +198,7 @@ class LocalspecApp(App[int]):
                 self._chat().mount(view)
         if self.session.messages:
             self.notify(f"resumed session {self.session.id}")
-        prompt = self.query_one("#prompt", Input)
+        prompt = self.query_one("#prompt", MessageBox)
         if self.unanswered is not None:
             prompt.value = self.unanswered
             self.notify("your last message was never answered; it is back in the input box (Enter sends it)",
@@ -188,9 +212,34 @@ class LocalspecApp(App[int]):
             self.notify(notice, severity="warning", timeout=10)
         self._notices.clear()
         prompt.focus()
+        self._fit_layout()
         self._exit_signals.install()
         if self.measure_on_start:
             self.action_measure_plain()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_layout()
+
+    def _fit_layout(self) -> None:
+        """Fold the dashboard on a narrow screen and the header on a short one (ctrl+b overrides the first)."""
+        width, height = self.size
+        narrow = width < NARROW_COLUMNS
+        show_dashboard = narrow == self.dashboard_asked  # wide: shown unless hidden; narrow: hidden unless asked
+        dashboard = self.query_one(Dashboard)
+        dashboard.display = show_dashboard
+        dashboard.set_class(narrow, "full")
+        self.query_one("#chat-column").display = not (narrow and show_dashboard)
+        self.query_one(Header).display = height >= SHORT_ROWS
+        if narrow and not show_dashboard and not self._told_folded:
+            self._told_folded = True
+            self.notify("narrow window: the dashboard is folded away (ctrl+b shows it)", timeout=6)
+
+    def action_toggle_dashboard(self) -> None:
+        self.dashboard_asked = not self.dashboard_asked
+        self._fit_layout()
+        if not self.query_one("#chat-column").display:
+            return
+        self.query_one("#prompt", MessageBox).focus()
 
     @property
     def asked_ctx(self) -> int | None:
@@ -306,14 +355,14 @@ class LocalspecApp(App[int]):
             return dataclasses.replace(self.base_opts, speculative=False, drafter=None)
         return dataclasses.replace(self.base_opts, speculative=True, drafter=self.drafter)
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
+    def on_message_box_submitted(self, event: MessageBox.Submitted) -> None:
         text = event.value.strip()
         if not text:
             return
         if self.reply_running:
             self.notify("a reply is still streaming; press Esc to stop it", severity="warning")
             return
-        event.input.clear()
+        event.box.clear()
         text = self._valid(text, "your message")
         self.session.messages.append(SessionMessage("user", text))
         self._save()
@@ -325,7 +374,7 @@ class LocalspecApp(App[int]):
         self._cancel = threading.Event()
         self.reply_running = True
         self._status().error = ""
-        self._status().activity = "generating… (Esc stops)"
+        self._status().activity = GENERATING_ACTIVITY
         dashboard = self.query_one(Dashboard)
         dashboard.drafter = self.drafter
         dashboard.begin_reply()
@@ -355,6 +404,14 @@ class LocalspecApp(App[int]):
             return
         self._reply_view.append(message.pieces)
         self.query_one(Dashboard).show_stats(message.stats)
+        if not self._cancel.is_set():  # "stopping…" stays
+            self._status().activity = MEASURING_ACTIVITY if message.stats.measuring_costs else GENERATING_ACTIVITY
+
+    def on_prompt_progress(self, message: PromptProgress) -> None:
+        if message.reply_id != self._reply_id or self._cancel.is_set():
+            return
+        self._status().activity = (f"reading the prompt… {message.done}/{message.total} tokens "
+                                   f"({100 * message.done // max(1, message.total)}%; Esc stops)")
 
     def on_reply_finished(self, message: ReplyFinished) -> None:
         if message.reply_id != self._reply_id or self._reply_view is None:
@@ -380,7 +437,7 @@ class LocalspecApp(App[int]):
         if last is not None and last.role == "user":
             self.session.messages.pop()
             self._save()
-            prompt = self.query_one("#prompt", Input)
+            prompt = self.query_one("#prompt", MessageBox)
             prompt.value = last.content
         for view in (self._user_view, self._reply_view):
             if view is not None:
@@ -444,6 +501,8 @@ class LocalspecApp(App[int]):
         if self.reply_running:
             return
         self.session = Session(system=self.session.system, model=self.session.model, draft=self.session.draft)
+        self.session_lock.release()
+        self.session_lock = SessionLock.acquire(self.session.id, self.history_dir)
         for widget in self._chat().query("UserMessage, ReplyView"):
             widget.remove()
         self.query_one(Dashboard).show_stats(GenerationStats())
@@ -490,6 +549,7 @@ class LocalspecApp(App[int]):
 
     def on_unmount(self) -> None:
         self.wait_for_engine()
+        self.session_lock.release()
         self._exit_signals.release()
 
     def wait_for_engine(self, timeout_s: float = 60.0) -> bool:

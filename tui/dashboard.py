@@ -141,10 +141,25 @@ class Dashboard(VerticalScroll):
 
     @property
     def speedup(self) -> float | None:
-        """Current tokens/s over plain tokens/s; None until both are known."""
+        """The reply's speedup over plain decoding, as ``GenerationStats.speedup`` defines it (against the
+        controller's plain-step estimate, learned from this machine's plain steps as the reply runs). Without
+        a controller (drafting off), tokens/s over the plain speed measured at start; None until known.
+
+        Not tokens/s over a baseline measured once: one taken while the machine was busy read 1.0 tok/s
+        where it was 107, and the dashboard said 0.17× while the controller measured 0.66×."""
+        if self.stats.speedup is not None:
+            return self.stats.speedup
         if self.plain_tok_s <= 0 or self.stats.tokens == 0:
             return None
         return self.tokens_per_second / self.plain_tok_s
+
+    @property
+    def plain_speed(self) -> float:
+        """Plain decoding's tokens/s the speedup is measured against (0: not known yet)."""
+        s = self.stats
+        if s.plain_estimate_ms > 0:
+            return 1000.0 * s.tokens / s.plain_estimate_ms
+        return self.plain_tok_s
 
     @property
     def time_split(self) -> tuple[float, float, float]:
@@ -187,7 +202,7 @@ class Dashboard(VerticalScroll):
         self.query_one("#dash-positions", Static).update("\n".join(rows) or "no drafts yet")
         self.query_one("#dash-sparkline", Sparkline).data = list(self.speed_samples)
         speedup = self.speedup
-        plain = f"{self.plain_tok_s:.1f}" if self.plain_tok_s > 0 else "…"
+        plain = f"{self.plain_speed:.1f}" if self.plain_speed > 0 else "…"
         self.query_one("#dash-speed", Static).update(Content.assemble(
             ("speedup ", "bold"), ("…" if speedup is None else f"{speedup:.2f}×", "bold"),
             f" over plain decoding\nreply {self.tokens_per_second:.1f} tok/s · plain {plain} tok/s",
@@ -207,7 +222,7 @@ class Dashboard(VerticalScroll):
         return "\n".join([
             f"steps  draft {c.draft_steps} · plain {c.plain_steps} · probes {c.probes}",
             f"length {c.mean_draft_len:.1f} tokens drafted a step (mean)",
-            f"gain   expected {c.expected_gain:4.2f}× · measured {c.measured_gain:4.2f}×",
+            f"drafting steps  expected {c.expected_gain:4.2f}× · measured {c.measured_gain:4.2f}×",
             f"why    {c.last_reason or '…'}",
         ])
 

@@ -72,6 +72,16 @@ class PlainSpeedMeasured(Message):
         self.stats = stats
 
 
+class PromptProgress(Message):
+    """The reply's prompt is being read: ``done`` of ``total`` tokens are in the cache (a long prompt)."""
+
+    def __init__(self, reply_id: int, done: int, total: int) -> None:
+        super().__init__()
+        self.reply_id = reply_id
+        self.done = done
+        self.total = total
+
+
 class PlainSpeedFailed(Message):
     """Measuring the plain speed failed with a LocalspecError."""
 

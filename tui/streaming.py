@@ -15,9 +15,16 @@ from textual.message import Message
 
 from localspec.engine import Engine, GenerateOptions
 from localspec.generation import Generation
-from localspec.events import DoneEvent, StepEvent, TokenEvent
+from localspec.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from localspec.sampling import SamplingParams
-from localspec_tui.messages import Piece, PlainSpeedMeasured, ReplyFailed, ReplyFinished, ReplyProgress
+from localspec_tui.messages import (
+    Piece,
+    PlainSpeedMeasured,
+    PromptProgress,
+    ReplyFailed,
+    ReplyFinished,
+    ReplyProgress,
+)
 
 UPDATE_INTERVAL_S = 0.1
 """At most ~10 UI updates per second: the dashboard cannot be read faster and Textual need not repaint faster."""
@@ -69,6 +76,8 @@ def stream_reply(generation: Generation, reply_id: int, post: Post, *, drafter: 
                 steps.append(event)
                 if time.monotonic() - last_post >= interval_s:
                     flush()
+            elif isinstance(event, PrefillEvent):
+                post(PromptProgress(reply_id, event.done, event.total))
             elif isinstance(event, DoneEvent):
                 done = event
     except Exception as err:  # a bug or a user's error alike: the worker must end with a ReplyFinished

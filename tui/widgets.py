@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static, TextArea
@@ -39,6 +42,52 @@ def legend(colours: dict[str, str]) -> Content:
     return Content.assemble(*parts)
 
 
+NEWLINE_KEYS = ("shift+enter", "ctrl+j", "alt+enter")
+"""Keys that start a new line in the message box. Most terminals send Enter and Shift+Enter alike (a
+carriage return); Shift+Enter arrives apart only where the terminal speaks the kitty keyboard protocol
+(kitty, WezTerm, foot, Ghostty), which Textual asks for. Ctrl+J (a line feed) arrives apart everywhere,
+tmux and screen included, and Alt+Enter (escape, return) in most terminals."""
+
+
+class MessageBox(TextArea):
+    """The message box: Enter sends, Shift+Enter / Ctrl+J / Alt+Enter start a new line, and a paste keeps
+    every line (a one-line ``Input`` kept only the first line of a pasted block and sent it).
+
+    Posts ``MessageBox.Submitted`` with the whole text on Enter; ``value`` is the text, as on ``Input``.
+    """
+
+    @dataclass
+    class Submitted(Message):
+        box: "MessageBox"
+        value: str
+
+    def __init__(self, *, placeholder: str = "", id: str | None = None) -> None:
+        super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
+                         placeholder=placeholder)
+
+    @property
+    def value(self) -> str:
+        return self.text
+
+    @value.setter
+    def value(self, text: str) -> None:
+        self.text = text
+        self.move_cursor(self.document.end)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self, self.text))
+            return
+        if event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+
 class UserMessage(Static):
     """One user turn, shown verbatim (no markup is interpreted)."""
 
@@ -50,15 +99,16 @@ class UserMessage(Static):
 class ReplyView(Static):
     """An assistant reply that grows as pieces arrive (append-only).
 
-    Pieces of consecutive tokens from the same source are merged into runs;
-    with ``colour`` on, drafter runs are drawn in that drafter's colour. The
-    text is shown verbatim (not as Markdown) because provenance is per token
-    and Markdown blocks cannot carry per-token styles.
+    Pieces of consecutive tokens from the same source are merged into runs.
+    Shown as Markdown (code blocks, lists, emphasis; re-rendered as it streams,
+    so an open code fence is a code block at once), or, with ``colour`` on
+    (ctrl+t), verbatim with each drafter's runs in that drafter's colour:
+    provenance is per token, and Markdown blocks cannot carry per-token styles.
     """
 
-    colour: reactive[bool] = reactive(True, init=False)
+    colour: reactive[bool] = reactive(False, init=False)
 
-    def __init__(self, colours: dict[str, str], *, colour: bool = True, text: str = "") -> None:
+    def __init__(self, colours: dict[str, str], *, colour: bool = False, text: str = "") -> None:
         super().__init__("", classes="reply")
         self.colours = colours
         self.runs: list[Piece] = [Piece(text, None)] if text else []
@@ -87,7 +137,17 @@ class ReplyView(Static):
     def watch_colour(self) -> None:
         self._redraw()
 
+    @property
+    def shown(self) -> str:
+        """The reply's text and its finish note, as plain text (what either view shows, without styles)."""
+        note = FINISH_NOTES.get(self.finish_reason or "")
+        text = self.text if self.runs or self.finish_reason is not None else "…"
+        return f"{text}{' ' if self.runs and note else ''}[{note}]" if note else text
+
     def _redraw(self) -> None:
+        if not self.colour:
+            self._redraw_markdown()
+            return
         parts: list[str | tuple[str, str]] = []
         for run in self.runs:
             style = self.colours.get(run.drafter or "", "") if self.colour and run.drafter else ""
@@ -98,6 +158,18 @@ class ReplyView(Static):
         if note:
             parts.append((f"{' ' if self.runs else ''}[{note}]", "dim italic"))
         self.update(Content.assemble(*parts))
+
+    def _redraw_markdown(self) -> None:
+        from rich.console import Group
+        from rich.markdown import Markdown
+        from rich.text import Text
+
+        note = FINISH_NOTES.get(self.finish_reason or "")
+        if not self.runs:
+            self.update(Content.assemble(("…", "dim") if note is None else (f"[{note}]", "dim italic")))
+            return
+        body = Markdown(self.text, code_theme="monokai", hyperlinks=False)
+        self.update(Group(body, Text(f"[{note}]", style="dim italic")) if note else body)
 
 
 class StatusLine(Static):
@@ -112,7 +184,7 @@ class StatusLine(Static):
         # Most urgent first: a narrow terminal cuts the end of the line.
         parts: list[str | tuple[str, str]] = [(self.error, "bold $error"), " · "] if self.error else []
         parts.extend([self.activity, " · drafter ", (self.drafter, "bold"),
-                      f" · colours {'on' if self.colour else 'off'}"])
+                      " · provenance colours (ctrl+t: markdown)" if self.colour else " · markdown"])
         return Content.assemble(*parts)
 
 

@@ -329,10 +329,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 def stop_on_signals() -> None:
     """Turn SIGTERM and SIGHUP into ``Terminated`` (raised where the main thread is, between two
-    calls into llama.cpp), so a command can stop as on Ctrl-C. A second such signal kills at once."""
+    calls into llama.cpp), so a command can stop as on Ctrl-C. A second SIGTERM kills at once; further
+    SIGHUPs are ignored, since a hangup comes twice (the terminal's to the foreground group, then the
+    shell's to its jobs) and the second one killed the command before it wrote its result."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signum, signal.SIG_IGN if signum == signal.SIGHUP else signal.SIG_DFL)
         raise Terminated(signum)
 
     for signum in STOP_SIGNALS:

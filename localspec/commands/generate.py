@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -24,7 +25,7 @@ from localspec.commands.common import (
     write_out,
     with_mtp,
 )
-from localspec.events import DoneEvent, GenerationStats, TokenEvent
+from localspec.events import DoneEvent, GenerationStats, PrefillEvent, TokenEvent
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -138,13 +139,23 @@ def run(args: argparse.Namespace) -> int:
         tokens = engine.chat_tokens(messages)
     else:
         tokens = engine.tokenize(prompt)
+    engine.measure_in_background = True  # the reply starts at once, plain, while the costs are measured
     gen = engine.generate(tokens, opts)
+    if gen.measuring_costs and not args.quiet:
+        print("localspec: measuring this machine's decode costs (once per model, build and thread count); "
+              "decoding plain until they are known, then speculating", file=sys.stderr, flush=True)
     done: DoneEvent | None = None
     code = 0
     try:
+        progress = not args.quiet and sys.stderr is not None and sys.stderr.isatty()
         for event in gen:
             if isinstance(event, TokenEvent) and not args.json and event.text:
                 write_out(event.text, flush=True)
+            elif isinstance(event, PrefillEvent) and progress:
+                # one line, rewritten in place, gone once the prompt is read
+                end = "\r\x1b[K" if event.done >= event.total else ""
+                print(f"\rlocalspec: reading the prompt: {event.done}/{event.total} tokens", end=end,
+                      file=sys.stderr, flush=True)
             elif isinstance(event, DoneEvent):
                 done = event
     except KeyboardInterrupt:
@@ -153,12 +164,18 @@ def run(args: argparse.Namespace) -> int:
     except Terminated as stop:
         done = gen.interrupted()
         code = stop.exit_code
-        print(f"localspec: stopped by {stop}", file=sys.stderr)
+        stopped_by = str(stop)
+    else:
+        stopped_by = ""
     assert done is not None
+    # The result first: after SIGHUP the terminal (stderr) may be gone while stdout is a file.
     if args.json:
         write_out(json.dumps(result_json(done), ensure_ascii=False) + "\n", flush=True)
     else:
         write_out("\n", flush=True)
+    if stopped_by:
+        with contextlib.suppress(OSError):
+            print(f"localspec: stopped by {stopped_by}", file=sys.stderr, flush=True)
     for warning in gen.warnings:
         print(f"localspec: warning: {warning}", file=sys.stderr)
     if not args.quiet:

@@ -34,7 +34,7 @@ from localspec.commands.common import (
 )
 from localspec.drafting.specs import MODEL_FREE, DrafterSpec
 from localspec.errors import InvalidOptionError, LocalspecError
-from localspec.history import Session, latest_session, load_session
+from localspec.history import Session, SessionLock, latest_session, load_session
 from localspec.models.registry import Resolved
 
 if TYPE_CHECKING:
@@ -146,6 +146,18 @@ def switchable_drafters(drafts: DraftRefs, opts: GenerateOptions) -> tuple[list[
     return [*drafts.specs, *extra], dataclasses.replace(opts, drafter=",".join(chosen))
 
 
+def needs_terminal() -> None:
+    """The app draws on a terminal and reads keys from it: say so in one line instead of writing escape
+    codes into a pipe or file (``localspec run </dev/null >/dev/null`` would run until killed)."""
+    missing = [name for name, stream in (("input", sys.stdin), ("output", sys.stdout))
+               if stream is None or not stream.isatty()]
+    if missing:
+        raise InvalidOptionError(
+            f"localspec run is a chat app and needs a terminal (its {' and '.join(missing)} is not one); "
+            "use `localspec generate -p TEXT` for a reply in a pipe or script"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     check_engine_options(args)
     opts = generate_options(args)
@@ -157,9 +169,22 @@ def run(args: argparse.Namespace) -> int:
         session = latest_session() if args.resume == LATEST else load_session(args.resume)
         if session is None:
             raise InvalidOptionError("--resume: there is no saved chat yet; run without --resume to start one")
-    choice = choose_models(args.model, args.draft, session)
+    # Held until the app ends, so a second app on the same chat is refused before it loads anything.
+    session = session or Session()
+    lock = SessionLock.acquire(session.id)
+    try:
+        return _run_app(args, opts, session, lock, resumed=args.resume is not None)
+    finally:
+        lock.release()
+
+
+def _run_app(args: argparse.Namespace, opts: "GenerateOptions", session: Session, lock: SessionLock, *,
+             resumed: bool) -> int:
+    choice = choose_models(args.model, args.draft, session if resumed else None)
+    # After the names are checked (a misspelling is the first thing to hear), before any download or load.
+    needs_terminal()
     target, draft = fetch_models(choice.target, choice.drafts.model, offline=args.offline)
-    if args.draft is None and (session is None or not session.draft) and drafts_for_itself(target):
+    if args.draft is None and (not resumed or not session.draft) and drafts_for_itself(target):
         choice = dataclasses.replace(choice, drafts=with_mtp(choice.drafts))
     settings = load_settings(args, target, draft)
 
@@ -168,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     specs, opts = switchable_drafters(choice.drafts, opts)
     engine = Engine.load(target, draft, specs=specs, n_ctx=settings.n_ctx, n_threads=args.threads,
                          n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers)
-    session = session or Session()
+    engine.measure_in_background = True  # the first reply starts at once, plain, while costs are measured
     # Saved with the chat, so that `--resume` alone brings back these models.
     session.model, session.draft = reference(choice.target), choice.drafts.text()
     app = None
@@ -177,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
         engine.chat_tokens([{"role": "user", "content": "hello"}])
         from localspec_tui.app import LocalspecApp
 
-        app = LocalspecApp(engine, opts, session=session, system=args.system, placement=settings)
+        app = LocalspecApp(engine, opts, session=session, system=args.system, placement=settings,
+                           session_lock=lock)
         app.run()
     finally:
         if app is not None:

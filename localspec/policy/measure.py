@@ -17,10 +17,11 @@ Nothing here imports the backend (llama.cpp) but ``cost_cache.cost_key``, when c
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import time
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Mapping, Sequence
 
 from localspec.policy.costs import CostModel
 from localspec.errors import ModelFileError
@@ -39,7 +40,8 @@ DEPTH_KS: tuple[int, ...] = (1, 4, 16)
 # --- measuring ---------------------------------------------------------------
 def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budget_s: float = 1.5,
                          min_reps: int = 3, max_reps: int = 25, seed: int = 0,
-                         depth_cells: int = DEPTH_CELLS) -> Measurement:
+                         depth_cells: int = DEPTH_CELLS,
+                         turn: Callable[[], ContextManager[object]] = contextlib.nullcontext) -> Measurement:
     """Milliseconds of one decode of k tokens, for each k in ``ks`` that fits.
 
     Each sample decodes k tokens right after what the context holds, with
@@ -71,6 +73,10 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     says. No per-cell costs for a recurrent state (its cost does not grow so)
     or when the second context cannot be made (no memory left for it).
 
+    ``turn()``: held around each timed decode (and each pair side by side) and the filling prefill, never
+    inside a timing: measuring on a scratch context while a generation runs, the two take turns, so no
+    sample is taken while the generation decodes (``Engine``'s background measurement).
+
     Postcondition: ``ctx.tokens`` and the cache hold exactly what they held
     before (also when a decode raises), except with a recurrent state
     (``ctx.max_rollback`` not None), which cannot drop a whole batch: then the
@@ -87,8 +93,9 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     rng = random.Random(seed)
 
     try:
-        shallow = _timed_rounds(fits, _timer(ctx, token, n0), rng, budget_s=budget_s, min_reps=min_reps,
-                                max_reps=max_reps)
+        turns = _Turns(turn)
+        shallow = _timed_rounds(fits, turns(_timer(ctx, token, n0)), rng, budget_s=budget_s,
+                                min_reps=min_reps, max_reps=max_reps, clock=turns.clock)
         shallow.depth = n0
         deep_ks = [k for k in DEPTH_KS if k in shallow]
         # A sliding-window model's growth with depth is the window's (see CostModel.window): timed over it.
@@ -97,7 +104,7 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
         # Only where this context can grow that deep: a short one never pays much for its depth.
         if cells > 0 and ctx.max_rollback is None and deep_ks and n0 + cells + max(deep_ks) <= ctx.n_ctx:
             measured = _per_cell_side_by_side(ctx, token, deep_ks, cells, rng, budget_s=budget_s / 2,
-                                              min_reps=min_reps, max_reps=max_reps)
+                                              min_reps=min_reps, max_reps=max_reps, turn=turn)
             if measured is not None:
                 shallow.per_cell = fit_per_cell({k: v / cells for k, v in measured.items()})
                 shallow.window = window
@@ -136,6 +143,30 @@ def fit_per_cell(points: Mapping[int, float]) -> dict[int, float]:
     return {k: a + b * k for k in ks}
 
 
+class _Turns:
+    """Samples taken in turns (``turn()`` held around each), and a clock of the time spent in them: the
+    budget counts the measurement's own time, not the generation steps it waited for (with the wall
+    clock, a measurement taking turns with a reply overran its budget and was never complete)."""
+
+    def __init__(self, turn: Callable[[], ContextManager[object]]) -> None:
+        self.turn = turn
+        self.spent = 0.0
+        self.waits = turn is not contextlib.nullcontext
+
+    def clock(self) -> float:
+        return self.spent if self.waits else time.perf_counter()
+
+    def __call__(self, timed: Callable[[int], float]) -> Callable[[int], float]:
+        def in_turn(k: int) -> float:
+            with self.turn():
+                t0 = time.perf_counter()
+                try:
+                    return timed(k)
+                finally:
+                    self.spent += time.perf_counter() - t0
+        return in_turn
+
+
 def _timer(ctx: "Context", token: int, n: int) -> Callable[[int], float]:
     """Times one decode of k copies of ``token`` after the ``n`` tokens ``ctx`` holds, then rolls it back."""
     def timed(k: int) -> float:
@@ -150,7 +181,8 @@ def _timer(ctx: "Context", token: int, n: int) -> Callable[[int], float]:
 
 
 def _per_cell_side_by_side(ctx: "Context", token: int, ks: Sequence[int], cells: int, rng: random.Random, *,
-                           budget_s: float, min_reps: int, max_reps: int) -> Measurement | None:
+                           budget_s: float, min_reps: int, max_reps: int,
+                           turn: Callable[[], ContextManager[object]] = contextlib.nullcontext) -> Measurement | None:
     """Median ms that ``cells`` more cached cells add to a decode of k tokens, for each k in ``ks``:
     timed here and in a scratch context ``cells`` deeper, back to back (see ``measure_verify_costs``).
     None when the scratch context cannot be made."""
@@ -163,7 +195,8 @@ def _per_cell_side_by_side(ctx: "Context", token: int, ks: Sequence[int], cells:
     try:
         for start in range(0, depth, deep_ctx.n_batch):  # the filling prefill, untimed
             n = min(deep_ctx.n_batch, depth - start)
-            deep_ctx.decode([token] * n, range(start, start + n), None, [False] * (n - 1) + [True])
+            with turn():
+                deep_ctx.decode([token] * n, range(start, start + n), None, [False] * (n - 1) + [True])
         deep_ctx.tokens.extend([token] * depth)
         here, there = _timer(ctx, token, n0), _timer(deep_ctx, token, depth)
 
@@ -173,21 +206,25 @@ def _per_cell_side_by_side(ctx: "Context", token: int, ks: Sequence[int], cells:
                 return deep_ms - here(k)
             shallow_ms = here(k)
             return there(k) - shallow_ms
-        return _timed_rounds(ks, difference, rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
+        turns = _Turns(turn)
+        return _timed_rounds(ks, turns(difference), rng, budget_s=budget_s, min_reps=min_reps,
+                             max_reps=max_reps, clock=turns.clock)
     finally:
         deep_ctx.close()
 
 
 def _timed_rounds(fits: Sequence[int], timed: Callable[[int], float], rng: random.Random, *,
-                  budget_s: float, min_reps: int, max_reps: int) -> Measurement:
-    """One untimed warm-up of each k, then shuffled rounds of ``timed(k)`` until ``budget_s``; per-k medians."""
+                  budget_s: float, min_reps: int, max_reps: int,
+                  clock: Callable[[], float] = time.perf_counter) -> Measurement:
+    """One untimed warm-up of each k, then shuffled rounds of ``timed(k)`` until ``budget_s`` by ``clock``;
+    per-k medians."""
     samples: dict[int, list[float]] = {k: [] for k in fits}
-    start = time.perf_counter()
+    start = clock()
     rounds = 0
     for k in fits:  # warm-up, untimed
         timed(k)
     while rounds < max_reps:
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         # On a machine so loaded that min_reps rounds overrun the budget threefold,
         # stop anyway: refinement during generation corrects a rough first guess.
         if rounds >= 1 and (elapsed >= 3 * budget_s or (rounds >= min_reps and elapsed >= budget_s)):
@@ -202,29 +239,44 @@ def _timed_rounds(fits: Sequence[int], timed: Callable[[int], float], rng: rando
 
 def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layers: int = -1,
                     refresh: bool = False, max_age_s: float | None = 30 * 86400,
-                    budget_s: float = 1.5) -> CachedCostModel:
+                    budget_s: float = 1.5, measure_on: "Context | None" = None,
+                    turn: Callable[[], ContextManager[object]] = contextlib.nullcontext) -> CachedCostModel:
     """The cost model for ``ctx``: from the cache when this machine measured it already
     (and within ``max_age_s``), else measured now (~``budget_s``) and cached.
 
     The measurement leaves ``ctx`` untouched. It is not cached when it was cut
     short (see ``Measurement``) or the cache cannot be written; the costs are
-    returned all the same and the next run measures again.
+    returned all the same and the next run measures again. ``measure_on``: a
+    context over the same weights to time instead of ``ctx`` (a scratch one, while
+    ``ctx`` generates), cached under ``ctx``'s key; ``turn``: see ``measure_verify_costs``.
     """
+    cached = None if refresh else load_cached(ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                                              max_age_s=max_age_s)
+    if cached is not None:
+        return cached
     key = cost_key(ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
     path = cost_path(key)
-    verify = None if refresh else load_costs(path, key, max_age_s=max_age_s)
-    if verify is not None:
-        costs = CachedCostModel(verify, path)
-    else:
-        verify = measure_verify_costs(ctx, budget_s=budget_s)
-        # A measurement cut short by an overloaded machine is used now but not kept:
-        # cached, it would mislead every later run on a quiet machine.
-        if not isinstance(verify, Measurement) or verify.complete:
-            try:
-                save_costs(path, key, verify)
-            except OSError:
-                pass  # a read-only cache dir costs a re-measurement next time, nothing else
-        costs = CachedCostModel(verify)
+    verify = measure_verify_costs(measure_on or ctx, budget_s=budget_s, turn=turn)
+    # A measurement cut short by an overloaded machine is used now but not kept:
+    # cached, it would mislead every later run on a quiet machine.
+    if not isinstance(verify, Measurement) or verify.complete:
+        try:
+            save_costs(path, key, verify)
+        except OSError:
+            pass  # a read-only cache dir costs a re-measurement next time, nothing else
+    return _with_window(CachedCostModel(verify), ctx)
+
+
+def load_cached(ctx: "Context", *, n_threads: int | None = None, n_gpu_layers: int = -1,
+                max_age_s: float | None = 30 * 86400) -> CachedCostModel | None:
+    """The cost model for ``ctx`` from the cache, or None when this machine has not measured it (no timing)."""
+    key = cost_key(ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+    path = cost_path(key)
+    verify = load_costs(path, key, max_age_s=max_age_s)
+    return None if verify is None else _with_window(CachedCostModel(verify, path), ctx)
+
+
+def _with_window(costs: CachedCostModel, ctx: "Context") -> CachedCostModel:
     if costs.window:
         # A fact of the model, not of the machine: read from its header, not cached.
         from localspec.models.gguf_info import read_info

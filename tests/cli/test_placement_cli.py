@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import localspec.backend
+import localspec.commands.run
 import localspec.engine
 import localspec.models.gguf_info
 from localspec import cli
@@ -52,6 +53,7 @@ def loads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any
         raise Stop("stopped before loading")
 
     monkeypatch.setattr(localspec.engine.Engine, "load", classmethod(fake_load))
+    monkeypatch.setattr(localspec.commands.run, "needs_terminal", lambda: None)  # as if in a terminal
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path / "data"))
     return seen
 

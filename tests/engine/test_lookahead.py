@@ -225,21 +225,22 @@ def la_engine(target):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_output_equals_plain_decoding(la_engine, target, prompt: str) -> None:
-    """Token-identical to plain greedy, or parting only at a numerical near-tie.
+    """Token-identical to plain greedy on a batch-invariant build (elsewhere up to near-ties).
 
-    Even a batch-invariant build is not exact here: cells freed by the window
-    and rejected branches are refilled by later tokens, so the cache no longer
-    lists positions in order and attention sums in another order (measured up
-    to ~0.4 logits). ``assert_matches_plain`` fails on any divergence where
-    the target was sure, which is how a logic error shows.
+    The window's cells and rejected branches' are freed after each step, and an
+    accepted path after a rejected branch is decoded again where plain decoding
+    puts it (``speculative._place_rest``), so the cache lists positions in order
+    and attention sums as plain decoding does. ``tests/engine/test_exact_trees.py``
+    holds the issue's 6 prompts of 96 tokens to the same.
     """
     from greedy import assert_matches_plain, plain_greedy
 
+    from localspec.backend import batch_invariant
     from localspec.engine import GenerateOptions
 
     plain = plain_greedy(target, la_engine.tokenize(prompt), 64)
     done = list(la_engine.generate(prompt, GenerateOptions(max_tokens=64, draft_len=5)))[-1]
-    assert_matches_plain(done.tokens, plain)
+    assert_matches_plain(done.tokens, plain, strict=batch_invariant())
 
 
 def test_lookahead_gets_tokens_accepted_on_repetitive_text(la_engine) -> None:

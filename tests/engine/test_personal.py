@@ -412,7 +412,7 @@ def test_tokens_must_be_token_ids(data_dir: Path) -> None:
 def test_a_new_run_drafts_the_previous_reply_from_the_first_step(data_dir: Path, smollm2_path: Path) -> None:
     from greedy import assert_matches_plain, plain_greedy
 
-    from localspec.backend import Model
+    from localspec.backend import Model, batch_invariant
     from localspec.drafting.specs import DrafterSpec
     from localspec.engine import Engine, GenerateOptions
     from localspec.events import DoneEvent, StepEvent
@@ -433,7 +433,8 @@ def test_a_new_run_drafts_the_previous_reply_from_the_first_step(data_dir: Path,
     assert isinstance(done, DoneEvent)
     # Drafted from the very first step: the prompt's tail matches the context kept with the reply.
     assert steps[0].drafter == "ngram" and steps[0].drafted > 0 and steps[0].accepted > 0
-    if assert_matches_plain(done.tokens, plain):  # identical, or parted at a numerical near-tie
+    assert_matches_plain(done.tokens, plain, strict=batch_invariant())  # elsewhere up to a near-tie
+    if done.tokens == plain.tokens:
         assert done.stats.steps <= len(plain.tokens) / 4  # the reply came from the store, many tokens a step
     engine.close()
 

@@ -65,16 +65,16 @@ def first_divergence(a, b) -> int | None:
 def assert_matches_plain(spec_tokens, plain: PlainRun, *, strict: bool = False) -> bool:
     """True when identical; False when they part at a numerical near-tie; fails otherwise.
 
-    ``strict``: identity is required, near-tie or not. Chain verification on a
-    batch-invariant build (``backend.batch_invariant()``) puts every kept token in
-    the cell plain decoding uses, so nothing can differ there.
+    ``strict``: identity is required, near-tie or not. Verification on a
+    batch-invariant build (``backend.batch_invariant()``), of a chain or of a tree,
+    puts every kept token in the cell plain decoding uses, so nothing can differ there.
     """
     i = first_divergence(tuple(spec_tokens), plain.tokens)
     if i is None:
         return True
     assert not strict, (
         f"speculative output departs from plain greedy at token {i} (top-2 gap {plain.margins[i]:.3f} "
-        "logits) on a batch-invariant build, where chain verification must be bit-identical"
+        "logits) on a batch-invariant build, where verification must be bit-identical"
         if i < len(plain.margins) else f"lengths differ without a token difference (at {i})"
     )
     assert i < len(plain.margins), f"lengths differ without a token difference (at {i})"

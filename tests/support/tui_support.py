@@ -16,7 +16,9 @@ from typing import Callable
 from textual.content import Content
 from textual.pilot import Pilot
 from textual.widget import Widget
-from textual.widgets import Input, Static
+from textual.widgets import Static
+
+from localspec_tui.widgets import MessageBox
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +35,7 @@ async def wait_until(pilot: Pilot, predicate: Callable[[], bool], *, timeout_s: 
 
 async def send(pilot: Pilot, text: str) -> None:
     """Type ``text`` into the prompt (set at once: per-key typing only slows the tests) and press Enter."""
-    prompt = pilot.app.query_one("#prompt", Input)
+    prompt = pilot.app.query_one("#prompt", MessageBox)
     prompt.focus()
     prompt.value = text
     await pilot.press("enter")

@@ -9,15 +9,14 @@ from typing import Iterator
 
 import pytest
 from textual.message import Message
-from textual.widgets import Input
 
 from localspec.engine import Engine, GenerateOptions
 from localspec.history import latest_session, list_sessions, load_session
 from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard, expected_tokens_per_step, tokens_per_step_ceiling
 from localspec_tui.messages import ReplyProgress
-from localspec_tui.widgets import ReplyView, StatusLine, UserMessage
-from tui_support import send, shown_text, svg_text, wait_until
+from localspec_tui.widgets import MessageBox, ReplyView, StatusLine, UserMessage
+from tui_support import send, svg_text, wait_until
 
 SIZE = (120, 40)
 
@@ -65,7 +64,7 @@ def test_a_turn_streams_and_the_dashboard_agrees_with_the_engine(engine: Engine,
     async def go() -> None:
         app = make_app(engine, tmp_path, max_tokens=16, measure=True)
         async with app.run_test(size=SIZE, message_hook=hook) as pilot:
-            app.query_one(Input).cursor_blink = False
+            app.query_one(MessageBox).cursor_blink = False
             await wait_until(pilot, lambda: app.plain_tok_s > 0, what="the plain-speed baseline")
             await send(pilot, "Name three colours.")
             await wait_until(pilot, lambda: not app.reply_running, what="the reply to finish")
@@ -93,7 +92,9 @@ def test_a_turn_streams_and_the_dashboard_agrees_with_the_engine(engine: Engine,
             assert d.gamma == 4  # make_app fixes the draft length
             assert d.expected_tau == pytest.approx(expected_tokens_per_step(reached, 4))
             assert d.tokens_per_second == s.tokens_per_second
-            assert d.speedup == pytest.approx(s.tokens_per_second / app.plain_tok_s)
+            # one definition: the reply's steps against the controller's plain-step estimate
+            assert s.speedup is not None and d.speedup == s.speedup
+            assert d.plain_speed == pytest.approx(1000 * s.tokens / s.plain_estimate_ms)
             total = s.draft_ms + s.verify_ms + s.python_ms
             assert d.time_split == pytest.approx((s.draft_ms / total, s.verify_ms / total, s.python_ms / total))
             assert d.speed_samples and all(x > 0 for x in d.speed_samples)
@@ -107,7 +108,7 @@ def test_a_turn_streams_and_the_dashboard_agrees_with_the_engine(engine: Engine,
                 f"α accepted      {s.acceptance_rate:5.2f}  {s.accepted}/{s.drafted} drafted",
                 f"τ tokens/step   {s.tokens_per_step:5.2f}  {s.tokens} tokens / {s.steps} steps",
                 "ceiling 1/(1−α)", "expected τ γ=4 ", "Acceptance by draft position",
-                f"reply {s.tokens_per_second:.1f} tok/s · plain {app.plain_tok_s:.1f} tok/s",
+                f"reply {s.tokens_per_second:.1f} tok/s · plain {d.plain_speed:.1f} tok/s",
                 f"speedup {d.speedup:.2f}×", "Time per step", "draft ", "verify ", "python ",
                 "Name three colours.", "drafter draft", "GPU offload:", "Controller",
                 f"draft {c.draft_steps} · plain {c.plain_steps} · probes {c.probes}",
@@ -142,7 +143,7 @@ def test_escape_stops_a_reply_midway_and_the_partial_reply_is_kept(engine: Engin
             assert 0 < done.stats.tokens < 300
             view = last_reply(app)
             assert view.text == done.text != ""
-            assert shown_text(view).endswith("[stopped]")
+            assert view.shown.endswith("[stopped]")
             reply = load_session(app.session.id, tmp_path).messages[-1]
             assert (reply.content, reply.finish_reason) == (done.text, "cancelled")
 
@@ -269,7 +270,7 @@ def test_a_prompt_that_does_not_fit_is_one_line_and_the_app_keeps_running(engine
             assert "context holds 1024" in error and "\n" not in error
             assert app.is_running
             # The refused turn is back in the input box, not in the chat, the history or the next prompt.
-            assert app.query_one(Input).value == ("word " * 1500).strip()
+            assert app.query_one(MessageBox).value == ("word " * 1500).strip()
             assert not app.query(ReplyView) and not app.query(UserMessage)
             # Nothing is left of this chat, so no session file is left either (--resume would reopen it).
             assert list_sessions(tmp_path) == []

@@ -16,8 +16,9 @@ from tui_support import Tmux, localspec_command
 
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    """``localspec.cli.main`` with the data dir in tmp_path."""
+    """``localspec.cli.main`` with the data dir in tmp_path, as if run in a terminal."""
     monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(run_command, "needs_terminal", lambda: None)
     return localspec.cli.main
 
 
@@ -93,7 +94,7 @@ def test_run_loads_the_engine_then_hands_the_app_the_resumed_session(
 
         exit_signal = unsaved_error = None
 
-        def __init__(self, engine, opts, *, session, system, placement):  # type: ignore[no-untyped-def]
+        def __init__(self, engine, opts, *, session, system, placement, session_lock):  # type: ignore[no-untyped-def]
             seen.update(drafters=engine.drafter_names(), opts=opts, session=session, system=system,
                         placement=placement)
             self.session = session
@@ -170,7 +171,8 @@ def started(cli, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:  # ty
 
         exit_signal = unsaved_error = None
 
-        def __init__(self, engine, opts, *, session, system, placement):  # type: ignore[no-untyped-def]
+        def __init__(self, engine, opts, *, session, system, placement, session_lock):  # type: ignore[no-untyped-def]
+            assert session_lock.held and session_lock.session_id == session.id
             runs[-1].update(session=session, placement=placement)
             self.session = session
 
@@ -265,3 +267,52 @@ def test_resume_of_a_model_that_no_longer_resolves_is_one_line(cli, started: lis
     session = saved_chat(tmp_path, str(gone), f"{tmp_path / 'deleted.gguf'}")
     assert cli(["run", "--resume", session.id]) == 2
     assert "was held with draft" in one_error_line(capsys) and started == []
+
+
+def test_run_without_a_terminal_says_so_in_one_line(tmp_path: Path, smollm2_path: Path) -> None:
+    """`localspec run </dev/null >/dev/null` wrote escape codes until killed."""
+    import os
+    import subprocess
+
+    from localspec.history import sessions_dir  # noqa: F401 - the data dir is the env's
+
+    env = {**os.environ, "LOCALSPEC_DATA_DIR": str(tmp_path / "data")}
+    for stdin, stdout in ((subprocess.DEVNULL, subprocess.DEVNULL), (subprocess.DEVNULL, None), (None, subprocess.PIPE)):
+        proc = subprocess.run([*localspec_command(), "run", str(smollm2_path)], stdin=stdin, stdout=stdout,
+                              stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("localspec: error: localspec run is a chat app and "
+                                                       "needs a terminal"), proc.stderr
+        assert "\x1b" not in proc.stderr and not (proc.stdout or "")
+
+
+def test_a_second_run_on_an_open_chat_is_refused_in_one_line(tmp_path: Path, smollm2_path: Path) -> None:
+    """Two `localspec run --resume=ID`: the second one refuses before loading anything (last writer won)."""
+    import os
+    import pty
+    import subprocess
+
+    from localspec.history import SessionLock
+
+    data = tmp_path / "data"
+    session = Session()
+    session.messages.append(SessionMessage("user", "earlier"))
+    save_session(session, data / "sessions")
+    held = SessionLock.acquire(session.id, data / "sessions")  # the first app
+    try:
+        leader, follower = pty.openpty()  # a terminal, so only the lock can refuse
+        try:
+            proc = subprocess.run([*localspec_command(), "run", str(smollm2_path), f"--resume={session.id}"],
+                                  stdin=follower, stdout=follower, stderr=subprocess.PIPE, text=True, timeout=120,
+                                  env={**os.environ, "LOCALSPEC_DATA_DIR": str(data)})
+        finally:
+            os.close(follower)
+            os.close(leader)
+        assert proc.returncode == 2
+        assert proc.stderr.splitlines() == [
+            f"localspec: error: session {session.id} is open in another `localspec run` (pid {os.getpid()}); "
+            "close that one first, or run without --resume to start a new chat"]
+    finally:
+        held.release()
+    assert [m.content for m in load_session(session.id, data / "sessions").messages] == ["earlier"]

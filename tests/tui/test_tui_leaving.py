@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from textual.widgets import Input
 
 from localspec.engine import Engine, GenerateOptions
 from localspec.generation import Generation
@@ -23,8 +22,8 @@ from localspec.events import Event, StepEvent, TokenEvent
 from localspec.history import Session, SessionMessage, latest_session, list_sessions, load_session, save_session
 from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard
-from localspec_tui.widgets import ReplyView, StatusLine, UserMessage
-from tui_support import send, shown_text, wait_until
+from localspec_tui.widgets import MessageBox, ReplyView, StatusLine, UserMessage
+from tui_support import send, wait_until
 
 SIZE = (120, 40)
 STORY = "Write a long story about a dragon who learns to cook."
@@ -186,7 +185,7 @@ def test_a_reply_that_fails_midway_is_one_line_and_the_app_goes_on(engine: Engin
             assert error == "the reply failed with an internal error (RuntimeError: decoder broke)"
             done = app.last_done
             assert done is not None and done.finish_reason == "error" and done.text
-            assert shown_text(list(app.query(ReplyView))[-1]).endswith("[failed]")
+            assert list(app.query(ReplyView))[-1].shown.endswith("[failed]")
             saved = load_session(app.session.id, tmp_path).messages
             assert [(m.role, m.finish_reason) for m in saved] == [("user", None), ("assistant", "error")]
             assert saved[1].content == done.text
@@ -207,7 +206,7 @@ def test_a_reply_that_fails_midway_is_one_line_and_the_app_goes_on(engine: Engin
             await send(pilot, "One more.")
             await wait_until(pilot, lambda: not app.reply_running, what="the refusal")
             await pilot.pause()
-            assert app.is_running and app.query_one(Input).value == "One more."
+            assert app.is_running and app.query_one(MessageBox).value == "One more."
             assert app.query_one(StatusLine).error.startswith(
                 "the reply failed with an internal error (ValueError: template exploded)")
             assert len(load_session(app.session.id, tmp_path).messages) == 4
@@ -257,7 +256,7 @@ def test_resume_offers_an_unanswered_message_again_and_turns_alternate(engine: E
         app = make_app(engine, tmp_path, max_tokens=4, session=session)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
-            assert app.query_one(Input).value == "Name a fruit."
+            assert app.query_one(MessageBox).value == "Name a fruit."
             assert [u.text for u in app.query(UserMessage)] == ["Name a colour."]
             assert [r.text for r in app.query(ReplyView)] == ["Blue."]
             # The file keeps the unanswered message until something new is said.

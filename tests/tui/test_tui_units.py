@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 from textual.app import App, ComposeResult
 from textual.content import Content
-from textual.widgets import Input, TextArea
+from textual.widgets import TextArea
 
 from localspec.engine import GenerateOptions
 from localspec.events import DoneEvent, DrafterStats, GenerationStats, StepEvent, TokenEvent
@@ -21,7 +21,7 @@ from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard, bar, expected_tokens_per_step, tokens_per_step_ceiling
 from localspec_tui.messages import Piece, ReplyFinished, ReplyProgress
 from localspec_tui.streaming import stream_reply
-from localspec_tui.widgets import ReplyView, StatusLine, SystemPromptScreen
+from localspec_tui.widgets import MessageBox, ReplyView, StatusLine, SystemPromptScreen
 from tui_support import shown_text, stub_engine, svg_text
 
 STATS = GenerationStats(
@@ -89,6 +89,34 @@ def test_dashboard_shows_the_engine_numbers_and_a_screenshot_has_them() -> None:
         assert expected in screen, (expected, screen)
 
 
+def test_the_speedup_is_one_number_against_the_controllers_plain_estimate() -> None:
+    """Issue 33: "speedup 0.17×" beside "measured 0.66×", from a plain baseline measured while busy."""
+    from dataclasses import replace
+
+    from localspec.events import ControlSummary
+
+    control = ControlSummary(draft_steps=8, plain_steps=4, probes=0, mean_draft_len=4.0, expected_gain=1.54,
+                             measured_gain=1.3, last_reason="drafting pays")
+    # 30 tokens that plain decoding would have taken 1500 ms for (50 ms a token), in 1000 ms of steps
+    stats = replace(STATS, plain_estimate_ms=1500.0, control=control)
+
+    async def go() -> tuple[Dashboard, str]:
+        app = DashboardApp()
+        async with app.run_test(size=(60, 50)) as pilot:
+            d = app.query_one(Dashboard)
+            d.drafter, d.plain_tok_s = "draft", 1.0  # a start-up baseline taken under load: not the divisor
+            d.begin_reply()
+            d.show_stats(stats)
+            await pilot.pause()
+            return d, svg_text(app.export_screenshot())
+
+    d, screen = asyncio.run(go())
+    assert stats.speedup == pytest.approx(1.5) and d.speedup == stats.speedup
+    assert d.plain_speed == pytest.approx(20.0)
+    assert "speedup 1.50× over plain decoding" in screen and "plain 20.0 tok/s" in screen, screen
+    assert "drafting steps  expected 1.54× · measured 1.30×" in screen, screen
+
+
 def test_a_new_draft_length_alone_redraws_the_drafter_line() -> None:
     async def go() -> tuple[str, str]:
         app = DashboardApp()
@@ -139,6 +167,29 @@ class FakeGeneration:
         return GenerationStats(tokens=1)
 
 
+def test_stream_reply_passes_prompt_progress_on_and_the_app_shows_it(tmp_path: Path) -> None:
+    from localspec.events import PrefillEvent
+    from localspec_tui.messages import PromptProgress
+
+    events = [PrefillEvent(512, 1300), PrefillEvent(1024, 1300), PrefillEvent(1299, 1299),
+              DoneEvent("length", "", (), GenerationStats())]
+    posted: list = []
+    stream_reply(FakeGeneration(events), 7, posted.append, drafter=None)  # type: ignore[arg-type]
+    progress = [(m.done, m.total) for m in posted if isinstance(m, PromptProgress)]
+    assert progress == [(512, 1300), (1024, 1300), (1299, 1299)] and isinstance(posted[-1], ReplyFinished)
+
+    async def go() -> str:
+        app = LocalspecApp(stub_engine(), GenerateOptions(), history_dir=tmp_path,  # type: ignore[arg-type]
+                           measure_on_start=False)
+        async with app.run_test(size=(120, 30)) as pilot:
+            app._reply_id = 7
+            app.post_message(PromptProgress(7, 1024, 1300))
+            await pilot.pause()
+            return app.query_one(StatusLine).activity
+
+    assert asyncio.run(go()) == "reading the prompt… 1024/1300 tokens (78%; Esc stops)"
+
+
 def test_stream_reply_posts_all_text_before_finishing() -> None:
     step = StepEvent(1, "draft", 3, 1, 2, 1.0, 2.0, 0.1)
     events = [TokenEvent(1, "He", "draft"), TokenEvent(2, "llo", None), step,
@@ -173,7 +224,7 @@ def test_footer_shows_every_key_and_drafter_colour_system_new_chat_keys_work(tmp
         app = LocalspecApp(stub_engine(("draft", "ngram")), GenerateOptions(), history_dir=tmp_path,  # type: ignore[arg-type]
                            measure_on_start=False)
         async with app.run_test(size=(140, 40)) as pilot:
-            app.query_one(Input).cursor_blink = False
+            app.query_one(MessageBox).cursor_blink = False
             await pilot.pause()
             screen = svg_text(app.export_screenshot())
             for key, label in (("esc", "Stop reply"), ("^n", "New chat"), ("^s", "System prompt"),
@@ -194,15 +245,25 @@ def test_footer_shows_every_key_and_drafter_colour_system_new_chat_keys_work(tmp
             await pilot.press("ctrl+o")
             assert app.reply_options().drafter == "draft" and app.reply_options().speculative
 
-            # Colours toggle reaches every reply view.
-            view = ReplyView(app.colours, text="")
-            view.append([Piece("drafted", "draft"), Piece(" target", None)])
+            # Replies show as Markdown; ctrl+t switches every reply view to provenance colours and back.
+            from rich.markdown import Markdown
+
+            view = ReplyView(app.colours, colour=app.colour, text="")
+            view.append([Piece("drafted **bold**", "draft"), Piece("\n```python\nx = 1\n", None)])
             await app.query_one("#chat").mount(view)
-            assert any(s.style for s in view.content.spans)  # type: ignore[union-attr]
+            await pilot.pause()
+            assert app.colour is False and isinstance(view.content, Markdown)
+            screen = svg_text(app.export_screenshot())
+            # the code block is highlighted (its spaces become separate spans), the emphasis marks are gone
+            assert "x=1" in screen.replace(" ", "") and "drafted bold" in screen
+            assert "**" not in screen and "```" not in screen
             await pilot.press("ctrl+t")
-            assert app.colour is False and view.colour is False
-            assert isinstance(view.content, Content) and not view.content.spans
-            assert view.text == "drafted target"
+            assert app.colour is True and view.colour is True
+            assert isinstance(view.content, Content) and any(s.style for s in view.content.spans)
+            assert "provenance colours" in status.render().plain
+            await pilot.press("ctrl+t")
+            assert app.colour is False and isinstance(view.content, Markdown)
+            assert view.text == "drafted **bold**\n```python\nx = 1\n" and "markdown" in status.render().plain
 
             # System prompt: ctrl+s opens the editor, ctrl+s there saves.
             await pilot.press("ctrl+s")

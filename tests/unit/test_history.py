@@ -240,3 +240,46 @@ def test_a_session_holding_a_lone_surrogate_still_saves(tmp_path: Path) -> None:
     save_session(s, tmp_path)
     back = load_session(s.id, tmp_path)
     assert back.messages[0].content == "hello \ufffd" and back.system == "Be brief \ufffd"
+
+
+# --- one app per session ---------------------------------------------------------
+def test_a_session_is_held_by_one_app_at_a_time(tmp_path: Path) -> None:
+    from localspec.history import SessionLock
+
+    first = SessionLock.acquire("20250131-142502-3fa2c1", tmp_path)
+    with pytest.raises(SessionError, match=rf"open in another `localspec run` \(pid {os.getpid()}\)"):
+        SessionLock.acquire("20250131-142502-3fa2c1", tmp_path)
+    other = SessionLock.acquire("20250131-142502-aaaaaa", tmp_path)  # another chat is free
+    first.release()
+    first.release()  # idempotent
+    assert not first.held and not (tmp_path / "20250131-142502-3fa2c1.lock").exists()
+    again = SessionLock.acquire("20250131-142502-3fa2c1", tmp_path)
+    assert again.held
+    again.release()
+    other.release()
+
+
+def test_the_lock_of_a_process_that_died_is_taken_over(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from localspec.history import SessionLock
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from localspec.history import "
+         "SessionLock; lock = SessionLock.acquire('s1', Path(sys.argv[1])); print('held', flush=True); time.sleep(60)",
+         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(SessionError, match=rf"pid {holder.pid}"):
+            SessionLock.acquire("s1", tmp_path)
+        holder.send_signal(signal.SIGKILL)  # dies without releasing: its lock file stays behind
+        holder.wait(10)
+        assert (tmp_path / "s1.lock").exists()
+        lock = SessionLock.acquire("s1", tmp_path)
+        assert (tmp_path / "s1.lock").read_text().strip() == str(os.getpid())
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait(10)
