@@ -274,7 +274,7 @@ class Generation(Iterator[Event]):
         if decision is None:
             step = speculative_step(self.engine.ctx, history, None, self.sampler, 0)
         else:
-            step = speculative_step(self.engine.ctx, history, decision.drafter, self.sampler, decision.draft_len,
+            step = speculative_step(self.engine.ctx, history, decision.chosen, self.sampler, decision.draft_len,
                                     decision.proposal, decision.proposal_ms)
         if decision is None:
             reason = MEASURING_REASON if self.measuring_costs else ""

@@ -467,7 +467,7 @@ class Controller:
                 choice = self._chosen(best, speedup, lookup_ms, f"{what}: {costs} → {speedup:.2f}× plain")
 
         # A stale drafter is probed whatever the choice (it may now beat the chosen one too).
-        probe = self._probe(history, limit, choice.drafter if choice is not None else None, lookup_ms, t0)
+        probe = self._probe(history, limit, choice.chosen if choice is not None else None, lookup_ms, t0)
         if probe is not None:
             return self._decide(probe, t0)
         if choice is not None:

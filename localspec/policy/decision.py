@@ -10,7 +10,10 @@ from localspec.drafting.base import Drafter, Proposal, TreeProposal
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do this step: draft ``draft_len`` tokens with ``drafter``, or decode plainly.
+    """What to do this step: draft ``draft_len`` tokens with the ``chosen`` drafter, or decode plainly.
+
+    ``chosen`` is the drafter object (the step asks it, or verifies what it proposed); ``name`` is its
+    name, the word events, stats and the dashboard use for a drafter.
 
     ``expected_tokens``/``expected_ms`` per step under the current estimates
     (``expected_ms`` with the whole catch-up); ``speedup``: expected tokens
@@ -18,14 +21,14 @@ class Decision:
     ``probe``: a step taken to re-test a drafter, not because it is expected
     to win. ``proposal``: the proposal to verify when it was made while
     planning (the chosen width: a tree or its most probable path; the step cuts
-    it to ``draft_len``); None: the step asks ``drafter``. ``proposal_ms``: the lookups made while planning.
-    ``behind``: the tokens ``drafter`` must catch up on first.
+    it to ``draft_len``); None: the step asks ``chosen``. ``proposal_ms``: the lookups made while planning.
+    ``behind``: the tokens ``chosen`` must catch up on first.
     ``planning_ms``: the rest of the controller's own time for this step:
     pricing the options and observing the step before (the engine counts it
     in the step's ``python_ms``, so the overhead estimate learns it).
     """
 
-    drafter: Drafter | None
+    chosen: Drafter | None
     draft_len: int
     expected_tokens: float
     expected_ms: float
@@ -39,12 +42,12 @@ class Decision:
 
     @property
     def plain(self) -> bool:
-        return self.drafter is None or self.draft_len == 0
+        return self.chosen is None or self.draft_len == 0
 
     @property
     def name(self) -> str | None:
         """The chosen drafter's name (None: plain)."""
-        return self.drafter.name if self.drafter is not None and self.draft_len else None
+        return self.chosen.name if self.chosen is not None and self.draft_len else None
 
 
 @dataclass

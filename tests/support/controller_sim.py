@@ -133,7 +133,7 @@ class Sim:
     def one(self, max_k: int = 64, remaining: int = ROOM) -> Decision:
         history = self.history
         decision = self.ctl.plan(history, room=max_k, remaining=remaining)
-        k, drafter, proposal = decision.draft_len, decision.drafter, decision.proposal
+        k, drafter, proposal = decision.draft_len, decision.chosen, decision.proposal
         t = self.clock()
         if not decision.plain and proposal is None:
             proposal = drafter.propose(history, k)

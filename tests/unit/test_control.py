@@ -36,7 +36,7 @@ def test_plain_where_drafting_loses() -> None:
     ctl = controller(CPU, "ngram")
     teach(ctl, "ngram", [0.6] * 16)
     decision = plan(ctl)
-    assert decision.plain and decision.draft_len == 0 and decision.drafter is None and decision.name is None
+    assert decision.plain and decision.draft_len == 0 and decision.chosen is None and decision.name is None
     assert decision.speedup == 1.0
     assert decision.reason.startswith("speculation off: best expected 0.")
     k, tokens, ms = brute_force(ctl, "ngram", 15)
