@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from localspec.commands.common import (
     Terminated,
@@ -26,6 +27,10 @@ from localspec.commands.common import (
     with_mtp,
 )
 from localspec.events import DoneEvent, GenerationStats, PrefillEvent, TokenEvent
+
+
+if TYPE_CHECKING:
+    from localspec.engine import Engine, GenerateOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -139,7 +144,19 @@ def run(args: argparse.Namespace) -> int:
         tokens = engine.chat_tokens(messages)
     else:
         tokens = engine.tokenize(prompt)
-    engine.measure_in_background = True  # the reply starts at once, plain, while the costs are measured
+    # Without a fixed draft length the reply starts at once, plain, while the costs are measured; a fixed
+    # one (--draft-max) is the user's choice to draft from the first step, which needs the costs first.
+    engine.measure_in_background = opts.draft_len is None
+    try:
+        return _generate(args, engine, tokens, opts)
+    finally:
+        # A background measurement still decoding must stop before the interpreter frees the model
+        # under it (a SIGTERM'd reply exited with SIGSEGV otherwise).
+        engine.close()
+
+
+def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opts: "GenerateOptions") -> int:
+    """Stream one reply of ``engine`` for ``tokens`` and print its result; the exit code."""
     gen = engine.generate(tokens, opts)
     if gen.measuring_costs and not args.quiet:
         print("localspec: measuring this machine's decode costs (once per model, build and thread count); "

@@ -193,7 +193,9 @@ def _run_app(args: argparse.Namespace, opts: "GenerateOptions", session: Session
     specs, opts = switchable_drafters(choice.drafts, opts)
     engine = Engine.load(target, draft, specs=specs, n_ctx=settings.n_ctx, n_threads=args.threads,
                          n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers)
-    engine.measure_in_background = True  # the first reply starts at once, plain, while costs are measured
+    # The first reply starts at once, plain, while costs are measured (a fixed --draft-max drafts from the
+    # first step, which needs the costs first).
+    engine.measure_in_background = opts.draft_len is None
     # Saved with the chat, so that `--resume` alone brings back these models.
     session.model, session.draft = reference(choice.target), choice.drafts.text()
     app = None
