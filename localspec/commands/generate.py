@@ -163,6 +163,7 @@ def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opt
               "decoding plain until they are known, then speculating", file=sys.stderr, flush=True)
     done: DoneEvent | None = None
     code = 0
+    stopped_by = ""  # the signal that stopped the reply, if one did
     try:
         progress = not args.quiet and sys.stderr is not None and sys.stderr.isatty()
         for event in gen:
@@ -182,8 +183,6 @@ def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opt
         done = gen.interrupted()
         code = stop.exit_code
         stopped_by = str(stop)
-    else:
-        stopped_by = ""
     assert done is not None
     # The result first: after SIGHUP the terminal (stderr) may be gone while stdout is a file.
     if args.json:
