@@ -144,9 +144,11 @@ def run(args: argparse.Namespace) -> int:
         tokens = engine.chat_tokens(messages)
     else:
         tokens = engine.tokenize(prompt)
-    # Without a fixed draft length the reply starts at once, plain, while the costs are measured; a fixed
-    # one (--draft-max) is the user's choice to draft from the first step, which needs the costs first.
-    engine.measure_in_background = opts.draft_len is None
+    # Someone watching (stderr a terminal) sees the reply start at once, plain, while the costs are
+    # measured, and is told so; a script gets the same reply after the measurement, as deterministic as
+    # before. A fixed draft length (--draft-max) drafts from the first step, which needs the costs first.
+    watched = sys.stderr is not None and sys.stderr.isatty()
+    engine.measure_in_background = opts.draft_len is None and watched
     try:
         return _generate(args, engine, tokens, opts)
     finally:

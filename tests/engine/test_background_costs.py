@@ -137,12 +137,28 @@ def test_generate_says_it_measures_and_starts_at_once(smollm2_path: Path, no_cos
     import subprocess
     import sys
 
+    import pty
+
+    # stderr a terminal: someone is watching, so the reply starts at once and says why it is plain.
+    master, slave = pty.openpty()
     proc = subprocess.run([sys.executable, "-m", "localspec", "generate", str(smollm2_path), "--draft", "ngram",
-                           "-p", PROMPT, "--max-tokens", "6", "--json"], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "LOCALSPEC_NO_HISTORY": "1"})
-    assert proc.returncode == 0, proc.stderr
+                           "-p", PROMPT, "--max-tokens", "6", "--json"], stdout=subprocess.PIPE, stderr=slave,
+                          text=True, timeout=300, env={**os.environ, "LOCALSPEC_NO_HISTORY": "1"})
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child's end is closed and everything was read
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(master)
+    stderr = err.decode("utf-8", "replace").replace("\r\n", "\n")
+    assert proc.returncode == 0, stderr
     assert ("localspec: measuring this machine's decode costs (once per model, build and thread count); "
-            "decoding plain until they are known, then speculating\n") in proc.stderr
+            "decoding plain until they are known, then speculating\n") in stderr
     result = json.loads(proc.stdout)
     assert result["stats"]["measuring_costs"] is True and result["stats"]["tokens"] == 6
 
