@@ -54,9 +54,6 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-# Fresh state: no personal n-gram history, a private cost cache (this run measures).
-os.environ["LOCALSPEC_NO_HISTORY"] = "1"
-os.environ.setdefault("LOCALSPEC_CACHE_DIR", tempfile.mkdtemp(prefix="localspec-gpu-cache-"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -501,6 +498,10 @@ def curve_section(writer: CurveModels, prompt: list[int], args: argparse.Namespa
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Fresh state: no personal n-gram history, a private cost cache (this run measures). Set here, not at
+    # import, so importing this module (a test does) leaves the importer's environment alone.
+    os.environ["LOCALSPEC_NO_HISTORY"] = "1"
+    os.environ.setdefault("LOCALSPEC_CACHE_DIR", tempfile.mkdtemp(prefix="localspec-gpu-cache-"))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", type=Path)
     p.add_argument("--out", type=Path, required=True)

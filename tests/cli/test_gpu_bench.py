@@ -103,8 +103,12 @@ def test_tiny_random_model_decodes_finite_varied_logits(tiny_models: Path) -> No
     assert follows >= 0.5 * (len(out) - 1)
 
 
-def test_check_runs_on_the_cpu(tiny_models: Path, tmp_path: Path) -> None:
+def test_check_runs_on_the_cpu(tiny_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import check
+
+    # check.main sets these for its own run; set them here so the test's end puts the environment back.
+    monkeypatch.setenv("LOCALSPEC_NO_HISTORY", "1")
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path / "cache"))
 
     out = tmp_path / "results.json"
     rc = check.main([str(tiny_models), "--tiny", "--out", str(out), "--max-tokens", "12", "--rounds", "1",
