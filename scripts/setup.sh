@@ -75,7 +75,8 @@ case "${LOCALSPEC_LLAMAFILE:-$([ "$WANT_PATCH" = 1 ] && echo on || echo off)}" i
 esac
 # The patches' code, not their headers: a header is documentation, and editing one rebuilds nothing.
 PATCH_SUM=$(for p in ${PATCHES[@]+"${PATCHES[@]}"}; do sed -n '/^diff --git/,$p' "$p"; done | sha256sum | cut -c1-16)
-BUILD_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=$LLAMAFILE"
+# ggml's RPC backend (small): remote rpc-server machines as devices for the target (--rpc, docs/rpc.md).
+BUILD_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=$LLAMAFILE -DGGML_RPC=ON"
 # --- CUDA: whether, for which architectures, with which toolkit ---------------------------------
 case "${LOCALSPEC_CUDA:-auto}" in
   auto|on|off) CUDA_MODE=${LOCALSPEC_CUDA:-auto} ;;
@@ -156,7 +157,7 @@ if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
     "$([ "$WANT_CUDA" = 1 ] && echo "$CUDA_VERSION sm_$ARCHS ($CUDA_ROOT)" || echo off)" > "$WHEELS/BUILD.txt"
 fi
 INSTALLED_KEY=$(cat .venv/.localspec-wheel-key 2>/dev/null || true)
-if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, pathlib, sys; info = llama_cpp.llama_print_system_info(); sys.exit((b'LLAMAFILE = 1' in info) != $WANT_SGEMM or (b'FA_BATCH_INVARIANT' in info) != $WANT_PATCH or any((pathlib.Path(llama_cpp.__file__).parent / 'lib').glob('libggml-cuda.*')) != $WANT_CUDA)" 2>/dev/null; then
+if [ "$INSTALLED_KEY" != "$KEY" ] || ! .venv/bin/python -c "import llama_cpp, pathlib, sys; info = llama_cpp.llama_print_system_info(); sys.exit((b'LLAMAFILE = 1' in info) != $WANT_SGEMM or (b'FA_BATCH_INVARIANT' in info) != $WANT_PATCH or any((pathlib.Path(llama_cpp.__file__).parent / 'lib').glob('libggml-cuda.*')) != $WANT_CUDA or not any((pathlib.Path(llama_cpp.__file__).parent / 'lib').glob('libggml-rpc.*')))" 2>/dev/null; then
   "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
   echo "$KEY" > .venv/.localspec-wheel-key
 fi
