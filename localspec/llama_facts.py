@@ -37,5 +37,8 @@ LAYER_TAP_ARCHITECTURES = frozenset({
     "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe", "qwen3moe",
     "qwen3next", "qwen4exp",
 })
+# Draft architectures that read a target's layers (src/models/eagle3.cpp, dflash.cpp): they have no
+# use alone, so the registry never runs one as a model or counts it as a size of its family.
+FEATURE_DRAFT_ARCHITECTURES = frozenset({"eagle3", "dflash"})
 # The layers an EAGLE-3 draft reads: llama.cpp's loader requires exactly this many (src/models/eagle3.cpp).
 EAGLE3_N_TARGET_LAYERS = 3

@@ -427,18 +427,23 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
 
 def check_registry_pair(target: Resolved, draft: Resolved | None, registry: Registry | None = None) -> None:
     """Refuse, before anything is downloaded, a draft model the registry knows cannot draft for the
-    target: registry entries of different vocabulary families (``family`` in models.toml). A path on
-    either side is judged from its GGUF header later (``localspec.pairing``)."""
+    target: registry entries of different vocabulary families (``family`` in models.toml); and a target
+    that is itself a draft reading its target (an assistant, EAGLE-3, DFlash). A path on either side is
+    judged from its GGUF header later (``localspec.pairing``)."""
     from localspec.errors import IncompatibleDraftError
     from localspec.models.registry_file import load_registry
 
+    if target.spec is not None and target.spec.draft_only and target.spec.arch:
+        from localspec.pairing import refuse_assistant_as_target  # the same line a header would give
+
+        refuse_assistant_as_target(target.spec.name, target.spec.arch)
     if draft is None or target.spec is None or draft.spec is None or target.spec.family == draft.spec.family:
         return
     registry = registry or load_registry()
     label = registry.family_label
     t, d = target.spec, draft.spec
     same = [m.name for m in registry.drafts_for(t)] or [
-        m.name for m in registry if m.family == t.family and m.name != t.name and not m.assistant
+        m.name for m in registry if m.family == t.family and m.name != t.name and not m.draft_only
         and (m.n_params or 0) < (t.n_params or float("inf"))]
     fix = f"--draft {same[0]} (the {label(t.family)} family)" if same else "--draft ngram, which needs no model"
     raise IncompatibleDraftError(

@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Any
 
+from localspec.llama_facts import FEATURE_DRAFT_ARCHITECTURES
 from localspec.models import hub
 from localspec.models.hub_errors import human_size
 from localspec.models.registry import ModelSpec, Registry
@@ -80,7 +81,7 @@ def traits(spec: ModelSpec) -> list[str]:
         words.append("mtp")
     if spec.assistant:
         words.append("assistant")
-    if spec.arch in ("eagle3", "dflash"):
+    if spec.arch in FEATURE_DRAFT_ARCHITECTURES:
         words.append(spec.arch)  # a draft that reads its target's layers: EAGLE-3, or DFlash's block
     return words
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.errors import RegistryError, shown
+from localspec.llama_facts import FEATURE_DRAFT_ARCHITECTURES
 from localspec.models.pypi_models import PypiChunk
 
 _PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmbt])", re.IGNORECASE)
@@ -69,11 +70,17 @@ class ModelSpec:
         return parse_param_count(self.params)
 
     @property
+    def draft_only(self) -> bool:
+        """A draft that reads its target (an assistant its cache, EAGLE-3 and DFlash its layers): it is
+        never run as a model, has no drafts of its own, and is no size of its family."""
+        return self.assistant or self.arch in FEATURE_DRAFT_ARCHITECTURES
+
+    @property
     def recommended_drafter(self) -> str | None:
         """What drafts for this model when the user names nothing: ``drafter`` when the entry
         says, else ``"mtp"`` (its own MTP layers), else its first draft model, else ``"ngram"``.
-        ``None`` for an assistant, which is itself a drafter."""
-        if self.assistant:
+        ``None`` for a draft that reads its target, which is itself a drafter."""
+        if self.draft_only:
             return None
         if self.drafter is not None:
             return self.drafter
@@ -202,7 +209,7 @@ class Registry:
             spec
             for spec in self._models.values()
             if spec.n_params is not None
-            and not spec.assistant  # a draft head cannot stand in for a model
+            and not spec.draft_only  # a draft head cannot stand in for a model
             and prefix in (spec.family, _name_prefix(spec.name))
         ]
         if wanted is None or not group:

@@ -455,15 +455,21 @@ def _check_references(entries: dict[str, _Entry], specs: dict[str, ModelSpec]) -
         _check_drafter(entry, spec, claimed)
 
 
+def _draft_kind(spec: ModelSpec) -> str:
+    """What a draft that cannot run alone is, for a message: "an assistant", "a dflash draft"."""
+    return "an assistant" if spec.assistant else f"a {spec.arch} draft"
+
+
 def _check_drafter(entry: _Entry, spec: ModelSpec, aliases: dict[str, str]) -> None:
     """The drafting facts of one entry agree with each other."""
     name = entry.name
-    if spec.assistant:
+    if spec.draft_only:
+        kind = _draft_kind(spec)
         for key in ("drafts", "drafter", "mtp_layers"):
             if key in entry.values and entry.values[key]:
                 raise _fail(
                     entry.origins[key],
-                    f"an assistant drafts for its target and cannot have '{key}' of its own; "
+                    f"{kind} drafts for its target and cannot have '{key}' of its own; "
                     "list it in the target's 'drafts' instead",
                     name=name,
                     key=key,
@@ -504,10 +510,10 @@ def _build(sources: list[_Source]) -> Registry:
         default_name = wanted if wanted in specs else aliases.get(wanted)
         if default_name is None:
             raise _fail(source, f"default model '{wanted}' is not in the registry", key="default")
-        if specs[default_name].assistant:
+        if specs[default_name].draft_only:
             raise _fail(
-                source, f"default model '{wanted}' is an assistant, which only drafts for its target", key="default"
-            )
+                source, f"default model '{wanted}' is {_draft_kind(specs[default_name])}, which only drafts for its "
+                "target", key="default")
     return Registry(specs, default=default_name, labels=labels, files=tuple(s.path for s in sources))
 
 

@@ -167,7 +167,7 @@ def test_assistants_pair_with_exactly_their_own_target(registry: Registry) -> No
 def test_every_recommended_drafter_exists_and_shares_the_vocabulary(registry: Registry) -> None:
     for spec in registry:
         drafter = spec.recommended_drafter
-        if spec.assistant:
+        if spec.draft_only:
             assert drafter is None
             continue
         assert drafter is not None
@@ -229,6 +229,9 @@ def test_a_size_below_the_family_resolves_to_the_smallest_with_a_notice(registry
     assert registry.resolve("llama3.2-0.5b").spec == registry.get("llama3.2-1b")
     # An assistant is smaller than any Gemma 4 model but cannot run alone: never the answer.
     assert registry.resolve("gemma4-100m").spec == registry.get("gemma4-e2b")
+    # Nor a DFlash draft (qwen3-4b-dflash is 0.5B, below qwen3-0.6b).
+    assert registry.get("qwen3-4b-dflash").draft_only
+    assert registry.resolve("qwen3-0.5b").spec == registry.get("qwen3-0.6b")
 
 
 def test_one_model_of_exactly_that_size_is_used_with_a_notice(registry: Registry) -> None:
@@ -417,6 +420,7 @@ BAD_CASES = [
     ("mtp_without_layers.toml", 9, "drafter 'mtp' needs MTP layers: set 'mtp_layers'"),
     ("unknown_drafter.toml", 9, "drafter 'gemma4-e4b' must be 'mtp', 'ngram' or one of this entry's 'drafts'"),
     ("assistant_with_drafts.toml", 10, "an assistant drafts for its target and cannot have 'drafts' of its own"),
+    ("feature_draft_with_drafts.toml", 10, "a dflash draft drafts for its target and cannot have 'drafter' of its own"),
     ("assistant_default.toml", 2, "default model 'gemma4-12b-assistant' is an assistant"),
 ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localspec.commands.common import check_registry_pair
-from localspec.errors import IncompatibleDraftError
+from localspec.errors import IncompatibleDraftError, UnsupportedModelError
 from localspec.models.registry_file import load_registry
 
 
@@ -25,3 +25,12 @@ def test_the_same_family_or_a_path_is_left_to_the_header_check(tmp_path):
     check_registry_pair(registry.resolve("qwen3-8b"), registry.resolve("qwen3-0.6b"), registry)
     check_registry_pair(registry.resolve("qwen3-8b"), registry.resolve(str(tmp_path / "mine.gguf")), registry)
     check_registry_pair(registry.resolve("qwen3-8b"), None, registry)
+
+
+@pytest.mark.parametrize("name", ["qwen3-4b-dflash", "gemma4-e2b-assistant"])
+def test_a_draft_that_reads_its_target_is_refused_as_the_model_before_any_download(name):
+    registry = load_registry()
+    with pytest.raises(UnsupportedModelError) as err:
+        check_registry_pair(registry.resolve(name), None, registry)
+    assert str(err.value).startswith(f"{name} is ") and "cannot run alone" in str(err.value)
+    assert "as --draft" in str(err.value)
