@@ -1,4 +1,5 @@
-"""localspec ``--draft mtp`` against llama.cpp's own ``draft-mtp``: the same model file, machine and llama.cpp sources.
+"""localspec ``--draft mtp`` (or an EAGLE-3 or DFlash draft) against llama.cpp's own ``draft-mtp``
+(``draft-eagle3``, ``draft-dflash``): the same model files, machine and llama.cpp sources.
 
 llama.cpp runs a model's MTP (NextN) layers as a drafter with
 ``llama-speculative-simple --spec-type draft-mtp`` (``common/speculative.cpp``,
@@ -15,6 +16,15 @@ where one head decode (a layer and the 49k-token output matrix) costs about a
 tenth of the trunk's. It is written once into ~/.cache/localspec/bench-models/.
 Acceptance on it says how the two rules compare on one synthetic head, nothing
 about a trained head.
+
+``--draft-kind eagle3`` or ``dflash`` does the same for a draft that reads the
+target's layers: the tiny random-weight llama target (width 64, 4 layers) and the
+``eagle3`` or ``dflash`` draft of ``tests/support/eagle3_model.py``, built to agree
+with it often, against ``llama-speculative-simple -md DRAFT --spec-type
+draft-eagle3`` (``draft-dflash``). At width 64 a decode is almost all fixed
+overhead, so tokens/s there compares the two runners' per-step overheads and
+the acceptance the two rules reach with the same q; nothing about trained drafts.
+A DFlash block of 4 drafts at most 3 tokens.
 
 Measured, each round running every system once per prompt in rotating order
 (medians over rounds):
@@ -36,8 +46,9 @@ llama.cpp's tools run with flash attention at their default (auto: on here)
 unless ``--llama-fa`` names other settings (``auto,off`` runs both); localspec
 keeps it off on the CPU.
 
-    python benchmarks/bench_mtp_vs_llamacpp.py [--rounds 4] [--max-tokens 128] [--threads 1] \\
-        [--draft-n-max 1,3,5] [--llama-fa auto] [--temperature 0.7] [--json out.json]
+    python benchmarks/bench_mtp_vs_llamacpp.py [--draft-kind mtp|eagle3|dflash] [--rounds 4] \\
+        [--max-tokens 128] [--threads 1] [--draft-n-max 1,3,5] [--llama-fa auto] [--temperature 0.7] \\
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ import bench_vs_llamacpp as base  # noqa: E402  (the tool build, prompts and run
 
 TOOLS = ("llama-completion", "llama-speculative-simple")
 DRAFT_N_MAX = (1, 3, 5)  # 3 is llama.cpp's default
+KINDS = ("mtp", "eagle3", "dflash")
 LLAMA_DEFAULT_N_MAX = 3
 PROMPTS = ("code-rename", "extract-actions")
 TOP_K = 40
@@ -87,6 +99,21 @@ def bench_model_path(dims: tuple[int, int, int] = MODEL_DIMS) -> Path:
         mtp_model.N_FF = trunk_ff
 
 
+def feature_draft_paths(kind: str) -> tuple[Path, Path]:
+    """The tiny llama target and its ``kind`` ("eagle3" or "dflash") draft, written on first use."""
+    import eagle3_model
+
+    folder = Path.home() / ".cache" / "localspec" / "bench-models"
+    folder.mkdir(parents=True, exist_ok=True)
+    target, draft = folder / "llama-tiny-mix0.3.gguf", folder / f"{kind}-tiny-agree.gguf"
+    if not target.is_file():
+        eagle3_model.write_llama_target(target, mix=0.3)
+    if not draft.is_file():
+        write = eagle3_model.write_eagle3_draft if kind == "eagle3" else eagle3_model.write_dflash_draft
+        write(draft, agree=True)
+    return target, draft
+
+
 # --- llama.cpp -------------------------------------------------------------------------------------
 def llama_sampling_args(temperature: float, seed: int) -> list[str]:
     """llama.cpp's sampler set to localspec's: temperature and top-k only (its top-p and min-p off)."""
@@ -96,17 +123,19 @@ def llama_sampling_args(temperature: float, seed: int) -> list[str]:
             "--seed", str(seed)]
 
 
-def run_draft_mtp(tool: Path, model: Path, prompt_file: Path, n: int, threads: int, n_max: int,
-                  temperature: float, seed: int, flash_attn: str) -> tuple[int, float, str, dict]:
-    """``llama-speculative-simple --spec-type draft-mtp``: (tokens, decode seconds, stdout, draft stats).
+def run_speculative_simple(tool: Path, model: Path, draft: Path | None, kind: str, prompt_file: Path, n: int,
+                           threads: int, n_max: int, temperature: float, seed: int,
+                           flash_attn: str) -> tuple[int, float, str, dict]:
+    """``llama-speculative-simple --spec-type draft-KIND`` (``-md draft`` for a draft file): (tokens,
+    decode seconds, stdout, draft stats).
 
     It counts a step as one verification: accepted drafts plus the target's own token, so the
     steps are the tokens less the accepted drafts.
     """
     proc = subprocess.run(
         [str(tool), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "-t", str(threads), "-c", "4096",
-         "-fa", flash_attn, "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max),
-         *llama_sampling_args(temperature, seed)],
+         "-fa", flash_attn, *(["-md", str(draft)] if draft is not None else []), "--spec-type", f"draft-{kind}",
+         "--spec-draft-n-max", str(n_max), *llama_sampling_args(temperature, seed)],
         # A sampled token may be part of a character: its bytes are not valid UTF-8 on their own.
         capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
@@ -126,8 +155,9 @@ def run_completion(tool: Path, model: Path, prompt_file: Path, n: int, threads: 
 
 
 # --- localspec -------------------------------------------------------------------------------------
-def run_localspec(engine, text: str, n: int, *, mtp: bool, draft_len: int | None, temperature: float,
+def run_localspec(engine, text: str, n: int, *, kind: str | None, draft_len: int | None, temperature: float,
                   seed: int) -> tuple[int, float, str, dict]:
+    """One reply; ``kind`` None: plain decoding, else speculation with the engine's one drafter."""
     from localspec.engine import GenerateOptions
     from localspec.sampling import SamplingParams
 
@@ -135,8 +165,8 @@ def run_localspec(engine, text: str, n: int, *, mtp: bool, draft_len: int | None
     sampling = (SamplingParams() if temperature == 0
                 else SamplingParams(temperature=temperature, top_k=TOP_K, seed=seed))
     tokens = engine.target.tokenize(text, add_special=True, parse_special=True)
-    opts = GenerateOptions(max_tokens=n, sampling=sampling, speculative=mtp, drafter="mtp" if mtp else None,
-                           draft_len=draft_len)
+    opts = GenerateOptions(max_tokens=n, sampling=sampling, speculative=kind is not None,
+                           drafter="mtp" if kind == "mtp" else None, draft_len=draft_len)
     done = engine.generate(tokens, opts).run()
     s = done.stats
     return s.tokens, s.elapsed_s, done.text, {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
@@ -148,47 +178,49 @@ def _fa(mode: str) -> str:
     return "" if mode == "auto" else f" fa-{mode}"
 
 
-def greedy_systems(n_maxes: list[int], fa_modes: list[str]) -> list[str]:
-    return ["localspec plain", *[f"llama-completion{_fa(m)}" for m in fa_modes], "localspec mtp",
-            *[f"localspec mtp γ{k}" for k in n_maxes], *[f"draft-mtp@{k}{_fa(m)}" for m in fa_modes for k in n_maxes]]
+def greedy_systems(kind: str, n_maxes: list[int], fa_modes: list[str]) -> list[str]:
+    return ["localspec plain", *[f"llama-completion{_fa(m)}" for m in fa_modes], f"localspec {kind}",
+            *sampled_systems(kind, n_maxes, fa_modes)]
 
 
-def sampled_systems(n_maxes: list[int], fa_modes: list[str]) -> list[str]:
-    return [*[f"localspec mtp γ{k}" for k in n_maxes], *[f"draft-mtp@{k}{_fa(m)}" for m in fa_modes for k in n_maxes]]
+def sampled_systems(kind: str, n_maxes: list[int], fa_modes: list[str]) -> list[str]:
+    return [*[f"localspec {kind} γ{k}" for k in n_maxes],
+            *[f"draft-{kind}@{k}{_fa(m)}" for m in fa_modes for k in n_maxes]]
 
 
-def run_system(system: str, engines: dict, tools: dict[str, Path], model: Path, text: str, prompt_file: Path,
-               args, temperature: float, seed: int) -> tuple[int, float, str, dict]:
+def run_system(system: str, engines: dict, tools: dict[str, Path], model: Path, draft: Path | None, text: str,
+               prompt_file: Path, args, temperature: float, seed: int) -> tuple[int, float, str, dict]:
     if system == "localspec plain":
-        return run_localspec(engines["plain"], text, args.max_tokens, mtp=False, draft_len=None,
+        return run_localspec(engines["plain"], text, args.max_tokens, kind=None, draft_len=None,
                              temperature=temperature, seed=seed)
-    if system.startswith("localspec mtp"):
+    if system.startswith("localspec "):
         draft_len = int(system.split("γ")[1]) if "γ" in system else None
-        return run_localspec(engines["mtp"], text, args.max_tokens, mtp=True, draft_len=draft_len,
+        return run_localspec(engines["spec"], text, args.max_tokens, kind=args.draft_kind, draft_len=draft_len,
                              temperature=temperature, seed=seed)
     flash_attn = system.split(" fa-")[1] if " fa-" in system else "auto"
     if system.startswith("llama-completion"):
         return run_completion(tools["llama-completion"], model, prompt_file, args.max_tokens, args.threads,
                               flash_attn)
     n_max = int(system.split("@")[1].split()[0])
-    return run_draft_mtp(tools["llama-speculative-simple"], model, prompt_file, args.max_tokens, args.threads,
-                         n_max, temperature, seed, flash_attn)
+    return run_speculative_simple(tools["llama-speculative-simple"], model, draft, args.draft_kind, prompt_file,
+                                  args.max_tokens, args.threads, n_max, temperature, seed, flash_attn)
 
 
-def bench(model: Path, tools: dict[str, Path], args) -> list[base.Run]:
+def bench(model: Path, draft: Path | None, tools: dict[str, Path], args) -> list[base.Run]:
     from localspec.drafting.specs import parse_draft
     from localspec.engine import Engine
 
-    # Plain decoding from a target loaded without its head, as a user without --draft mtp has it;
+    # Plain decoding from a target loaded without its head (or draft), as a user without --draft has it;
     # both map the same file, so the weights are in memory once.
+    spec_args = {"specs": parse_draft("mtp")} if draft is None else {"draft": draft}
     engines = {"plain": Engine.load(model, n_ctx=4096, n_threads=args.threads, personal_history=False),
-               "mtp": Engine.load(model, specs=parse_draft("mtp"), n_ctx=4096, n_threads=args.threads,
-                                  personal_history=False)}
+               "spec": Engine.load(model, **spec_args, n_ctx=4096, n_threads=args.threads, personal_history=False)}
     for engine in engines.values():
         engine.cost_model()  # measured (or loaded) once, before anything is timed
-    phases = [(0.0, greedy_systems(args.draft_n_max, args.llama_fa))]
+    kind = args.draft_kind
+    phases = [(0.0, greedy_systems(kind, args.draft_n_max, args.llama_fa))]
     if args.temperature > 0:
-        phases.append((args.temperature, sampled_systems(args.draft_n_max, args.llama_fa)))
+        phases.append((args.temperature, sampled_systems(kind, args.draft_n_max, args.llama_fa)))
     runs: list[base.Run] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -197,7 +229,7 @@ def bench(model: Path, tools: dict[str, Path], args) -> list[base.Run]:
                 prompt_file = Path(tmp) / f"{name}.txt"
                 # llama.cpp's -f drops one trailing newline from the file; the extra one keeps the prompt whole.
                 prompt_file.write_text(text + "\n", encoding="utf-8")
-                run_localspec(engines["mtp"], text, 8, mtp=True, draft_len=None, temperature=0, seed=0)  # warm up
+                run_localspec(engines["spec"], text, 8, kind=kind, draft_len=None, temperature=0, seed=0)  # warm up
                 for temperature, systems in phases:
                     for rnd in range(args.rounds):
                         shift = rnd % len(systems)
@@ -205,10 +237,10 @@ def bench(model: Path, tools: dict[str, Path], args) -> list[base.Run]:
                         for system in systems[shift:] + systems[:shift]:
                             print(f"{name} · T={temperature} · round {rnd + 1}/{args.rounds} · {system}",
                                   file=sys.stderr)
-                            n, sec, out, extra = run_system(system, engines, tools, model, text, prompt_file,
-                                                            args, temperature, seed)
+                            n, sec, out, extra = run_system(system, engines, tools, model, draft, text,
+                                                            prompt_file, args, temperature, seed)
                             extra["temperature"] = temperature
-                            runs.append(base.Run("mtp", name, system, rnd, n, sec, out, extra))
+                            runs.append(base.Run(kind, name, system, rnd, n, sec, out, extra))
                         if args.json:  # after each round, so a run cut short keeps what it measured
                             write_json(args.json, runs)
     finally:
@@ -244,7 +276,7 @@ def _ratio(runs: list[base.Run], temperature: float, a: str, b: str) -> float:
     return base._median(out)
 
 
-def _row(runs: list[base.Run], temperature: float, system: str) -> list[str]:
+def _row(runs: list[base.Run], temperature: float, system: str, kind: str) -> list[str]:
     """tok/s, [× own plain, output = plain when greedy,] acceptance (accepted/drafted), tokens per step."""
     mine = _pick(runs, temperature, system)
     drafted = sum(r.extra.get("drafted", 0) for r in mine)
@@ -253,8 +285,8 @@ def _row(runs: list[base.Run], temperature: float, system: str) -> list[str]:
     cells = [system, f"{base._median(r.tokens_per_second for r in mine):.1f}"]
     if temperature == 0:
         own_plain = (f"llama-completion{system[system.index(' fa-'):] if ' fa-' in system else ''}"
-                     if system.startswith("draft-mtp") else "localspec plain")
-        cells.append(f"{_ratio(runs, 0.0, system, own_plain):.2f}×" if system.startswith(("draft", "localspec mtp"))
+                     if system.startswith("draft-") else "localspec plain")
+        cells.append(f"{_ratio(runs, 0.0, system, own_plain):.2f}×" if system.startswith(("draft", f"localspec {kind}"))
                      else "—")
         cells.append("(reference)" if system == "localspec plain"
                      else f"{sum(_same_as_plain(runs, r) for r in mine)}/{len(mine)}")
@@ -266,8 +298,9 @@ def _row(runs: list[base.Run], temperature: float, system: str) -> list[str]:
 def report(runs: list[base.Run], args) -> str:
     """Per temperature, a row per system (medians over prompts and rounds; acceptance pooled), then ratios."""
     lines = []
-    for temperature, systems in ((0.0, greedy_systems(args.draft_n_max, args.llama_fa)),
-                                 (args.temperature, sampled_systems(args.draft_n_max, args.llama_fa))):
+    kind = args.draft_kind
+    for temperature, systems in ((0.0, greedy_systems(kind, args.draft_n_max, args.llama_fa)),
+                                 (args.temperature, sampled_systems(kind, args.draft_n_max, args.llama_fa))):
         if not any(r.extra["temperature"] == temperature for r in runs):
             continue
         if temperature == 0:
@@ -277,19 +310,21 @@ def report(runs: list[base.Run], args) -> str:
         else:
             lines += [f"## temperature {temperature}, top-k {TOP_K}", "",
                       "| system | tok/s | acceptance | tokens/step |", "|---|---|---|---|"]
-        lines += ["| " + " | ".join(_row(runs, temperature, s)) + " |" for s in systems if _pick(runs, temperature, s)]
+        lines += ["| " + " | ".join(_row(runs, temperature, s, kind)) + " |" for s in systems
+                  if _pick(runs, temperature, s)]
         lines.append("")
         if temperature == 0:
             for m in args.llama_fa:
                 line = (f"plain: localspec {_ratio(runs, 0.0, 'localspec plain', f'llama-completion{_fa(m)}'):.2f}× "
                         f"llama-completion{_fa(m)}")
                 if LLAMA_DEFAULT_N_MAX in args.draft_n_max:
-                    default = f"draft-mtp@{LLAMA_DEFAULT_N_MAX}{_fa(m)}"
-                    line += f"; adaptive mtp: localspec {_ratio(runs, 0.0, 'localspec mtp', default):.2f}× {default}"
+                    default = f"draft-{kind}@{LLAMA_DEFAULT_N_MAX}{_fa(m)}"
+                    line += (f"; adaptive {kind}: localspec {_ratio(runs, 0.0, f'localspec {kind}', default):.2f}× "
+                             f"{default}")
                 lines.append(line)
         lines += ["same draft length, tok/s: " + ", ".join(
-            f"localspec γ{k} {_ratio(runs, temperature, f'localspec mtp γ{k}', f'draft-mtp@{k}{_fa(m)}'):.2f}× "
-            f"draft-mtp@{k}{_fa(m)}" for m in args.llama_fa for k in args.draft_n_max), ""]
+            f"localspec γ{k} {_ratio(runs, temperature, f'localspec {kind} γ{k}', f'draft-{kind}@{k}{_fa(m)}'):.2f}× "
+            f"draft-{kind}@{k}{_fa(m)}" for m in args.llama_fa for k in args.draft_n_max), ""]
     return "\n".join(lines)
 
 
@@ -297,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-src", type=Path, default=Path(os.environ.get("LOCALSPEC_LLAMA_SRC", base.DEFAULT_SRC)),
                    help="llama.cpp sources (the sdist's vendor/llama.cpp)")
+    p.add_argument("--draft-kind", choices=KINDS, default="mtp",
+                   help="mtp: the synthetic MTP model drafts for itself; eagle3, dflash: a tiny target and its "
+                        "synthetic draft of that kind (see the module notes)")
     p.add_argument("--prompts", default=",".join(PROMPTS), help="comma list of: " + ", ".join(base.PROMPTS))
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
@@ -333,10 +371,18 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(tools, str):
         print(f"bench_mtp_vs_llamacpp: skipped: {tools}")
         return 0
-    model = bench_model_path(dims)  # type: ignore[arg-type]
+    if args.draft_kind == "dflash" and max(args.draft_n_max) > 3:
+        print("bench_mtp_vs_llamacpp: the synthetic DFlash block drafts at most 3 tokens; pass --draft-n-max 1,3",
+              file=sys.stderr)
+        return 2
+    if args.draft_kind == "mtp":
+        model, draft = bench_model_path(dims), None  # type: ignore[arg-type]
+    else:
+        model, draft = feature_draft_paths(args.draft_kind)
     t0 = time.time()
-    runs = bench(model, tools, args)
-    print(f"# localspec --draft mtp vs llama.cpp draft-mtp · {model.name} · {args.rounds} rounds, alternating · "
+    runs = bench(model, draft, tools, args)
+    kind = args.draft_kind
+    print(f"# localspec --draft {kind} vs llama.cpp draft-{kind} · {(draft or model).name} · {args.rounds} rounds, alternating · "
           f"{args.max_tokens} tokens · prompts {', '.join(args.prompts)} · {args.threads} thread(s) · "
           f"{time.time() - t0:.0f} s\n")
     print(report(runs, args))
