@@ -28,7 +28,8 @@ _log_echo = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))
 @llama_cpp.llama_log_callback
 def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", errors="replace")
-    _log_tail.append(line)
+    if line.strip(". \n"):  # a load's progress dots would push its placement summary out of the tail
+        _log_tail.append(line)
     if _log_echo:
         print(line, end="", flush=True)
 
