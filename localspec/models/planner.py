@@ -275,6 +275,8 @@ def split_plan(target: GGUFInfo, draft: GGUFInfo | None, devices: Sequence[Devic
     if used > 0:  # each further device keeps a compute buffer of its own
         pool = max(1, sum(room) - used * pooled.target.compute_bytes)
         pooled = plan(target, local_draft, pool + reserve_bytes, n_ctx, kv_type, reserve_bytes, **options)
+        notes.append(f"each of the {used} further devices keeps a compute buffer of its own (about "
+                     f"{gib(pooled.target.compute_bytes)} each), set aside from the room before the layers are shared")
     d = pooled.draft
     if draft is not None and at is None:
         d = place(draft, pooled.n_ctx, 0, False, kv_type=pooled.kv_type, flash_attn=pooled.flash_attn,
