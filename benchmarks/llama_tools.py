@@ -19,9 +19,12 @@ import os
 import platform
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -135,16 +138,74 @@ def ensure_tools(src: Path, jobs: int, tools: Sequence[str], *, patches: Sequenc
     return found
 
 
-if __name__ == "__main__":  # python benchmarks/llama_tools.py [--patched] TARGET...: print the paths
+# --- rpc-server processes on loopback ports (the RPC tests and benchmarks/bench_rpc.py) ----------
+RPC_SERVER = "ggml-rpc-server"  # tools/rpc's cmake target and binary (llama.cpp's "rpc-server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RpcServer:
+    """One rpc-server on 127.0.0.1 (its CPU device, ``threads`` threads), with ``env`` added to ours
+    (the ggml-cpu switches: ``localspec.backend.cpu_switches``). Raises RuntimeError when it does not
+    listen within ``wait_s``."""
+
+    def __init__(self, binary: Path, log_dir: Path, env: dict[str, str], *, threads: int = 1,
+                 wait_s: float = 60.0) -> None:
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.log = Path(log_dir) / f"rpc-server-{self.port}.log"
+        with open(self.log, "w") as out:
+            self.process = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(self.port), "-t", str(threads)],
+                                            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"rpc-server exited with {self.process.returncode}: {self.log.read_text()[-500:]}")
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return  # a bare connect: the server takes it for a client that left at once
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"rpc-server did not listen on {self.endpoint} within {wait_s:g} s")
+
+    def kill(self) -> None:
+        """Gone at once, as a crashed server or a machine without power (SIGKILL)."""
+        self.process.kill()
+        self.process.wait()
+
+    def pause(self) -> None:
+        """Hung: its sockets stay open and nothing answers (SIGSTOP)."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+if __name__ == "__main__":  # .venv/bin/python benchmarks/llama_tools.py [--patched] TARGET...: print the paths
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("targets", nargs="+")
     parser.add_argument("--patched", action="store_true", help="apply scripts/llama.cpp-patches first")
-    parser.add_argument("--llama-src", type=Path, default=Path(DEFAULT_SRC))
+    parser.add_argument("--llama-src", type=Path, default=None)
     parser.add_argument("--jobs", type=int, default=2)
     a = parser.parse_args()
-    result = ensure_tools(a.llama_src, a.jobs, a.targets, patches=our_patches() if a.patched else ())
+    from importlib.metadata import version
+
+    src = a.llama_src or llama_sources(version("llama-cpp-python"))
+    if isinstance(src, str):
+        sys.exit(f"llama_tools: {src}")
+    result = ensure_tools(src, a.jobs, a.targets, patches=our_patches() if a.patched else ())
     if isinstance(result, str):
         sys.exit(f"llama_tools: {result}")
     print("\n".join(str(p) for p in result.values()))
