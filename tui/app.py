@@ -555,6 +555,7 @@ class LocalspecApp(App[int]):
         driver = self._driver
         if driver is not None:
             driver.stop_application_mode()
+            driver.close()  # its writer thread writes what it queued (leaving the alternate screen), then ends
 
     def on_unmount(self) -> None:
         self.wait_for_engine()

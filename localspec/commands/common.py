@@ -575,7 +575,8 @@ def guard_remote_devices(args: argparse.Namespace, last_words: Callable[[str], s
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         with contextlib.suppress(Exception):
-            print(line, file=sys.stderr, flush=True)
+            # The real stderr: a running app (Textual) has sys.stderr captured.
+            print(line, file=sys.__stderr__ or sys.stderr, flush=True)
         os._exit(err.exit_code)
 
     backend.on_fatal(fatal, backend.parse_endpoints(args.rpc))
