@@ -1,4 +1,5 @@
-"""What ``run``, ``generate`` and ``bench`` load models with: the user's choice, else a GPU plan.
+"""What ``run``, ``generate`` and ``bench`` load models with: the user's choice, else a GPU plan (one card,
+or the target spread over several devices and the draft on one: ``split_settings``).
 
 On a llama.cpp build that can offload to a GPU, the planner (``localspec.models.planner``) sizes the
 target and the draft from their GGUF metadata for the GPU's memory and picks ``n_gpu_layers``
@@ -189,8 +190,8 @@ def nvidia_smi_vram() -> Vram | None:
 def detect_vram() -> Vram | None:
     """The free memory of the first GPU llama.cpp can use, else nvidia-smi's first GPU; None if unknown.
 
-    Only the first GPU is planned for, even when llama.cpp would split layers over several: the
-    plan then leaves memory unused rather than overcommit one card.
+    The one-card plan's memory; with several GPUs ``commands.common.load_settings`` plans over each
+    one's free memory instead (``split_settings``).
     """
     from localspec.backend import gpu_devices
 
