@@ -7,9 +7,10 @@ They are not registered with ggml, so only the model they are passed to (the tar
 
 ggml's RPC client has no timeouts and aborts the process when a server cannot be reached or goes
 away (``GGML_ABORT`` in ggml-rpc.cpp). So every server is first probed here with a bounded
-handshake of our own (``probe``); and ``on_fatal`` lets a front end turn the abort that a server
-dying mid-reply still causes into its one line (the process ends either way: the client's thread
-is already past recovery when ggml calls us).
+handshake of our own (``probe``); once a model is loaded, ``bound_connections`` gives ggml's sockets
+a timeout and keepalive, so a hung server fails instead of stalling; and ``on_fatal`` lets a front
+end turn the abort that a server lost mid-reply still causes into its one line (the process ends
+either way: the client's thread is already past recovery when ggml calls us).
 """
 
 from __future__ import annotations

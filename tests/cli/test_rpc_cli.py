@@ -46,6 +46,17 @@ def test_a_malformed_rpc_list_names_the_flag(smollm2_path):
     assert_clean_error(proc, "--rpc ':x'", "host:port")
 
 
+def test_gpu_choices_without_a_gpu_are_one_line(smollm2_path):
+    from localspec.backend import gpu_offload_supported
+
+    if gpu_offload_supported():
+        pytest.skip("this machine has a GPU llama.cpp can use")
+    proc = localspec("generate", str(smollm2_path), "-p", "hi", "--gpus", "0")
+    assert_clean_error(proc, "--gpus '0' names a GPU this machine lacks", "sees no GPU", "localspec doctor")
+    proc = localspec("generate", str(smollm2_path), "-p", "hi", "--split-mode", "row")
+    assert_clean_error(proc, "need a GPU", "--rpc adds remote devices")
+
+
 def test_greedy_text_over_two_servers_is_the_local_text(smollm2_path, two_servers):
     args = ("generate", str(smollm2_path), "-p", "The cat sat on the mat. The cat sat on the", "--max-tokens", "24",
             "--draft", "ngram", "--draft-max", "3")
