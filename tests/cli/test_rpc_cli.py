@@ -57,14 +57,25 @@ def test_gpu_choices_without_a_gpu_are_one_line(smollm2_path):
     assert_clean_error(proc, "need a GPU", "--rpc adds remote devices")
 
 
-def test_greedy_text_over_two_servers_is_the_local_text(smollm2_path, two_servers):
+@pytest.mark.parametrize("draft", ["ngram", "model"])
+def test_greedy_text_over_two_servers_is_the_local_text(smollm2_path, smollm2_q4_0_path, two_servers, draft):
     args = ("generate", str(smollm2_path), "-p", "The cat sat on the mat. The cat sat on the", "--max-tokens", "24",
-            "--draft", "ngram", "--draft-max", "3")
-    local = localspec(*args)
+            "--draft", "ngram" if draft == "ngram" else str(smollm2_q4_0_path), "--draft-max", "3")
+    local = localspec(*args, "--draft-max", "0")  # plain decoding, all here
     remote = localspec(*args, "--rpc", _rpc(two_servers), "--gpu-layers", "20")
     assert local.returncode == remote.returncode == 0, remote.stderr
     assert remote.stdout == local.stdout and remote.stdout.strip()
     assert "20 layers over RPC0" in remote.stderr
+
+
+def test_plan_counts_the_servers_memory_as_llama_cpp_reports_it(smollm2_path, two_servers):
+    proc = localspec("plan", str(smollm2_path), "--draft", str(smollm2_path), "--rpc", _rpc(two_servers),
+                     "--vram", "2GiB")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("  RPC") or line.startswith("  GPU")]
+    assert [(r[0], r[1]) for r in rows] == [("RPC0", two_servers[0].endpoint), ("RPC1", two_servers[1].endpoint),
+                                            ("GPU0", "--vram")]
+    assert "+ draft" in [line for line in proc.stdout.splitlines() if line.startswith("  GPU0")][0]  # stays local
 
 
 def _generate_until_output(smollm2_path, servers, env: dict[str, str] | None = None) -> subprocess.Popen:
