@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Sequence
 
+from localspec.errors import InvalidOptionError
 from localspec.models.gguf_info import GGUFInfo
 from localspec.llama_facts import DRAFT_N_UBATCH
 from localspec.models.memory import CONTEXT_FLOOR, DEFAULT_RESERVE, gib, place
@@ -105,6 +106,11 @@ def split_settings(target: GGUFInfo, draft: GGUFInfo | None, devices: Sequence[D
     draft alike; otherwise ``split_plan`` decides from both models' metadata. Split mode ``none`` puts
     everything offloaded on one device: the draft's (``draft_at``), else the one with the most room.
     """
+    if mode == "row" and any(d.remote for d in devices):
+        # llama.cpp's row split needs the device backend's split buffer type (CUDA has one, RPC not):
+        # the load would fail with "device RPC0 does not support split buffers" (src/llama-model.cpp).
+        raise InvalidOptionError("split_mode row spreads each matrix over local GPUs of one backend; RPC "
+                                 "servers take whole layers: use layer", param="split_mode")
     room = [max(0, d.free - reserve) for d in devices]
     if mode == "none":
         main = draft_device(devices, room, draft_at)

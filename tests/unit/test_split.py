@@ -98,3 +98,10 @@ def test_gpu_layers_given_share_by_room_and_split_mode_none_keeps_one_device() -
     assert one.split.devices == (GPU[0],) and one.split.mode == "none" and one.draft_split.devices == (GPU[0],)
     remote_only = split_settings(LLAMA_70B, LLAMA_1B, [RPC], ctx=None, gpu_layers=40)
     assert remote_only.draft_split.devices == () and remote_only.draft_n_gpu_layers == 0
+
+
+def test_row_split_is_refused_over_rpc_servers() -> None:
+    with pytest.raises(InvalidOptionError) as err:
+        split_settings(LLAMA_70B, None, [RPC, *GPU], ctx=None, gpu_layers=None, mode="row")
+    assert err.value.param == "split_mode" and "use layer" in str(err.value)
+    assert split_settings(LLAMA_70B, None, list(GPU), ctx=None, gpu_layers=None, mode="row").split.mode == "row"
