@@ -53,10 +53,8 @@ the benchmark says so in one line and exits.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -68,7 +66,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-DEFAULT_SRC = "/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"
 TOOLS = ("llama-completion", "llama-lookup")
 LOOKUP_DRAFT_MAX = (4, 8, 16)
 
@@ -152,49 +149,8 @@ PROMPTS = {
 }
 
 
-# --- building llama.cpp's tools ------------------------------------------------------------------
-def build_args() -> list[str]:
-    """The cmake options: those of our llama-cpp-python wheel (scripts/setup.sh), tools only. The tools
-    build the sources as they are (without our patches, whose switches they would not set anyway)."""
-    args = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_LLAMAFILE=ON",
-            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
-            "-DLLAMA_USE_PREBUILT_UI=OFF"]
-    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-        # AMX off, as in setup.sh: ggml's AMX matmul dies with SIGILL in worker threads.
-        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-        args += [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
-    return args
-
-
-def tools_dir(src: Path) -> Path:
-    """Where the tools built from ``src`` with build_args() live (keyed by version and options)."""
-    version = re.search(r"llama_cpp_python-([\d.]+)", str(src))
-    key = hashlib.sha256("\n".join([version.group(1) if version else str(src), *build_args()]).encode())
-    return Path.home() / ".cache" / "localspec" / "llama-tools" / key.hexdigest()[:16]
-
-
-def ensure_tools(src: Path, jobs: int, tools: tuple[str, ...] = TOOLS) -> dict[str, Path] | str:
-    """Paths of the built ``tools`` (cmake targets), building the missing ones first; or why they cannot be had."""
-    build = tools_dir(src) / "build"
-    found = {t: build / "bin" / t for t in tools}
-    if all(p.is_file() for p in found.values()):
-        return found
-    if not (src / "CMakeLists.txt").is_file():
-        return f"no llama.cpp sources at {src}; pass --llama-src (the sdist's vendor/llama.cpp)"
-    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
-    if missing:
-        return f"cannot build llama.cpp's tools: {' and '.join(missing)} not found; install them to compare"
-    build.mkdir(parents=True, exist_ok=True)
-    log = build.parent / "build.log"
-    unbuilt = [t for t, path in found.items() if not path.is_file()]
-    print(f"building {', '.join(unbuilt)} into {build} (several minutes, once; log: {log})", file=sys.stderr)
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    with open(log, "w") as out:
-        for cmd in (["cmake", "-S", str(src), "-B", str(build), *generator, *build_args()],
-                    ["cmake", "--build", str(build), f"-j{jobs}", "--target", *unbuilt]):
-            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                return f"building llama.cpp's tools failed; see {log}"
-    return found
+# --- building llama.cpp's tools: llama_tools.py (shared with the tests' rpc-server) ------------------
+from llama_tools import DEFAULT_SRC, build_args, ensure_tools, tools_dir  # noqa: E402,F401
 
 
 # --- running ------------------------------------------------------------------------------------
@@ -604,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_vs_llamacpp: --lookup-draft-max needs at least one setting (e.g. 4)", file=sys.stderr)
         return 2
 
-    tools = ensure_tools(args.llama_src, args.jobs)
+    tools = ensure_tools(args.llama_src, args.jobs, TOOLS)
     if isinstance(tools, str):
         print(f"bench_vs_llamacpp: skipped: {tools}")
         return 0

@@ -91,9 +91,12 @@ def _records(stdout: str) -> dict[str, Any]:
     return found
 
 
-def selftest(model: Path | None) -> ChildResult:
-    """Build facts, and with ``model`` the long-batch and verification decode, from a child process."""
+def selftest(model: Path | None, rpc: Sequence[str] = ()) -> ChildResult:
+    """Build facts, the RPC servers at ``rpc`` endpoints, and with ``model`` the long-batch and verification
+    decode, from a child process (a server that goes away there ends the child, not the doctor)."""
     cmd = [sys.executable, "-m", "localspec.backend.selftest"]
+    if rpc:
+        cmd += ["--rpc", ",".join(rpc)]
     if model is not None:
         cmd.append(str(model))
     return run_child(cmd)

@@ -25,6 +25,7 @@ from localspec.backend import (
     MtpContext,
 )
 from localspec.chat import Message, render_chat
+from localspec.models.split import DeviceSplit
 from localspec.drafting.assistant import AssistantDrafter
 from localspec.drafting.base import Drafter
 from localspec.drafting.factory import (
@@ -352,10 +353,12 @@ class Engine:
     @classmethod
     def load(cls, target: str | Path, draft: str | Path | None = None, *, specs: Sequence[DrafterSpec] = (),
              n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = -1,
-             draft_n_gpu_layers: int = -1, personal_history: bool = True) -> "Engine":
+             draft_n_gpu_layers: int = -1, personal_history: bool = True,
+             split: DeviceSplit | None = None, draft_split: DeviceSplit | None = None) -> "Engine":
         """Check the files from their GGUF metadata first (no weights read), then load.
 
-        ``draft`` is the draft model's GGUF path; ``specs`` the model-free drafters.
+        ``draft`` is the draft model's GGUF path; ``specs`` the model-free drafters. ``split`` and
+        ``draft_split``: the devices each model's offloaded layers go to (None: llama.cpp's choice).
         """
         from localspec.models.gguf_info import read_info
 
@@ -363,10 +366,11 @@ class Engine:
         draft_info = read_info(draft) if draft is not None else None
         pairing.check_files(target_info, draft_info, specs)
         use_mtp = any(s.kind == MTP for s in specs)
-        target_model = Model(target, n_gpu_layers=n_gpu_layers, load_mtp=use_mtp)
+        target_model = Model(target, n_gpu_layers=n_gpu_layers, load_mtp=use_mtp, split=split)
         draft_model = None
         try:
-            draft_model = Model(draft, n_gpu_layers=draft_n_gpu_layers) if draft is not None else None
+            draft_model = (Model(draft, n_gpu_layers=draft_n_gpu_layers, split=draft_split)
+                           if draft is not None else None)
             return cls(target_model, draft=draft_model, specs=specs, n_ctx=n_ctx, n_threads=n_threads,
                        personal_history=personal_history)
         except BaseException:

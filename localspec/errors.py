@@ -78,3 +78,7 @@ class OutputPathError(LocalspecError):
 
 class StoreError(LocalspecError):
     """A drafting datastore is missing, corrupt, or built for another tokenizer."""
+
+
+class RemoteDeviceError(LocalspecError):
+    """A remote device (a ggml RPC server) cannot be reached, answers wrongly, or went away mid-reply."""

@@ -42,3 +42,14 @@ LAYER_TAP_ARCHITECTURES = frozenset({
 FEATURE_DRAFT_ARCHITECTURES = frozenset({"eagle3", "dflash"})
 # The layers an EAGLE-3 draft reads: llama.cpp's loader requires exactly this many (src/models/eagle3.cpp).
 EAGLE3_N_TARGET_LAYERS = 3
+# ggml's RPC protocol (ggml/include/ggml-rpc.h, ggml/src/ggml-rpc/): a client's first message is HELLO
+# (command 14, "must be always 14"), an 8-byte little-endian size and a 24-byte capabilities field; the
+# server answers with a size, then major, minor, patch, a padding byte and its own 24 bytes. The client
+# refuses a server whose major differs or whose minor is newer. An rpc-server serves one client at a
+# time (it accepts the next connection only when the current one closes) and listens on 50052 by default.
+RPC_CMD_HELLO = 14
+RPC_CONN_CAPS_SIZE = 24
+RPC_PROTO_VERSION = (7, 0, 0)
+RPC_DEFAULT_PORT = 50052
+# llama.cpp's own limit on devices (llama_max_devices(); tensor_split has this many entries).
+MAX_DEVICES = 16

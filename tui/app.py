@@ -547,6 +547,16 @@ class LocalspecApp(App[int]):
         self.wait_for_engine(SIGNAL_WAIT_S)
         self.exit(return_code=128 + signum)
 
+    def keep_before_fatal(self) -> None:
+        """The process is about to end on a failure outside the app (a remote device gone mid-reply, which
+        ggml reports on its own thread and cannot recover from): save the reply in flight as it stands,
+        then give the terminal back. Called from any thread, while the worker is stuck in llama.cpp."""
+        self._keep_unfinished_reply()
+        driver = self._driver
+        if driver is not None:
+            driver.stop_application_mode()
+            driver.close()  # its writer thread writes what it queued (leaving the alternate screen), then ends
+
     def on_unmount(self) -> None:
         self.wait_for_engine()
         self.session_lock.release()

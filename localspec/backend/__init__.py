@@ -11,6 +11,10 @@ bindings and offers what the engine needs and nothing more, one module a job:
   chosen rows (``llama_get_logits_ith``; never an n_ctx x n_vocab buffer),
   ``rollback_to`` (``llama_memory_seq_rm``) and the sequence copy/keep
   operations that multi-branch verification uses;
+* ``devices``: the devices layers go to: local GPUs, and remote ggml RPC
+  servers (probed with a bounded handshake before ggml's client, which aborts
+  on a dead server, touches them); a ``models.split.DeviceSplit`` says
+  which a model uses and in what shares;
 * ``nextn``: the NextN functions libllama exports with C++ linkage, bound by
   their mangled names;
 * ``draft_contexts``: ``MtpContext`` (the target's own MTP layers as a second
@@ -30,6 +34,7 @@ The names below are the package's public face; import them from here.
 from localspec.backend.build import (
                                      batch_invariant,
                                      cpu_flash_attention,
+                                     cpu_switches,
                                      default_threads,
                                      gpu_devices,
                                      gpu_offload_supported,
@@ -48,14 +53,15 @@ from localspec.backend.draft_contexts import (
                                      Eagle3Context,
                                      MtpContext,
 )
-from localspec.backend.model import Model, quantize
+from localspec.backend.devices import local_gpus, on_fatal, parse_endpoints, probe, rpc_devices
+from localspec.backend.model import Model, model_params, quantize
 from localspec.backend.feature_taps import eagle3_unavailable_reason
 from localspec.backend.nextn import mtp_unavailable_reason
 
 __all__ = [
-    "ASSISTANT_TARGETS", "AssistantContext", "Context", "DFlashContext", "DecodeListener", "Eagle3Context", "Model",
-    "MtpContext", "batch_invariant",
-    "cpu_flash_attention", "default_threads", "gpu_devices", "gpu_offload_supported", "library_version",
+    "ASSISTANT_TARGETS", "AssistantContext", "Context", "DFlashContext", "DecodeListener",
+    "Eagle3Context", "Model", "MtpContext", "batch_invariant", "cpu_switches",
+    "cpu_flash_attention", "local_gpus", "model_params", "on_fatal", "parse_endpoints", "probe", "rpc_devices", "default_threads", "gpu_devices", "gpu_offload_supported", "library_version",
     "eagle3_unavailable_reason", "mtp_unavailable_reason", "patched", "quantize", "recent_log", "repack_inexact_types",
     "repack_is_exact", "system_info",
 ]

@@ -28,7 +28,8 @@ _log_echo = bool(os.environ.get("LOCALSPEC_LLAMA_LOG"))
 @llama_cpp.llama_log_callback
 def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", errors="replace")
-    _log_tail.append(line)
+    if line.strip(". \n"):  # a load's progress dots would push its placement summary out of the tail
+        _log_tail.append(line)
     if _log_echo:
         print(line, end="", flush=True)
 
@@ -51,14 +52,22 @@ FA_TILES_FROM = 256
 _SGEMM_INVARIANT_ENV = "GGML_CPU_SGEMM_BATCH_INVARIANT"
 
 
+_SWITCH_DEFAULTS = {_TILED_MATMUL_ENV: "0", _FA_INVARIANT_ENV: "1", _FA_TILES_ENV: str(FA_TILES_FROM),
+                    _SGEMM_INVARIANT_ENV: "1"}
+
+
+def cpu_switches() -> dict[str, str]:
+    """The ggml-cpu switches this process decodes with (our defaults, or what the user set): what an
+    rpc-server built with our patches needs in its environment for its layers to be the same bits."""
+    return {name: os.environ.get(name, default) for name, default in _SWITCH_DEFAULTS.items()}
+
+
 def ensure_init() -> None:
     global _initialized
     with _init_lock:
         if not _initialized:
-            os.environ.setdefault(_TILED_MATMUL_ENV, "0")
-            os.environ.setdefault(_FA_INVARIANT_ENV, "1")
-            os.environ.setdefault(_FA_TILES_ENV, str(FA_TILES_FROM))
-            os.environ.setdefault(_SGEMM_INVARIANT_ENV, "1")
+            for name, default in _SWITCH_DEFAULTS.items():
+                os.environ.setdefault(name, default)
             llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _initialized = True
@@ -83,13 +92,20 @@ def recent_log() -> list[str]:
     return list(_log_tail)
 
 
+_GGML_DEVICE_GPU, _GGML_DEVICE_IGPU = 1, 2  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL, META (ggml-backend.h)
+
+
 def gpu_offload_supported() -> bool:
-    """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, Vulkan...)."""
+    """Whether this llama.cpp build can offload layers to a GPU of this machine (CUDA, Metal, Vulkan...).
+
+    Not ``llama_supports_gpu_offload()``: that says yes for any build with the RPC backend in
+    (src/llama.cpp), whose layers stay on this CPU unless remote servers are named (``devices``)."""
     ensure_init()
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-_GGML_DEVICE_GPU = 1  # enum ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL, META (ggml-backend.h)
+    api = _device_api()
+    if api is None:
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    count, get, kind, _, _ = api
+    return any(kind(get(i)) in (_GGML_DEVICE_GPU, _GGML_DEVICE_IGPU) for i in range(count()))
 
 
 @functools.cache

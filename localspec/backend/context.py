@@ -18,6 +18,7 @@ from localspec.backend.build import (
     _FA_TILES_ENV,
     cpu_flash_attention,
     default_threads,
+    gpu_offload_supported,
     last_error_line,
 )
 from localspec.backend.model import Model
@@ -46,7 +47,7 @@ def _fa_tiles_from() -> int:
 def _default_flash_attention() -> bool | None:
     """Flash attention for a context not told otherwise: None ("auto") with a GPU build or where the CPU
     kernel is batch-invariant (``cpu_flash_attention``), else False, so verification stays exact."""
-    return None if llama_cpp.llama_supports_gpu_offload() or cpu_flash_attention() else False
+    return None if gpu_offload_supported() or cpu_flash_attention() else False
 
 
 def _flash_attention(params: Any, flash_attn: bool | None) -> None:
@@ -138,7 +139,7 @@ class Context(_OwnedContext):
         self.max_verify_rows: int = self.n_batch
         """The most rows one verification batch may hold and still match one-token decodes: fewer than
         the rows from which batch-invariant CPU flash attention takes its tiles, where it is on."""
-        if self.flash_attn is not False and cpu_flash_attention() and not llama_cpp.llama_supports_gpu_offload():
+        if self.flash_attn is not False and cpu_flash_attention() and not gpu_offload_supported():
             self.max_verify_rows = min(self.n_batch, _fa_tiles_from() - 1)
         self.n_seq = n_seq
         # What llama.cpp granted: it sets n_rs_seq to 0 for an architecture it cannot snapshot.

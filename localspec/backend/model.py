@@ -17,8 +17,45 @@ from localspec.backend.build import (
     last_error_line,
     repack_is_exact,
 )
-from localspec.errors import ModelFileError
-from localspec.llama_facts import SNAPSHOT_ARCHITECTURES
+from localspec.errors import InvalidOptionError, ModelFileError
+from localspec.llama_facts import MAX_DEVICES, SNAPSHOT_ARCHITECTURES
+from localspec.backend.devices import bound_connections
+from localspec.models.split import DeviceSplit
+
+
+_SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+                "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}  # by the names of models.split.SPLIT_MODES
+
+
+def model_params(*, n_gpu_layers: int = -1, vocab_only: bool = False, use_mmap: bool = True,
+                 load_mtp: bool = False, repack: bool = True, split: DeviceSplit | None = None
+                 ) -> tuple[llama_cpp.llama_model_params, tuple]:
+    """llama.cpp's model parameters for these choices, and the ctypes arrays they point into (keep them
+    alive until the model is loaded)."""
+    params = llama_cpp.llama_model_default_params()
+    # -1 offloads every layer the build can offload; a CPU-only build ignores it.
+    params.n_gpu_layers = n_gpu_layers
+    params.vocab_only = vocab_only
+    params.use_mmap = use_mmap
+    # The MTP (NextN) layers' weights are skipped unless asked for: only --draft mtp uses them.
+    params.load_mtp = load_mtp
+    params.use_extra_bufts = repack
+    keep: tuple = ()
+    if split is not None:
+        if split.mode not in _SPLIT_MODES:
+            raise InvalidOptionError(f"split_mode {split.mode!r} is none of {', '.join(_SPLIT_MODES)}",
+                                     param="split_mode")
+        if not all(d.handle for d in split.devices):
+            raise ValueError("a DeviceSplit to load with needs the backend's devices (local_gpus, rpc_devices)")
+        devices = (ctypes.c_void_p * (len(split.devices) + 1))(*(d.handle for d in split.devices), None)
+        shares = (ctypes.c_float * MAX_DEVICES)(*split.shares[:MAX_DEVICES])
+        params.devices = ctypes.cast(devices, ctypes.c_void_p)
+        params.split_mode = _SPLIT_MODES[split.mode]
+        params.main_gpu = split.main_gpu
+        if split.shares:
+            params.tensor_split = shares
+        keep = (devices, shares)
+    return params, keep
 
 
 class Model:
@@ -26,29 +63,29 @@ class Model:
 
     def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = -1,
                  vocab_only: bool = False, use_mmap: bool = True, load_mtp: bool = False,
-                 repack: bool | None = None) -> None:
+                 repack: bool | None = None, split: DeviceSplit | None = None) -> None:
         """``repack``: let ggml-cpu repack the weights into its interleaved layouts (faster CPU matmuls).
         None (the default) repacks on a GPU build, and on a CPU build only where that keeps decoding
-        batch-invariant (``repack_is_exact``): exactness first."""
+        batch-invariant (``repack_is_exact``): exactness first. ``split``: the devices the offloaded
+        layers go to and in what shares (None: every local GPU, as llama.cpp chooses)."""
         ensure_init()
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFileError(f"model file not found: {self.path}; check the path")
         if repack is None:
             repack = vocab_only or gpu_offload_supported() or repack_is_exact(self.path)
-        params = llama_cpp.llama_model_default_params()
-        # -1 offloads every layer the build can offload; a CPU-only build ignores it.
-        params.n_gpu_layers = n_gpu_layers
-        params.vocab_only = vocab_only
-        params.use_mmap = use_mmap
-        # The MTP (NextN) layers' weights are skipped unless asked for: only --draft mtp uses them.
-        params.load_mtp = load_mtp
+        params, keep = model_params(n_gpu_layers=n_gpu_layers, vocab_only=vocab_only, use_mmap=use_mmap,
+                                    load_mtp=load_mtp, repack=repack, split=split)
         self.load_mtp = load_mtp
-        params.use_extra_bufts = repack
         self.repack: bool = repack
         """Whether ggml-cpu may repack the weights (see ``__init__``)."""
+        self.split = split
         clear_log()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        del keep  # llama.cpp copied the device list and the shares while loading
+        remote = [d.description for d in split.devices if d.remote] if split is not None else []
+        if handle and remote:
+            bound_connections(remote)  # a hung server ends the reply instead of stalling it
         if not handle:
             reason = last_error_line() or "llama.cpp could not read it"
             raise ModelFileError(

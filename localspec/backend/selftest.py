@@ -1,10 +1,11 @@
 """The child half of ``localspec doctor``: everything that runs llama.cpp, in a process of its own.
 
-Run as ``python -m localspec.backend.selftest [MODEL]``. It prints one JSON object per
+Run as ``python -m localspec.backend.selftest [--rpc HOST:PORT,...] [MODEL]``. It prints one JSON object per
 line on stdout: first ``{"build": ...}`` (what this llama.cpp was compiled
 with, the GPUs it sees), then, with a model, ``{"selftest": ...}`` after a
 decode that exercises the paths a real generation takes (on the GPU, every layer
-offloaded, where the build sees one): a prompt of at least
+offloaded, where the build sees one), after ``{"rpc": ...}`` when servers are named
+(each probed with a bounded handshake, then its devices' memory as llama.cpp reports it): a prompt of at least
 ``LONG_PROMPT`` tokens in ONE ``llama_decode`` call (the large-batch matmul
 kernels, where ggml's AMX path crashed with SIGILL) and a multi-token
 verification batch with logits for every row, then a rollback. The same rows
@@ -144,8 +145,29 @@ def decode_test(model_path: str, *, flash_attn: bool | None = None) -> dict[str,
         model.close()
 
 
+def rpc_servers(endpoints: list[str]) -> list[dict[str, object]]:
+    """Each RPC server: reachable or why not (a bounded handshake), and its devices as llama.cpp reports them."""
+    from localspec.backend import probe, rpc_devices
+    from localspec.errors import RemoteDeviceError
+
+    found: list[dict[str, object]] = []
+    for endpoint in endpoints:
+        try:
+            version = probe(endpoint)
+            devices = rpc_devices([endpoint])
+        except RemoteDeviceError as err:
+            found.append({"endpoint": endpoint, "ok": False, "problem": str(err)})
+            continue
+        found.append({"endpoint": endpoint, "ok": True, "version": ".".join(map(str, version)),
+                      "devices": [{"name": d.name, "free": d.free, "total": d.total} for d in devices]})
+    return found
+
+
 def main(argv: list[str]) -> int:
     print(json.dumps({"build": build_info()}), flush=True)
+    if argv[:1] == ["--rpc"]:
+        print(json.dumps({"rpc": rpc_servers(argv[1].split(","))}), flush=True)
+        argv = argv[2:]
     if argv:
         print(json.dumps({"selftest": decode_test(argv[0])}), flush=True)
     return 0

@@ -12,6 +12,7 @@ from localspec.commands.common import (
     check_engine_options,
     check_registry_pair,
     fetch_models,
+    guard_remote_devices,
     load_settings,
     reference,
     resolve_draft_refs,
@@ -125,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     configs = configs_from_args(args.draft, names)
     target, draft_path = fetch_models(target_ref, draft_ref, offline=args.offline)
     settings = load_settings(args, target, draft_path)
+    guard_remote_devices(args)
     if settings.message and not args.quiet:
         print(f"localspec bench: {settings.message}", file=sys.stderr)
 
@@ -132,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
 
     engine = Engine.load(target, draft_path, specs=list(specs.values()), n_ctx=settings.n_ctx,
                          n_threads=args.threads, n_gpu_layers=settings.n_gpu_layers,
-                         draft_n_gpu_layers=settings.draft_n_gpu_layers, personal_history=False)
+                         draft_n_gpu_layers=settings.draft_n_gpu_layers,
+                         split=settings.split, draft_split=settings.draft_split, personal_history=False)
     progress = None if args.quiet else (lambda msg: print(f"localspec bench: {msg}", file=sys.stderr, flush=True))
     if progress:
         progress("measuring verification costs (cached per model, build and thread count)")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import difflib
 import math
 import os
@@ -12,9 +14,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Callable, NoReturn
 
 from localspec.errors import InvalidOptionError, LocalspecError, ModelFileError, RegistryError, StoreError, shown
+from localspec.models.split import SPLIT_MODES, parse_gpus
 
 if TYPE_CHECKING:
     from localspec.drafting.specs import DrafterSpec
@@ -58,9 +61,25 @@ def add_model_options(p: argparse.ArgumentParser, *, model_required: bool = True
     p.add_argument("--gpu-layers", type=int, default=None, metavar="N",
                    help="layers to offload to the GPU, target and draft alike (-1: all, 0: none; default: "
                         "what the GPU plan fits, as `localspec plan` shows; a CPU-only build offloads none)")
-    p.add_argument("--vram", metavar="SIZE", default=None,
-                   help="GPU memory to plan for, e.g. 24GiB (default: the GPU's free memory, from llama.cpp "
-                        "or nvidia-smi)")
+    p.add_argument("--vram", metavar="SIZE[,SIZE]", default=None,
+                   help="GPU memory to plan for, e.g. 24GiB, or one size per GPU, e.g. 24GiB,24GiB (default: "
+                        "each GPU's free memory, from llama.cpp or nvidia-smi)")
+    add_device_options(p)
+
+
+def add_device_options(p: argparse.ArgumentParser) -> None:
+    """The devices the target is spread over: several GPUs, remote ggml RPC servers (docs/gpu.md, docs/rpc.md)."""
+    g = p.add_argument_group("devices (a target bigger than one card)")
+    g.add_argument("--gpus", metavar="N[,N]", default=None,
+                   help="the local GPUs to use, by llama.cpp's numbers, e.g. 0,1 (default: every GPU)")
+    g.add_argument("--split-mode", choices=SPLIT_MODES, default=None,
+                   help="how the target spreads over several devices: layer (whole layers per device; the "
+                        "default), row (each matrix's rows, GPUs only) or none (one device)")
+    g.add_argument("--draft-gpu", type=int, default=None, metavar="N",
+                   help="the local GPU the draft runs on (default: the one with the most memory left)")
+    g.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT]", default=None,
+                   help="remote ggml rpc-server machines to place target layers on, as llama.cpp's --rpc "
+                        "(unauthenticated: private networks only; docs/rpc.md)")
 
 
 def parse_ctx(text: str | None) -> int | None:
@@ -142,8 +161,13 @@ def check_engine_options(args: argparse.Namespace) -> None:
         raise InvalidOptionError(f"--gpu-layers {args.gpu_layers} is out of range: use -1 (all layers), 0 (none) "
                                  "or a number of layers")
     if args.vram is not None:
-        parse_size(args.vram, "--vram")
-    ignored = [f for f, given in (("--gpu-layers", args.gpu_layers not in (None, 0)),
+        parse_sizes(args.vram, "--vram")
+    if getattr(args, "rpc", None):
+        from localspec.backend import parse_endpoints
+
+        parse_endpoints(args.rpc)
+    remote = bool(getattr(args, "rpc", None))  # RPC servers take offloaded layers on any build
+    ignored = [f for f, given in (("--gpu-layers", args.gpu_layers not in (None, 0) and not remote),
                                   ("--vram", args.vram is not None)) if given]
     if ignored:
         from localspec import backend
@@ -156,7 +180,8 @@ def check_engine_options(args: argparse.Namespace) -> None:
 # The flag that sets each parameter the core names in its errors (``InvalidOptionError.param``).
 FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
          "max_tokens": "--max-tokens", "draft_len": "--draft-max", "p_min": "--draft-p-min", "n_ctx": "--ctx",
-         "rounds": "--rounds", "stop": "--stop"}
+         "rounds": "--rounds", "stop": "--stop", "rpc": "--rpc", "gpus": "--gpus", "draft_gpu": "--draft-gpu",
+         "split_mode": "--split-mode"}
 
 
 def flag_message(err: Exception) -> str:
@@ -481,22 +506,85 @@ def with_mtp(drafts: DraftRefs) -> DraftRefs:
 
 
 def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) -> LoadSettings:
-    """The context and offload to load ``target`` and ``draft`` with (``localspec.models.placement``).
+    """The context, offload and devices to load ``target`` and ``draft`` with (``localspec.models.placement``).
 
     ``--ctx``/``--gpu-layers`` win; otherwise, on a build that can offload, the plan for the
     GPU's memory (``--vram``, else what the GPU reports free) decides from both models' metadata.
+    With several GPUs, ``--gpus``, ``--split-mode``, ``--draft-gpu`` or ``--rpc`` the target is
+    spread over the devices (``split_settings``); RPC servers are probed before anything loads.
     """
     from localspec import backend
     from localspec.models.gguf_info import read_info
-    from localspec.models.placement import Vram, detect_vram, manual_settings, planned_settings
+    from localspec.models.placement import Vram, detect_vram, manual_settings, planned_settings, split_settings
 
     ctx = parse_ctx(args.ctx)
+    sizes = parse_sizes(args.vram, "--vram") if args.vram else None
+    endpoints = backend.parse_endpoints(args.rpc) if args.rpc else ()
+    gpus = backend.local_gpus() if backend.gpu_offload_supported() else []
+    if endpoints or len(gpus) > 1 or (sizes and len(sizes) > 1) or any(
+            getattr(args, name) is not None for name in ("gpus", "split_mode", "draft_gpu")):
+        if args.gpus is not None:
+            picked = parse_gpus(args.gpus, len(gpus))
+            gpus = [gpus[i] for i in picked]
+        else:
+            picked = tuple(range(len(gpus)))
+        if sizes is not None:
+            if len(sizes) != len(gpus):
+                raise InvalidOptionError(f"--vram gives {len(sizes)} sizes for {len(gpus)} GPUs in use: one size "
+                                         "per GPU, in --gpus order")
+            gpus = [dataclasses.replace(g, free=size) for g, size in zip(gpus, sizes)]
+        remote = backend.rpc_devices(endpoints) if endpoints else []
+        devices = remote + gpus
+        if not devices:
+            raise InvalidOptionError("--gpus, --split-mode and --draft-gpu need a GPU, and this machine has none "
+                                     "llama.cpp can use (see `localspec doctor`); --rpc adds remote devices")
+        draft_at = None
+        if args.draft_gpu is not None:
+            if args.draft_gpu not in picked:
+                raise InvalidOptionError(f"--draft-gpu {args.draft_gpu} is not among the GPUs in use "
+                                         f"({', '.join(map(str, picked)) or 'none'})")
+            draft_at = len(remote) + picked.index(args.draft_gpu)
+        return split_settings(read_info(target), read_info(draft) if draft is not None else None, devices,
+                              ctx=ctx, gpu_layers=args.gpu_layers, mode=args.split_mode or "layer", draft_at=draft_at)
     settings = manual_settings(ctx, args.gpu_layers, offload=backend.gpu_offload_supported())
     if settings is not None:
         return settings
-    vram = Vram(parse_size(args.vram, "--vram"), f"--vram {args.vram}") if args.vram else detect_vram()
+    vram = Vram(sizes[0], f"--vram {args.vram}") if sizes else detect_vram()
     return planned_settings(read_info(target), read_info(draft) if draft is not None else None,
                             ctx=ctx, vram=vram)
+
+
+def parse_sizes(text: str, option: str = "--vram") -> list[int]:
+    """``24GiB`` or ``24GiB,24GiB``: one size per GPU (``parse_size`` each)."""
+    return [parse_size(part, option) for part in text.split(",")]
+
+
+def guard_remote_devices(args: argparse.Namespace, last_words: Callable[[str], str] | None = None) -> None:
+    """With ``--rpc``: when a server goes away mid-reply, end the process with the one error line
+    instead of ggml's abort and backtrace; ``last_words(line)`` runs first (the app saves the chat and
+    gives the terminal back) and returns the line to print.
+
+    ggml's RPC client cannot report the failure back to the decode that waits for it; it aborts, and
+    calls this first on its own thread. Whatever stdout got so far is flushed; the exit code is the
+    error's.
+    """
+    if not getattr(args, "rpc", None):
+        return
+    from localspec import backend
+
+    def fatal(err: LocalspecError) -> NoReturn:
+        line = f"localspec: error: {flag_message(err)}"
+        with contextlib.suppress(Exception):
+            if last_words is not None:
+                line = last_words(line)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        with contextlib.suppress(Exception):
+            # The real stderr: a running app (Textual) has sys.stderr captured.
+            print(line, file=sys.__stderr__ or sys.stderr, flush=True)
+        os._exit(err.exit_code)
+
+    backend.on_fatal(fatal, backend.parse_endpoints(args.rpc))
 
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)

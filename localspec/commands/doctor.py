@@ -34,6 +34,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--smoke-only", action="store_true",
                    help="only the self-test decode, one line (what scripts/setup.sh runs after installing)")
     p.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT]", default=None,
+                   help="also check these ggml rpc-server machines: reachable, protocol, devices and memory")
     p.set_defaults(func=run)
 
 
@@ -77,10 +79,16 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         path_shown = path
         path = None
-    result = doctor.selftest(path)
+    from localspec.models.split import parse_endpoints  # pure: loads no llama.cpp
+
+    endpoints = parse_endpoints(args.rpc) if args.rpc else ()
+    result = doctor.selftest(path, endpoints)
     test = result.records.get("selftest")
     failure = result.failure()
     code = 0 if result.ok else EXIT_CRASHED if result.signal_name else EXIT_FAILED
+    servers = result.records.get("rpc", [])
+    if code == 0 and any(not s["ok"] for s in servers):
+        code = EXIT_FAILED
     if args.smoke_only:
         if path is None:
             print(f"localspec: error: no model to self-test with ({name or 'no default'} is not downloaded); "
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         model = {"name": name, "path": str(path_shown if cause else path) if (path or cause) else None,
                  "problem": cause or None}
         # "default_model" is the key scripts read; "model" says the same whichever model was tested.
-        print(json.dumps({"build": build, "folders": {k: str(v) for k, v in dirs.items()},
+        print(json.dumps({"build": build, "folders": {k: str(v) for k, v in dirs.items()}, "rpc": servers,
                           "default_model": model, "model": model,
                           "selftest": {"ok": result.ok and not cause, "failure": failure or cause,
                                        "result": test}}, indent=2))
@@ -138,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
                        "so it decodes on the CPU")
         else:
             out.append("GPU           none found")
+    out.extend(_rpc_lines(endpoints, servers))
     for key, folder in dirs.items():
         out.append(f"{key + ' dir':<13} {folder}{'' if folder.exists() else ' (not created yet)'}")
     if cause:
@@ -157,6 +166,21 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"model exact   {_model_exactness(test)}")
     print("\n".join(out))
     return code
+
+
+def _rpc_lines(endpoints: tuple[str, ...], servers: list[dict[str, Any]]) -> list[str]:
+    """One line per RPC server named: reachable with its devices' memory, or why not."""
+    lines = []
+    for server in servers:
+        if not server["ok"]:
+            lines.append(f"RPC server    {server['endpoint']}: NOT usable: {server['problem']}")
+            continue
+        devices = "; ".join(f"{d['name']} {human_size(d['free'])} free of {human_size(d['total'])}"
+                            for d in server["devices"])
+        lines.append(f"RPC server    {server['endpoint']}: reachable, protocol {server['version']}; {devices}")
+    seen = {s["endpoint"] for s in servers}
+    lines += [f"RPC server    {e}: not checked (the check ended first)" for e in endpoints if e not in seen]
+    return lines
 
 
 def _patches(build: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from localspec.commands.common import (
     drafts_for_itself,
     fetch_models,
     generate_options,
+    guard_remote_devices,
     load_settings,
     parse_ctx,
     read_prompt,
@@ -127,13 +128,15 @@ def run(args: argparse.Namespace) -> int:
     if args.draft is None and drafts_for_itself(target):
         drafts = with_mtp(drafts)  # a model with MTP layers drafts for itself unless told otherwise
     settings = load_settings(args, target, draft)
+    guard_remote_devices(args)
     if settings.message:
         print(f"localspec: {settings.message}", file=sys.stderr)
 
     from localspec.engine import Engine
 
     engine = Engine.load(target, draft, specs=drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
-                         n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers)
+                         n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers,
+                         split=settings.split, draft_split=settings.draft_split)
     notice = context_notice(args.ctx, engine.n_ctx)
     if notice:
         print(f"localspec: {notice}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``localspec plan``: how a target and draft would sit on one GPU, from GGUF metadata alone."""
+"""``localspec plan``: how a target and draft would sit on one GPU or several, from GGUF metadata alone."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import json
 from localspec.commands.common import MODEL_REF_HELP, model_header, parse_ctx, resolve_name
 from localspec.models.gguf_info import check_draft_compatible, read_info
 from localspec.models.memory import CONTEXT_FLOOR, DEFAULT_RESERVE, gib
-from localspec.models.planner import Plan, plan
-from localspec.commands.common import parse_size
+from localspec.models.planner import Plan, plan, split_plan
+from localspec.models.split import Device
+from localspec.commands.common import parse_size, parse_sizes
+from localspec.errors import InvalidOptionError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,8 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", metavar="DRAFT", default=None,
                    help="draft model sharing the target's vocabulary: "
                         + MODEL_REF_HELP)
-    p.add_argument("--vram", metavar="SIZE", default="24GiB",
-                   help="GPU memory, e.g. 24GiB, 24G, 24000MB or 24 (GiB); default 24GiB")
+    p.add_argument("--vram", metavar="SIZE[,SIZE]", default="24GiB",
+                   help="GPU memory, e.g. 24GiB, 24G, 24000MB or 24 (GiB), or one size per GPU, e.g. "
+                        "24GiB,24GiB (the target is then spread over them); default 24GiB")
+    p.add_argument("--draft-gpu", type=int, default=None, metavar="N",
+                   help="with several GPUs: the one the draft goes to (default: the one with the most room)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT]", default=None,
+                   help="remote ggml rpc-server machines the target may spread over too (asked for their "
+                        "memory, as llama.cpp reports it)")
     p.add_argument("--reserve", metavar="SIZE", default=None,
                    help=f"GPU memory kept free for CUDA and the desktop (default {gib(DEFAULT_RESERVE)})")
     p.add_argument("--ctx", metavar="N", default=None,
@@ -51,8 +59,23 @@ def _gpu_offload_supported() -> bool | None:
     return gpu_offload_supported()
 
 
+def _devices(args: argparse.Namespace) -> list[Device] | None:
+    """The devices to plan over: the RPC servers' (asked through llama.cpp) and one GPU per --vram size;
+    None for one GPU and no server (the one-card plan)."""
+    sizes = parse_sizes(args.vram, "--vram")
+    if len(sizes) == 1 and not args.rpc and args.draft_gpu is None:
+        return None
+    remote: list[Device] = []
+    if args.rpc:
+        from localspec.backend import parse_endpoints, rpc_devices
+
+        remote = rpc_devices(parse_endpoints(args.rpc))
+    return remote + [Device(f"GPU{i}", f"--vram {gib(size)}", size, size) for i, size in enumerate(sizes)]
+
+
 def run(args: argparse.Namespace) -> int:
-    vram = parse_size(args.vram, "--vram")
+    devices = _devices(args)
+    vram = parse_sizes(args.vram, "--vram")[0]
     reserve = parse_size(args.reserve, "--reserve") if args.reserve is not None else DEFAULT_RESERVE
     n_ctx = parse_ctx(args.ctx)
     # Both names are checked before either header is fetched.
@@ -62,8 +85,17 @@ def run(args: argparse.Namespace) -> int:
     draft = read_info(model_header(draft_ref, offline=args.offline)) if draft_ref is not None else None
     if draft is not None:
         check_draft_compatible(target, draft)
-    result = plan(target, draft, vram, n_ctx, args.kv_type, reserve,
-                  gpu_offload_supported=_gpu_offload_supported())
+    if devices is None:
+        result = plan(target, draft, vram, n_ctx, args.kv_type, reserve,
+                      gpu_offload_supported=_gpu_offload_supported())
+    else:
+        remote = sum(d.remote for d in devices)
+        if args.draft_gpu is not None and not 0 <= args.draft_gpu < len(devices) - remote:
+            raise InvalidOptionError(f"--draft-gpu {args.draft_gpu} is none of the {len(devices) - remote} GPUs "
+                                     "--vram names")
+        result = split_plan(target, draft, devices, n_ctx, args.kv_type, reserve,
+                            draft_at=None if args.draft_gpu is None else remote + args.draft_gpu,
+                            gpu_offload_supported=_gpu_offload_supported())
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
@@ -81,8 +113,19 @@ def format_plan(p: Plan) -> str:
         layers = f"{m.gpu_layers}/{m.n_layers}" + (" +out" if m.output_on_gpu else "")
         lines.append(f"{role + ' ' + m.label:<34.34} {layers:>14} {m.n_gpu_layers:>5} {gib(m.weights_gpu_bytes):>10} "
                      f"{gib(m.kv_gpu_bytes):>10} {gib(m.compute_bytes):>10} {gib(m.gpu_bytes):>10}")
-    lines.append(f"GPU total {gib(p.gpu_bytes)} of {gib(p.budget_bytes)} usable "
-                 f"({gib(p.vram_bytes)} card, {gib(p.reserve_bytes)} reserve)")
+    if p.cards:
+        lines.append(f"devices: the target's offloaded layers split by share (layer split), the draft on one; "
+                     f"{gib(p.reserve_bytes)} reserve on each")
+        for i, c in enumerate(p.cards):
+            draft = f" + draft {gib(c.draft_bytes)}" if i == p.draft_card and p.draft is not None else ""
+            lines.append(f"  {c.device.name:<6} {c.device.description:<24.24} {c.share:>5.0%}  target "
+                         f"{gib(c.target_bytes)}{draft} of {gib(c.usable_bytes)} usable")
+        if p.draft is not None and p.draft_card is None:
+            lines.append("  draft on this machine's CPU")
+        lines.append(f"devices total {gib(p.gpu_bytes)} of {gib(p.budget_bytes)} usable")
+    else:
+        lines.append(f"GPU total {gib(p.gpu_bytes)} of {gib(p.budget_bytes)} usable "
+                     f"({gib(p.vram_bytes)} card, {gib(p.reserve_bytes)} reserve)")
     ctx = f"context {p.n_ctx} tokens" + (f" (requested {p.requested_ctx})" if p.n_ctx != p.requested_ctx else "")
     lines.append(f"{ctx}, KV cache {p.kv_type}, flash attention {'on' if p.flash_attn else 'off'}")
     ram = sum(m.weights_cpu_bytes + m.kv_cpu_bytes + m.state_cpu_bytes for m in (p.target, p.draft) if m)

@@ -26,6 +26,7 @@ from localspec.commands.common import (
     drafts_for_itself,
     fetch_models,
     generate_options,
+    guard_remote_devices,
     load_settings,
     reference,
     resolve_draft_refs,
@@ -187,18 +188,30 @@ def _run_app(args: argparse.Namespace, opts: "GenerateOptions", session: Session
     if args.draft is None and (not resumed or not session.draft) and drafts_for_itself(target):
         choice = dataclasses.replace(choice, drafts=with_mtp(choice.drafts))
     settings = load_settings(args, target, draft)
+    app = None
+
+    def last_words(line: str) -> str:
+        # A remote device went away mid-reply: the process ends now, with the chat saved first.
+        if app is None:
+            return line
+        app.keep_before_fatal()
+        if app.unsaved_error is not None or not app.session.messages:
+            return line
+        return f"{line}; the chat is saved as session {app.session.id} (`localspec run --resume` continues it)"
+
+    guard_remote_devices(args, last_words)
 
     from localspec.engine import Engine
 
     specs, opts = switchable_drafters(choice.drafts, opts)
     engine = Engine.load(target, draft, specs=specs, n_ctx=settings.n_ctx, n_threads=args.threads,
-                         n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers)
+                         n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers,
+                         split=settings.split, draft_split=settings.draft_split)
     # The first reply starts at once, plain, while costs are measured (a fixed --draft-max drafts from the
     # first step, which needs the costs first).
     engine.measure_in_background = opts.draft_len is None
     # Saved with the chat, so that `--resume` alone brings back these models.
     session.model, session.draft = reference(choice.target), choice.drafts.text()
-    app = None
     try:
         # A model without a usable chat template cannot chat: say so before the app starts.
         engine.chat_tokens([{"role": "user", "content": "hello"}])

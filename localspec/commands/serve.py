@@ -20,6 +20,7 @@ from localspec.commands.common import (
     check_engine_options,
     drafts_for_itself,
     fetch_models,
+    guard_remote_devices,
     load_settings,
     resolve_draft_refs,
     resolve_ref,
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         if args.draft is None and drafts_for_itself(target):
             drafts = with_mtp(drafts)  # as `generate` does: a model with MTP layers drafts for itself
         settings = load_settings(args, target, draft)
+        guard_remote_devices(args)
         if settings.message:
             print(f"localspec: {settings.message}", file=sys.stderr)
 
@@ -104,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         from localspec.server.run import serve
 
         engine = Engine.load(target, draft, specs=drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
-                             n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers)
+                             n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers,
+                             split=settings.split, draft_split=settings.draft_split)
         try:
             notice = context_notice(args.ctx, engine.n_ctx)
             if notice:

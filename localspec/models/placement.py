@@ -1,4 +1,5 @@
-"""What ``run``, ``generate`` and ``bench`` load models with: the user's choice, else a GPU plan.
+"""What ``run``, ``generate`` and ``bench`` load models with: the user's choice, else a GPU plan (one card,
+or the target spread over several devices and the draft on one: ``split_settings``).
 
 On a llama.cpp build that can offload to a GPU, the planner (``localspec.models.planner``) sizes the
 target and the draft from their GGUF metadata for the GPU's memory and picks ``n_gpu_layers``
@@ -12,11 +13,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Sequence
 
+from localspec.errors import InvalidOptionError
 from localspec.models.gguf_info import GGUFInfo
 from localspec.llama_facts import DRAFT_N_UBATCH
 from localspec.models.memory import CONTEXT_FLOOR, DEFAULT_RESERVE, gib, place
-from localspec.models.planner import Plan, plan
+from localspec.models.planner import Plan, plan, split_plan
+from localspec.models.split import Device, DeviceSplit, draft_device, target_shares
 
 DEFAULT_CTX = 4096
 """The context when no plan chooses one (a CPU-only build, or ``--gpu-layers`` given)."""
@@ -45,6 +49,10 @@ class LoadSettings:
     draft_n_gpu_layers: int
     message: str | None = None
     brief: str | None = None
+    split: DeviceSplit | None = None
+    """The devices the target's offloaded layers go to, and their shares (None: llama.cpp's choice)."""
+    draft_split: DeviceSplit | None = None
+    """The draft's one device (no devices: the CPU; None: llama.cpp's choice)."""
 
 
 def manual_settings(ctx: int | None, gpu_layers: int | None, *, offload: bool) -> LoadSettings | None:
@@ -87,6 +95,44 @@ def planned_settings(target: GGUFInfo, draft: GGUFInfo | None, *, ctx: int | Non
     t_layers = "all layers" if p.target.full_offload else f"{p.target.gpu_layers}/{p.target.n_layers} layers"
     return LoadSettings(p.n_ctx, p.target.n_gpu_layers, p.draft.n_gpu_layers if p.draft else 0,
                         message=plan_message(p, target, draft, vram.source), brief=f"plan: {t_layers}, ctx {p.n_ctx}")
+
+
+def split_settings(target: GGUFInfo, draft: GGUFInfo | None, devices: Sequence[Device], *, ctx: int | None,
+                   gpu_layers: int | None, mode: str = "layer", draft_at: int | None = None,
+                   reserve: int = DEFAULT_RESERVE) -> LoadSettings:
+    """Settings for the target over ``devices`` (local GPUs and RPC servers, the draft on a local one).
+
+    ``gpu_layers`` (``--gpu-layers``) places that many layers, shared by free memory, for target and
+    draft alike; otherwise ``split_plan`` decides from both models' metadata. Split mode ``none`` puts
+    everything offloaded on one device: the draft's (``draft_at``), else the one with the most room.
+    """
+    if mode == "row" and any(d.remote for d in devices):
+        # llama.cpp's row split needs the device backend's split buffer type (CUDA has one, RPC not):
+        # the load would fail with "device RPC0 does not support split buffers" (src/llama-model.cpp).
+        raise InvalidOptionError("split_mode row spreads each matrix over local GPUs of one backend; RPC "
+                                 "servers take whole layers: use layer", param="split_mode")
+    room = [max(0, d.free - reserve) for d in devices]
+    if mode == "none":
+        main = draft_device(devices, room, draft_at)
+        main = main if main is not None else max(range(len(devices)), key=room.__getitem__)
+        devices, room, draft_at = (devices[main],), [room[main]], 0 if not devices[main].remote else None
+    if gpu_layers is not None:
+        at = draft_device(devices, room, draft_at)
+        split = DeviceSplit(tuple(devices), target_shares(room, 0, None), mode)
+        draft_split = DeviceSplit((devices[at],) if at is not None else ())
+        return LoadSettings(ctx or DEFAULT_CTX, gpu_layers, gpu_layers if at is not None else 0,
+                            message=f"placement: {gpu_layers} layers over {split.describe()}",
+                            brief=f"{len(devices)} devices", split=split, draft_split=draft_split)
+    p = split_plan(target, draft, devices, ctx, reserve_bytes=reserve, draft_at=draft_at,
+                   ctx_floor=ctx or CONTEXT_FLOOR, gpu_offload_supported=True)
+    split = DeviceSplit(tuple(devices), tuple(c.share for c in p.cards), mode)
+    draft_split = DeviceSplit((devices[p.draft_card],) if p.draft_card is not None else ())
+    source = " + ".join(f"{d.name} {gib(d.free)}" for d in devices)
+    message = f"{plan_message(p, target, draft, source)}; target over {split.describe()}"
+    t_layers = "all layers" if p.target.full_offload else f"{p.target.gpu_layers}/{p.target.n_layers} layers"
+    return LoadSettings(p.n_ctx, p.target.n_gpu_layers, p.draft.n_gpu_layers if p.draft and p.draft_card is not None
+                        else 0, message=message, brief=f"plan: {t_layers} on {len(devices)} devices, ctx {p.n_ctx}",
+                        split=split, draft_split=draft_split)
 
 
 def plan_message(p: Plan, target: GGUFInfo, draft: GGUFInfo | None, source: str) -> str:
@@ -150,8 +196,8 @@ def nvidia_smi_vram() -> Vram | None:
 def detect_vram() -> Vram | None:
     """The free memory of the first GPU llama.cpp can use, else nvidia-smi's first GPU; None if unknown.
 
-    Only the first GPU is planned for, even when llama.cpp would split layers over several: the
-    plan then leaves memory unused rather than overcommit one card.
+    The one-card plan's memory; with several GPUs ``commands.common.load_settings`` plans over each
+    one's free memory instead (``split_settings``).
     """
     from localspec.backend import gpu_devices
 

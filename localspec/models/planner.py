@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from localspec.errors import InvalidOptionError
 from localspec.llama_facts import DRAFT_N_UBATCH, N_UBATCH, SNAPSHOT_ARCHITECTURES
 from localspec.models.gguf_info import GGUFInfo
+from localspec.models.split import Device, draft_device, target_shares
 from localspec.models.memory import (CONTEXT_FLOOR, CTX_PAD, DEFAULT_RESERVE, GIB, KV_TYPES, Q8_0_BITS, Placement, gib, pad,
                                      kv_cache_bytes, place, recurrent_layers, recurrent_state_bytes,
                                      state_snapshots)
@@ -43,6 +44,10 @@ class Plan:
     notes: tuple[str, ...]
     advice: tuple[str, ...]
     gpu_offload_supported: bool | None = None
+    cards: tuple[CardShare, ...] = ()
+    """With several devices: each one's part (``split_plan``); empty for one card."""
+    draft_card: int | None = None
+    """The index in ``cards`` of the device the draft is on; None: one card, or the CPU."""
 
     @property
     def gpu_bytes(self) -> int:
@@ -62,6 +67,18 @@ class Plan:
                 out[key]["gpu_bytes"] = placement.gpu_bytes
         out["gpu_bytes"] = self.gpu_bytes
         return out
+
+
+@dataclass(frozen=True)
+class CardShare:
+    """One device's part in a plan over several: the device, the memory it offers after the reserve,
+    its share of the target's offloaded layers, and what the target's and the draft's parts take there."""
+
+    device: Device
+    usable_bytes: int
+    share: float
+    target_bytes: int
+    draft_bytes: int
 
 
 def _largest_fitting_ctx(fits: Callable[[int], bool], floor: int, requested: int) -> int:
@@ -230,3 +247,49 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None = None, vram_bytes: int = DEFA
     advice = _advice(target, draft, ctx, spare) if draft else []
     return Plan(t, d, ctx, requested, vram_bytes, reserve_bytes, opts["kv_type"], flash_attn, swa_full,
                 tuple(notes), tuple(advice), gpu_offload_supported)
+
+
+def split_plan(target: GGUFInfo, draft: GGUFInfo | None, devices: Sequence[Device], n_ctx: int | None = None,
+               kv_type: str = "f16", reserve_bytes: int = DEFAULT_RESERVE, *, draft_at: int | None = None,
+               **options: Any) -> Plan:
+    """A plan for ``target`` over ``devices`` (their ``free`` memory, each less ``reserve_bytes``) and
+    ``draft`` on one local device (``draft_at``, else the one with the most room; the CPU when all
+    are remote).
+
+    The devices are planned as one pool (``plan``), less a compute buffer for each device after the
+    first (llama.cpp keeps one on each); the target's offloaded layers are then shared out in
+    proportion to the room each device has left once the draft is on its device (``target_shares``).
+    Layers are whole, so a device's part is its share of the target's bytes give or take a layer.
+    """
+    if not devices:
+        raise ValueError("split_plan needs at least one device")
+    room = [max(0, d.free - reserve_bytes) for d in devices]
+    if not any(room):
+        raise InvalidOptionError(f"the {len(devices)} devices leave nothing after the {gib(reserve_bytes)} reserve "
+                                 "each; give their full memory, e.g. --vram 24GiB,24GiB")
+    at = draft_device(devices, room, draft_at)
+    notes: list[str] = []
+    local_draft = draft if at is not None else None
+    pooled = plan(target, local_draft, sum(room) + reserve_bytes, n_ctx, kv_type, reserve_bytes, **options)
+    used = sum(1 for r in room if r) - 1
+    if used > 0:  # each further device keeps a compute buffer of its own
+        pool = max(1, sum(room) - used * pooled.target.compute_bytes)
+        pooled = plan(target, local_draft, pool + reserve_bytes, n_ctx, kv_type, reserve_bytes, **options)
+        notes.append(f"each of the {used} further devices keeps a compute buffer of its own (about "
+                     f"{gib(pooled.target.compute_bytes)} each), set aside from the room before the layers are shared")
+    d = pooled.draft
+    if draft is not None and at is None:
+        d = place(draft, pooled.n_ctx, 0, False, kv_type=pooled.kv_type, flash_attn=pooled.flash_attn,
+                  swa_full=pooled.swa_full, n_ubatch=DRAFT_N_UBATCH)
+        notes.append("every device is remote: the draft runs on this machine's CPU, where its γ tokens per step "
+                     "cost no network hop")
+    d_bytes = d.gpu_bytes if d is not None and at is not None else 0
+    if at is not None and d_bytes > room[at]:
+        notes.append(f"the draft needs {gib(d_bytes)} and {devices[at].name} has {gib(room[at])} usable: llama.cpp "
+                     "may fail to load it there; choose another draft GPU or a smaller draft")
+    shares = target_shares(room, d_bytes, at)
+    t_bytes = pooled.target.gpu_bytes
+    cards = tuple(CardShare(dev, r, s, round(t_bytes * s), d_bytes if i == at else 0)
+                  for i, (dev, r, s) in enumerate(zip(devices, room, shares)))
+    return dataclasses.replace(pooled, draft=d, vram_bytes=sum(room) + reserve_bytes, cards=cards, draft_card=at,
+                               notes=tuple(notes) + pooled.notes)

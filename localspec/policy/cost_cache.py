@@ -101,6 +101,8 @@ def cost_key(ctx: "Context", *, n_threads: int | None = None, n_gpu_layers: int 
     offload = gpu_offload_supported()
     gpus = gpu_devices() if offload and n_gpu_layers != 0 else []
     devices = "; ".join(f"{name} ({total} bytes)" for name, _free, total in gpus) or "cpu"
+    if ctx.model.split is not None:  # chosen devices (RPC servers, some GPUs) and their shares cost otherwise
+        devices = f"{ctx.model.split.mode} split over {ctx.model.split.describe()}"
     return CostKey(
         model=str(path), model_size=st.st_size, model_mtime_ns=st.st_mtime_ns,
         system_info=system_info(), gpu_offload=offload, n_gpu_layers=n_gpu_layers,

@@ -50,6 +50,22 @@ def test_plan_command_table(gemma_path: Path, capsys: pytest.CaptureFixture[str]
     assert out.startswith("model") and "target gemma-3-270m-q4_k_m" in out and "context 32768 tokens" in out
 
 
+def test_plan_command_splits_over_one_size_per_gpu(smollm2_path: Path, gemma_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_plan([str(gemma_path), "--vram", "1GiB,3GiB", "--reserve", "256MiB"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("  GPU")]
+    assert [r[0] for r in rows] == ["GPU0", "GPU1"] and [r[4] for r in rows] == ["21%", "79%"]  # 0.75 : 2.75 GiB usable
+    assert "devices total" in out and "compute buffer of its own" in out
+    assert run_plan([str(smollm2_path), "--draft", str(smollm2_path), "--vram", "2GiB,2GiB", "--draft-gpu", "1",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["draft_card"] == 1 and [c["draft_bytes"] > 0 for c in out["cards"]] == [False, True]
+    assert out["cards"][0]["share"] > out["cards"][1]["share"]  # GPU1 also holds the draft
+    assert cli.main(["plan", str(smollm2_path), "--vram", "2GiB,2GiB", "--draft-gpu", "2"]) == 2
+    assert "--draft-gpu 2 is none of the 2 GPUs" in capsys.readouterr().err
+
+
 def test_plan_command_errors_through_the_cli(smollm2_path: Path, gemma_path: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -399,10 +399,11 @@ def test_a_gpu_run_and_a_cpu_run_never_share_costs(tmp_path: Path, monkeypatch: 
     from types import SimpleNamespace
 
     from localspec import backend
+    from localspec.models.split import Device, DeviceSplit
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    ctx = SimpleNamespace(model=SimpleNamespace(path=gguf, repack=True), n_ctx=4096, n_seq=1)
+    ctx = SimpleNamespace(model=SimpleNamespace(path=gguf, repack=True, split=None), n_ctx=4096, n_seq=1)
     monkeypatch.setattr(backend, "system_info", lambda: "CUDA : ARCHS = 890,900 | CPU : AVX2 = 1")
     monkeypatch.setattr(backend, "gpu_offload_supported", lambda: True)
     monkeypatch.setattr(backend, "gpu_devices", lambda: [("NVIDIA GeForce RTX 4090", 20 << 30, 24 << 30)])
@@ -416,7 +417,12 @@ def test_a_gpu_run_and_a_cpu_run_never_share_costs(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(backend, "gpu_devices", lambda: [])
     no_driver = measure_costs.cost_key(ctx, n_threads=2)
     assert gpu.devices.startswith("NVIDIA GeForce RTX 4090") and on_cpu.devices == no_driver.devices == "cpu"
-    assert len({k.digest() for k in (gpu, on_cpu, other_gpu, no_driver)}) == 4
+    # Layers on an RPC server (each verification pays a network hop) cost otherwise again.
+    server = Device("RPC0", "10.0.0.2:50052", 1 << 30, 1 << 30, remote=True)
+    ctx.model.split = DeviceSplit((server,), (1.0,))
+    over_rpc = measure_costs.cost_key(ctx, n_threads=2, n_gpu_layers=20)
+    assert over_rpc.devices == "layer split over RPC0 (10.0.0.2:50052) 100%"
+    assert len({k.digest() for k in (gpu, on_cpu, other_gpu, no_driver, over_rpc)}) == 5
 
 
 def test_saving_drops_the_records_of_models_that_are_gone_or_rewritten(tmp_path: Path,
