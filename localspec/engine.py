@@ -156,9 +156,6 @@ class Engine:
         self._measure_failed = False
         self._turn_lock = threading.Lock()
         self._closing = threading.Event()
-        # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
-        n_seq = 1 + TREE_SEQUENCES if model_free and target.rollback == "cache" else 1
-        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         self.draft = draft
         # The draft decodes a token at a time: a small batch (localspec.llama_facts.DRAFT_N_UBATCH) shrinks
         # the compute buffer llama.cpp reserves for a batch that wants every row's logits. A draft with a
@@ -170,6 +167,14 @@ class Engine:
         eagle3 = draft is not None and draft.architecture == EAGLE3
         # A DFlash draft drafts a block per pass from the target's layer inputs (backend.DFlashContext).
         dflash = draft is not None and draft.architecture == DFLASH
+        # Drafts that grow trees when the controller asks (a DFlash block; a draft model with a cache it
+        # can branch: one sequence per node it decodes, drafting/model.py).
+        model_draft = draft is not None and not (assistant or eagle3 or dflash)
+        self._draft_trees = dflash or (model_draft and not recurrent_draft)
+        # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
+        branches = bool(model_free) or self._draft_trees
+        n_seq = 1 + TREE_SEQUENCES if branches and target.rollback == "cache" else 1
+        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         self.assistant_ctx: AssistantContext | None = None
         if assistant:
             assert draft is not None
@@ -177,9 +182,10 @@ class Engine:
 
             pairing.check_assistant(read_info(target.path), read_info(draft.path))
             self.assistant_ctx = AssistantContext(draft, self.ctx, n_threads=n_threads)
+        draft_seqs = 2 if recurrent_draft else 1 + TREE_SEQUENCES if n_seq > 1 else 1
         self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
-                                  n_seq=2 if recurrent_draft else 1, n_rs_seq=0 if recurrent_draft else None)
-                          if draft is not None and not (assistant or eagle3 or dflash) else None)
+                                  n_seq=draft_seqs, n_rs_seq=0 if recurrent_draft else None)
+                          if model_draft else None)
         self.eagle3_ctx: Eagle3Context | None = None
         if eagle3:
             assert draft is not None
@@ -416,6 +422,12 @@ class Engine:
         past its last batch: a recurrent draft drafts on a sequence copy).
         """
         return self.ctx.max_rollback
+
+    @property
+    def tree_nodes_limit(self) -> int:
+        """The most nodes a tree grown by a drafter (``Drafter.tree_width``) may have: one sequence per
+        leaf beside the history's in the target's context (0: no trees, a context of one sequence)."""
+        return self.ctx.n_seq - 1 if self._draft_trees else 0
 
     def controller(self) -> Controller:
         """The controller; it keeps learning across generations.
