@@ -167,10 +167,10 @@ class Engine:
         eagle3 = draft is not None and draft.architecture == EAGLE3
         # A DFlash draft drafts a block per pass from the target's layer inputs (backend.DFlashContext).
         dflash = draft is not None and draft.architecture == DFLASH
-        # Drafts that grow trees when the controller asks (a DFlash block; a draft model with a cache it
-        # can branch: one sequence per node it decodes, drafting/model.py).
+        # Drafts that grow trees when the controller asks (a DFlash block; EAGLE-3 and a draft model with a
+        # cache they can branch: one sequence per node they decode, drafting/model.py and eagle3.py).
         model_draft = draft is not None and not (assistant or eagle3 or dflash)
-        self._draft_trees = dflash or (model_draft and not recurrent_draft)
+        self._draft_trees = dflash or eagle3 or (model_draft and not recurrent_draft)
         # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
         branches = bool(model_free) or self._draft_trees
         n_seq = 1 + TREE_SEQUENCES if branches and target.rollback == "cache" else 1
@@ -190,7 +190,7 @@ class Engine:
         if eagle3:
             assert draft is not None
             self.eagle3_ctx = Eagle3Context(draft, self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH),
-                                            n_threads=n_threads)
+                                            n_threads=n_threads, n_seq=self.ctx.n_seq)
             self.ctx.enable_layer_taps(self.eagle3_ctx.layers)
         self.dflash_ctx: DFlashContext | None = None
         if dflash:

@@ -32,7 +32,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
-from localspec.drafting.draft_tree import grow_tree, tree_q
+from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
 from localspec.drafting.eagle3 import MAX_ROW_BYTES, FeatureSource
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.errors import IncompatibleDraftError
@@ -104,7 +104,7 @@ class DFlashDrafter(DrafterBase):
     name = DFLASH
 
     def __init__(self, head: BlockHead, target: FeatureSource, sampler: Sampler, *, p_min: float = 0.0,
-                 max_row_bytes: int | None = None, tree_width: int = 3) -> None:
+                 max_row_bytes: int | None = None, tree_width: int = TREE_WIDTH) -> None:
         self.head = head
         self.tree_width = tree_width
         self.target = target

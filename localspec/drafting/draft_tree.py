@@ -44,6 +44,10 @@ from localspec.drafting.tree import CandidateTree
 from localspec.sampling import Sampler
 
 
+TREE_WIDTH = 3
+"""The most children a node of a model drafter's tree may have (the controller chooses how many nodes)."""
+
+
 def tree_q(logits: np.ndarray, sampler: Sampler) -> np.ndarray:
     """The q a tree's children are grown from: the target's own sampling settings applied to the draft's
     logits (the children are drawn from it), or at temperature 0 the plain softmax (scores only: the

@@ -36,13 +36,11 @@ import numpy as np
 
 from localspec.backend import Context
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
-from localspec.drafting.draft_tree import grow_tree, tree_q
+from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
 from localspec.sampling import Sampler
 
 
 _BRANCH = 1  # the sequence a draft with a recurrent state drafts on
-# The most children a node of a tree may have (the controller chooses how many nodes it has).
-TREE_WIDTH = 3
 
 
 class ModelDrafter(DrafterBase):

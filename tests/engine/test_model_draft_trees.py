@@ -1,9 +1,10 @@
-"""Draft trees from a draft model (grown level by level, one sequence per node) and, through the engine, the
-controller's choice of chain or tree for a draft model and a DFlash draft, on real llama.cpp.
+"""Draft trees from a draft model and an EAGLE-3 draft (grown level by level, one sequence per decoded
+node) and, through the engine, the controller's choice of chain or tree for them and for a DFlash draft,
+on real llama.cpp.
 
 The tiny models: ``tests/support/eagle3_model.py``'s dense ``llama`` target, a one-layer ``llama`` of the same
 seed as its draft model (the same embedding and output matrix: it agrees with the target often, not always),
-and the agreeing ``dflash`` draft. SmolLM2-135M with its Q4_0 copy is the real pair.
+and the agreeing ``eagle3`` and ``dflash`` drafts. SmolLM2-135M with its Q4_0 copy is the real pair.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import pytest
 from greedy import assert_matches_plain, plain_greedy
 from stats import assert_first_two_follow, first_two_joint
 
-from localspec.backend import Context, Model, batch_invariant
+from localspec.backend import Context, Eagle3Context, Model, batch_invariant
 from localspec.drafting.base import TreeProposal
+from localspec.drafting.eagle3 import Eagle3Drafter
 from localspec.drafting.model import ModelDrafter
 from localspec.engine import Engine, GenerateOptions
 from localspec.events import DoneEvent, StepEvent
@@ -35,11 +37,12 @@ CPU = {1: 5.4, 2: 11.3, 4: 16.2, 8: 24.9, 16: 41.1}
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from eagle3_model import write_dflash_draft, write_llama_target
+    from eagle3_model import write_dflash_draft, write_eagle3_draft, write_llama_target
 
     d = tmp_path_factory.mktemp("model-trees")
     return {"target": write_llama_target(d / "llama-tiny.gguf", mix=0.3),
             "draft": write_llama_target(d / "llama-tiny-draft.gguf", mix=0.3, n_layer=1),
+            "eagle3": write_eagle3_draft(d / "eagle3-tiny.gguf", agree=True),
             "dflash": write_dflash_draft(d / "dflash-tiny.gguf", agree=True)}
 
 
@@ -138,6 +141,64 @@ def test_a_recurrent_draft_grows_no_tree(mamba_path):
         draft.close()
 
 
+# --- EAGLE-3 ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def eagle3(tiny):
+    """The target's context (33 sequences) with an EAGLE-3 head of as many, reading its layers."""
+    target, draft = Model(tiny["target"]), Model(tiny["eagle3"])
+    tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 32)
+    head = Eagle3Context(draft, tctx, n_threads=1, n_seq=tctx.n_seq)
+    tctx.enable_layer_taps(head.layers)
+    yield target, tctx, head
+    head.close()
+    tctx.close()
+    target.close()
+    draft.close()
+
+
+def test_greedy_with_eagle3_trees_is_plain_greedy(eagle3):
+    """Each node decodes on its own sequence fed its parent's pre-norm output: the output is plain greedy's,
+    the trees branch and a child other than the first is kept; afterwards no node's sequence is left."""
+    target, tctx, head = eagle3
+    sampler = Sampler(GREEDY)
+    drafter = Eagle3Drafter(head, tctx, sampler)
+    assert drafter.tree_width > 1
+    try:
+        prompt = target.tokenize(PROMPT)
+        want = plain_greedy(target, prompt, 40, n_ctx=256)
+        history = list(prompt)
+        tctx.append(history[:-1])
+        siblings_kept = branched = 0
+        while len(history) < len(prompt) + len(want.tokens):
+            proposal = drafter.propose_tree(history, 4, 9)
+            assert isinstance(proposal, TreeProposal)
+            branched += len(proposal.tree.leaves) > 1
+            assert all(head.seq_pos_max(s) == -1 for s in range(1, head.n_seq))
+            step = speculative_step(tctx, history, drafter, sampler, 4, proposal=proposal)
+            siblings_kept += any(rank > 0 for _, rank in step.walk)
+        assert_matches_plain(history[len(prompt):len(prompt) + len(want.tokens)], want, strict=batch_invariant())
+        assert branched > 0 and siblings_kept > 0
+    finally:
+        drafter.close()
+
+
+def test_sampled_tokens_with_eagle3_trees_follow_the_target(eagle3):
+    target, tctx, head = eagle3
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=13))
+    drafter = Eagle3Drafter(head, tctx, sampler)
+    try:
+        prompt = target.tokenize(PROMPT)
+        tctx.append(prompt[:-1])
+        n0 = len(tctx.tokens)
+        joint = first_two_joint(tctx, sampler, prompt[-1])
+        proposal = drafter.propose_tree(prompt, 3, 7)
+        assert isinstance(proposal, TreeProposal) and proposal.child_q is not None
+        assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0), trials=1200,
+                                tree_nodes=7)
+    finally:
+        drafter.close()
+
+
 # --- through the engine: the controller chooses ---------------------------------------------------------
 def _generate(engine: Engine, costs: CostModel, prompt: str, max_tokens: int) -> tuple[list[StepEvent], DoneEvent]:
     """A greedy reply whose controller plans with ``costs`` (hand-built: a GPU's or a CPU's)."""
@@ -162,7 +223,7 @@ def _costs(points: dict[int, float], name: str, draft: dict[int, float] | None) 
     return costs
 
 
-@pytest.mark.parametrize("kind", ["draft", "dflash"])
+@pytest.mark.parametrize("kind", ["draft", "eagle3", "dflash"])
 def test_the_engine_drafts_trees_at_gpu_costs_and_stays_exact(tiny, kind):
     """``--draft FILE`` alone: at a GPU's costs the controller asks the drafter for trees (no option
     needed), the reply is plain greedy's, and the stats name the drafter and count acceptance by tree
