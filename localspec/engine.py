@@ -167,10 +167,12 @@ class Engine:
         eagle3 = draft is not None and draft.architecture == EAGLE3
         # A DFlash draft drafts a block per pass from the target's layer inputs (backend.DFlashContext).
         dflash = draft is not None and draft.architecture == DFLASH
-        # Drafts that grow trees when the controller asks (a DFlash block; EAGLE-3 and a draft model with a
-        # cache they can branch: one sequence per node they decode, drafting/model.py and eagle3.py).
+        # Drafts that grow trees when the controller asks (a DFlash block; EAGLE-3, the MTP head and a draft
+        # model with a cache they can branch: one sequence per node they decode).
         model_draft = draft is not None and not (assistant or eagle3 or dflash)
-        self._draft_trees = dflash or eagle3 or (model_draft and not recurrent_draft)
+        # The MTP head grows trees with one NextN layer only (drafting/mtp.py).
+        mtp_trees = any(s.kind == MTP for s in specs) and target.n_nextn_layers == 1
+        self._draft_trees = dflash or eagle3 or mtp_trees or (model_draft and not recurrent_draft)
         # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
         branches = bool(model_free) or self._draft_trees
         n_seq = 1 + TREE_SEQUENCES if branches and target.rollback == "cache" else 1
@@ -221,7 +223,8 @@ class Engine:
         self.mtp_ctx: MtpContext | None = None
         if any(s.kind == MTP for s in specs):
             self.ctx.enable_hidden_rows()
-            mtp_ctx = self.mtp_ctx = MtpContext(self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads)
+            mtp_ctx = self.mtp_ctx = MtpContext(self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
+                                                n_seq=self.ctx.n_seq if mtp_trees else 1)
             self._factories[MTP] = self._listener(
                 lambda sampler, opts: MtpDrafter(mtp_ctx, self.ctx, sampler, p_min=opts.p_min))
         for spec in model_free:

@@ -138,12 +138,13 @@ class MtpContext(_RowDraftContext):
     draft one more token. The target's ``Model`` must be loaded with
     ``load_mtp=True``; ``head`` selects which NextN layer runs (0: the first).
     Logits and hidden rows are read by batch row and are views valid until the
-    next ``decode``.
+    next ``decode``. ``n_seq`` > 1: sequences for a draft tree's nodes.
     """
 
     _what = "MTP"
 
-    def __init__(self, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
+    def __init__(self, target: Context, *, n_batch: int = 128, n_threads: int | None = None,
+                 n_seq: int = 1) -> None:
         model = target.model
         reason = mtp_unavailable_reason()
         if reason is not None:
@@ -162,8 +163,9 @@ class MtpContext(_RowDraftContext):
         params.n_ctx = target.n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq  # > 1: a draft tree's nodes, a sequence each (drafting/mtp.py)
         params.kv_unified = True
+        self.n_seq = n_seq
         _flash_attention(params, target.flash_attn)
         _set_threads(params, n_threads)
         ctx = llama_cpp.llama_init_from_model(model._model, params)

@@ -16,10 +16,12 @@ import pytest
 from greedy import assert_matches_plain, plain_greedy
 from stats import assert_first_two_follow, first_two_joint
 
-from localspec.backend import Context, Eagle3Context, Model, batch_invariant
+from localspec.backend import Context, Eagle3Context, Model, MtpContext, batch_invariant
 from localspec.drafting.base import TreeProposal
 from localspec.drafting.eagle3 import Eagle3Drafter
 from localspec.drafting.model import ModelDrafter
+from localspec.drafting.mtp import MtpDrafter
+from localspec.drafting.specs import parse_draft
 from localspec.engine import Engine, GenerateOptions
 from localspec.events import DoneEvent, StepEvent
 from localspec.policy.costs import CostModel
@@ -38,9 +40,12 @@ CPU = {1: 5.4, 2: 11.3, 4: 16.2, 8: 24.9, 16: 41.1}
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from eagle3_model import write_dflash_draft, write_eagle3_draft, write_llama_target
+    from mtp_model import write_mtp_model, write_step35_model
 
     d = tmp_path_factory.mktemp("model-trees")
     return {"target": write_llama_target(d / "llama-tiny.gguf", mix=0.3),
+            "mtp": write_mtp_model(d / "glm4moe-mtp-agree.gguf", mix=0.05),
+            "chained": write_step35_model(d / "step35-mtp-agree.gguf", mix=0.05),
             "draft": write_llama_target(d / "llama-tiny-draft.gguf", mix=0.3, n_layer=1),
             "eagle3": write_eagle3_draft(d / "eagle3-tiny.gguf", agree=True),
             "dflash": write_dflash_draft(d / "dflash-tiny.gguf", agree=True)}
@@ -199,6 +204,72 @@ def test_sampled_tokens_with_eagle3_trees_follow_the_target(eagle3):
         drafter.close()
 
 
+# --- the MTP head --------------------------------------------------------------------------------------
+@pytest.fixture
+def mtp(tiny):
+    """A glm4moe with one NextN head (agreeing often), the head's context with a sequence per node."""
+    target = Model(tiny["mtp"], load_mtp=True)
+    tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 32)
+    tctx.enable_hidden_rows()
+    head = MtpContext(tctx, n_threads=1, n_seq=tctx.n_seq)
+    yield target, tctx, head
+    head.close()
+    tctx.close()
+    target.close()
+
+
+def test_greedy_with_mtp_trees_is_plain_greedy(mtp):
+    target, tctx, head = mtp
+    sampler = Sampler(GREEDY)
+    drafter = MtpDrafter(head, tctx, sampler)
+    assert drafter.tree_width > 1
+    try:
+        prompt = target.tokenize(PROMPT)
+        want = plain_greedy(target, prompt, 40, n_ctx=256)
+        history = list(prompt)
+        tctx.append(history[:-1])
+        branched = kept = 0
+        while len(history) < len(prompt) + len(want.tokens):
+            proposal = drafter.propose_tree(history, 4, 9)
+            assert isinstance(proposal, TreeProposal)
+            branched += len(proposal.tree.leaves) > 1
+            assert all(head.seq_pos_max(s) == -1 for s in range(1, head.n_seq))
+            kept += speculative_step(tctx, history, drafter, sampler, 4, proposal=proposal).accepted
+        assert_matches_plain(history[len(prompt):len(prompt) + len(want.tokens)], want, strict=batch_invariant())
+        assert branched > 0 and kept > 0
+    finally:
+        drafter.close()
+
+
+def test_sampled_tokens_with_mtp_trees_follow_the_target(mtp):
+    target, tctx, head = mtp
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=17))
+    drafter = MtpDrafter(head, tctx, sampler)
+    try:
+        prompt = target.tokenize(PROMPT)
+        tctx.append(prompt[:-1])
+        n0 = len(tctx.tokens)
+        joint = first_two_joint(tctx, sampler, prompt[-1])
+        assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0), trials=1200,
+                                tree_nodes=7)
+    finally:
+        drafter.close()
+
+
+def test_chained_mtp_heads_grow_no_tree(tiny):
+    """Head i drafts depth i + 1 over the whole draft region rebuilt in its layer: a tree would rebuild it
+    per path, so chained heads draft chains and the engine gives them no tree sequences."""
+    engine = Engine.load(tiny["chained"], specs=parse_draft("mtp"), n_ctx=256, n_threads=1)
+    try:
+        assert engine.mtp_ctx is not None and engine.mtp_ctx.n_heads == 2
+        assert engine.tree_nodes_limit == 0
+        drafter = MtpDrafter(engine.mtp_ctx, engine.ctx, Sampler(GREEDY))
+        assert drafter.tree_width == 0
+        drafter.close()
+    finally:
+        engine.close()
+
+
 # --- through the engine: the controller chooses ---------------------------------------------------------
 def _generate(engine: Engine, costs: CostModel, prompt: str, max_tokens: int) -> tuple[list[StepEvent], DoneEvent]:
     """A greedy reply whose controller plans with ``costs`` (hand-built: a GPU's or a CPU's)."""
@@ -223,17 +294,22 @@ def _costs(points: dict[int, float], name: str, draft: dict[int, float] | None) 
     return costs
 
 
-@pytest.mark.parametrize("kind", ["draft", "eagle3", "dflash"])
+@pytest.mark.parametrize("kind", ["draft", "eagle3", "dflash", "mtp"])
 def test_the_engine_drafts_trees_at_gpu_costs_and_stays_exact(tiny, kind):
-    """``--draft FILE`` alone: at a GPU's costs the controller asks the drafter for trees (no option
-    needed), the reply is plain greedy's, and the stats name the drafter and count acceptance by tree
-    depth (a tree 4 deep fills 4 positions, however many nodes it has)."""
-    target, draft = Model(tiny["target"]), Model(tiny[kind])
-    engine = Engine(target, draft=draft, n_ctx=512, n_threads=1)
+    """``--draft FILE`` (or ``mtp``) alone: at a GPU's costs the controller asks the drafter for trees (no
+    option needed), the reply is plain greedy's, and the stats name the drafter and count acceptance by
+    tree depth (a tree 4 deep fills 4 positions, however many nodes it has)."""
+    if kind == "mtp":
+        engine = Engine.load(tiny["mtp"], specs=parse_draft("mtp"), n_ctx=512, n_threads=1)
+        target = draft = engine.target
+    else:
+        target, draft = Model(tiny["target"]), Model(tiny[kind])
+        engine = Engine(target, draft=draft, n_ctx=512, n_threads=1)
+    model_curve = GPU_DRAFT if kind in ("draft", "mtp") else None
     try:
         prompt = engine.tokenize(PROMPT)
         want = plain_greedy(target, prompt, 40, n_ctx=512)
-        steps, done = _generate(engine, _costs(GPU, kind, GPU_DRAFT if kind == "draft" else None), PROMPT, 40)
+        steps, done = _generate(engine, _costs(GPU, kind, model_curve), PROMPT, 40)
         trees = [s for s in steps if s.verified > s.drafted]
         assert trees, [s.decision for s in steps]
         assert all("-node tree" in s.decision for s in trees)
