@@ -386,8 +386,9 @@ class Controller:
         verify, with E from the chain's rates and the siblings' (``tree_expected_tokens``) and T from
         what the tree costs to draft (``CostModel.tree_draft_ms``: for a draft model, its extra rows;
         for DFlash, nothing but its nodes' Python work) and to verify (1 + k + m rows). Only the best
-        is built (ranked as ``plan`` ranks, the catch-up spread over ``horizon``), and only if it beats
-        every one of ``chains``: a plan prices up to 72 trees every step."""
+        is built (ranked as ``plan`` ranks, the catch-up spread over ``horizon``), and a depth whose
+        trees cannot beat the best of ``chains`` even at the largest gain per node is not priced: a plan
+        would otherwise price 72 trees every step."""
         width, most = drafter.tree_width, self.tree_nodes_limit
         lengths = [k for k in self._lengths(limit) if k <= TREE_DEPTH_MAX and k < most]
         if width <= 1 or not lengths:
