@@ -36,7 +36,7 @@ PROMPTS = ("The quick brown fox jumps over the lazy dog, and then", "Once upon a
 
 
 def rates(tctx: Context, make: Callable[[Sampler], Drafter], prompts: list[list[int]], temperature: float,
-          seeds: int, tokens: int, draft_len: int, match_rule: bool) -> tuple[int, int, int, int]:
+          seeds: int, tokens: int, draft_len: int, match_rule: bool, tree_nodes: int = 0) -> tuple[int, int, int, int]:
     drafted = accepted = emitted = steps = 0
     for seed in range(seeds):
         sampler = Sampler(SamplingParams(temperature=temperature, seed=seed))
@@ -46,7 +46,7 @@ def rates(tctx: Context, make: Callable[[Sampler], Drafter], prompts: list[list[
             tctx.append(prompt[:-1])
             history = list(prompt)
             while len(history) < len(prompt) + tokens:
-                step = speculative_step(tctx, history, drafter, sampler, draft_len)
+                step = speculative_step(tctx, history, drafter, sampler, draft_len, tree_nodes=tree_nodes)
                 drafted += step.drafted
                 accepted += step.accepted
                 emitted += step.emitted
@@ -73,7 +73,7 @@ def main() -> None:
         drafters: dict[str, Callable[[Sampler], Drafter]] = {
             "eagle3": lambda s: Eagle3Drafter(e_ctx, tctx, s),
             "dflash": lambda s: DFlashDrafter(f_ctx, tctx, s),
-            "dflash tree(6)": lambda s: DFlashDrafter(f_ctx, tctx, s, tree_nodes=6, tree_width=3),
+            "dflash tree(6)": lambda s: DFlashDrafter(f_ctx, tctx, s, tree_width=3),
         }
         print(f"{len(prompts)} prompts x {args.seeds} seeds x {args.tokens} tokens, draft length {args.draft_len}")
         for name, make in drafters.items():
@@ -83,7 +83,7 @@ def main() -> None:
                     if (temperature == 0.0 or "tree" in name) and match:
                         continue  # the same rule at T=0; llama.cpp has no DFlash tree
                     dr, ac, em, st = rates(tctx, make, prompts, temperature, args.seeds, args.tokens,
-                                           args.draft_len, match)
+                                           args.draft_len, match, 6 if "tree" in name else 0)
                     row.append(f"{label}: kept {ac}/{dr} = {ac / max(dr, 1):.0%}, {em / st:.2f} tokens/step")
                 print("  ".join(row), flush=True)
         for obj in (e_ctx, f_ctx, tctx):

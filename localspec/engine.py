@@ -157,9 +157,6 @@ class Engine:
         self._measure_failed = False
         self._turn_lock = threading.Lock()
         self._closing = threading.Event()
-        # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
-        n_seq = 1 + TREE_SEQUENCES if model_free and target.rollback == "cache" else 1
-        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         self.draft = draft
         # The draft decodes a token at a time: a small batch (localspec.llama_facts.DRAFT_N_UBATCH) shrinks
         # the compute buffer llama.cpp reserves for a batch that wants every row's logits. A draft with a
@@ -171,6 +168,16 @@ class Engine:
         eagle3 = draft is not None and draft.architecture == EAGLE3
         # A DFlash draft drafts a block per pass from the target's layer inputs (backend.DFlashContext).
         dflash = draft is not None and draft.architecture == DFLASH
+        # Drafts that grow trees when the controller asks (a DFlash block; EAGLE-3, the MTP head and a draft
+        # model with a cache they can branch: one sequence per node they decode).
+        model_draft = draft is not None and not (assistant or eagle3 or dflash)
+        # The MTP head grows trees with one NextN layer only (drafting/mtp.py).
+        mtp_trees = any(s.kind == MTP for s in specs) and target.n_nextn_layers == 1
+        self._draft_trees = dflash or eagle3 or mtp_trees or (model_draft and not recurrent_draft)
+        # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
+        branches = bool(model_free) or self._draft_trees
+        n_seq = 1 + TREE_SEQUENCES if branches and target.rollback == "cache" else 1
+        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         self.assistant_ctx: AssistantContext | None = None
         if assistant:
             assert draft is not None
@@ -178,14 +185,15 @@ class Engine:
 
             pairing.check_assistant(read_info(target.path), read_info(draft.path))
             self.assistant_ctx = AssistantContext(draft, self.ctx, n_threads=n_threads)
+        draft_seqs = 2 if recurrent_draft else 1 + TREE_SEQUENCES if n_seq > 1 else 1
         self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
-                                  n_seq=2 if recurrent_draft else 1, n_rs_seq=0 if recurrent_draft else None)
-                          if draft is not None and not (assistant or eagle3 or dflash) else None)
+                                  n_seq=draft_seqs, n_rs_seq=0 if recurrent_draft else None)
+                          if model_draft else None)
         self.eagle3_ctx: Eagle3Context | None = None
         if eagle3:
             assert draft is not None
             self.eagle3_ctx = Eagle3Context(draft, self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH),
-                                            n_threads=n_threads)
+                                            n_threads=n_threads, n_seq=self.ctx.n_seq)
             self.ctx.enable_layer_taps(self.eagle3_ctx.layers)
         self.dflash_ctx: DFlashContext | None = None
         if dflash:
@@ -216,7 +224,8 @@ class Engine:
         self.mtp_ctx: MtpContext | None = None
         if any(s.kind == MTP for s in specs):
             self.ctx.enable_hidden_rows()
-            mtp_ctx = self.mtp_ctx = MtpContext(self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads)
+            mtp_ctx = self.mtp_ctx = MtpContext(self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
+                                                n_seq=self.ctx.n_seq if mtp_trees else 1)
             self._factories[MTP] = self._listener(
                 lambda sampler, opts: MtpDrafter(mtp_ctx, self.ctx, sampler, p_min=opts.p_min))
         for spec in model_free:
@@ -420,6 +429,12 @@ class Engine:
         past its last batch: a recurrent draft drafts on a sequence copy).
         """
         return self.ctx.max_rollback
+
+    @property
+    def tree_nodes_limit(self) -> int:
+        """The most nodes a tree grown by a drafter (``Drafter.tree_width``) may have: one sequence per
+        leaf beside the history's in the target's context (0: no trees, a context of one sequence)."""
+        return self.ctx.n_seq - 1 if self._draft_trees else 0
 
     def controller(self) -> Controller:
         """The controller; it keeps learning across generations.

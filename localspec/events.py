@@ -44,7 +44,10 @@ class StepEvent:
     of the step: lookups made while planning (with the pricing of what they
     offered), a draft model's catch-up and its draft. ``python_ms``: the
     rest of the step's work outside the target's decode, the controller's
-    planning and its observing of the step before included.
+    planning and its observing of the step before included. ``walk``: a tree's
+    verification from the root down the kept path (``CandidateTree.walk``: the
+    children of each node and the rank of the one kept, -1 where none was);
+    empty for a chain.
     """
 
     index: int
@@ -59,6 +62,7 @@ class StepEvent:
     decision: str = ""  # why the controller drafted this many tokens (or none)
     tokens: tuple[int, ...] = ()
     batch_tokens: int = 1
+    walk: tuple[tuple[int, int], ...] = ()
 
     @property
     def step_ms(self) -> float:

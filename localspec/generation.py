@@ -155,7 +155,8 @@ class Generation(Iterator[Event]):
 
     def _start_controller(self) -> None:
         self.controller = self.engine.controller()
-        self.controller.start(self.drafters, draft_len=self.opts.draft_len, draft_len_limit=self.engine.draft_len_limit)
+        self.controller.start(self.drafters, draft_len=self.opts.draft_len, draft_len_limit=self.engine.draft_len_limit,
+                              tree_nodes_limit=self.engine.tree_nodes_limit)
         self.tally.attach(self.controller)
 
     def _costs_arrived(self) -> None:
@@ -275,7 +276,7 @@ class Generation(Iterator[Event]):
             step = speculative_step(self.engine.ctx, history, None, self.sampler, 0)
         else:
             step = speculative_step(self.engine.ctx, history, decision.chosen, self.sampler, decision.draft_len,
-                                    decision.proposal, decision.proposal_ms)
+                                    decision.proposal, decision.proposal_ms, decision.tree_nodes)
         if decision is None:
             reason = MEASURING_REASON if self.measuring_costs else ""
             return dataclasses.replace(step, index=self.tally.steps + 1, decision=reason)

@@ -73,13 +73,14 @@ def _argmax(logits: np.ndarray) -> int:
 
 def speculative_step(target: Context, history: list[int], drafter: Drafter | None, sampler: Sampler,
                      draft_len: int, proposal: Proposal | TreeProposal | None = None,
-                     proposal_ms: float = 0.0) -> StepEvent:
+                     proposal_ms: float = 0.0, tree_nodes: int = 0) -> StepEvent:
     """Draft up to ``draft_len`` tokens, verify them in one target pass, keep the accepted prefix.
 
     ``history`` is extended in place with the emitted tokens. ``proposal``: one
     ``drafter`` already made for this history (a lookup asked before
     planning). Either is cut to ``draft_len`` and to the batch (``fit_proposal``). ``proposal_ms``: drafting time
-    spent before this call (such lookups), counted in the step's ``draft_ms``.
+    spent before this call (such lookups), counted in the step's ``draft_ms``. ``tree_nodes`` >
+    ``draft_len``: ask the drafter for a tree of that many nodes (``propose_tree``), not a chain.
     The step updates the drafter it used (``verified`` then ``accepted``);
     the returned record has ``index`` 0 and no ``decision`` (the engine's to fill).
     """
@@ -88,16 +89,19 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     if draft_len <= 0 or drafter is None:
         proposal = NO_PROPOSAL
     elif proposal is None:
-        proposal = drafter.propose(history, draft_len)
+        proposal = (drafter.propose_tree(history, draft_len, tree_nodes) if tree_nodes > draft_len
+                    else drafter.propose(history, draft_len))
     t1 = time.perf_counter()
     decode_before = target.decode_seconds
     proposal = fit_proposal(proposal, draft_len, min(target.n_ctx - len(target.tokens), target.max_verify_rows))
 
     # verify + accept (a chain, or a tree of branches in one batch)
+    walk: tuple[tuple[int, int], ...] = ()
     if isinstance(proposal, TreeProposal) and (len(proposal.tree) or proposal.extra):
         accepted, next_token = _verify_tree(target, history, proposal, sampler)
         drafted, verified = max(proposal.tree.depths, default=0), len(proposal.tree)
         batch = 1 + verified + (len(proposal.extra.tokens) if proposal.extra is not None else 0)
+        walk = proposal.tree.walk(accepted) if len(proposal.tree) else ()
     else:
         draft = proposal.tokens
         accepted, next_token = _verify_chain(target, history, draft, proposal.probs, sampler)
@@ -125,6 +129,7 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
         verified=verified,
         tokens=tokens,
         batch_tokens=batch,
+        walk=walk,
     )
 
 

@@ -41,9 +41,24 @@ class _CachedDraftContext(_ExtBatchContext):
 
     _mem: Any
 
+    n_seq: int = 1
+
     def rollback_to(self, n: int) -> None:
         """Keep positions [0, n) and drop the rest."""
         llama_cpp.llama_memory_seq_rm(self._mem, 0, n, -1)
+
+    def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Make positions [p0, p1) of ``src`` visible to ``dst`` as well (no copy of data): a draft tree's
+        node decodes on a sequence of its own that shares its parent's cells."""
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def remove_seq(self, seq_id: int) -> None:
+        """Drop every position of ``seq_id`` (cells other sequences share stay)."""
+        llama_cpp.llama_memory_seq_rm(self._mem, seq_id, 0, -1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The largest position ``seq_id`` holds in the cache, -1 when it holds none."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
 
     @property
     def n_past(self) -> int:
@@ -62,9 +77,10 @@ class _RowDraftContext(_CachedDraftContext):
     _api: Any
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
-               outputs: Sequence[bool]) -> None:
-        """One forward pass: row i is (``tokens[i]`` at ``positions[i]``, ``hidden[i]``)."""
-        self._process_rows(tokens, positions, hidden, outputs, self._what)
+               outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None:
+        """One forward pass: row i is (``tokens[i]`` at ``positions[i]``, ``hidden[i]``), in sequence
+        ``seqs[i]`` (default 0)."""
+        self._process_rows(tokens, positions, hidden, outputs, self._what, seqs)
 
     def logits(self, row: int) -> np.ndarray:
         return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
@@ -76,7 +92,7 @@ class _RowDraftContext(_CachedDraftContext):
                            f"no {self._what} hidden row for batch row {row}")
 
     def _process_rows(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
-                      outputs: Sequence[bool], what: str) -> None:
+                      outputs: Sequence[bool], what: str, seqs: Sequence[int] | None = None) -> None:
         """One decode: row i is (``tokens[i]`` at ``positions[i]``, the row ``hidden[i]`` of ``n_embd``)."""
         n = len(tokens)
         if n == 0:
@@ -89,7 +105,7 @@ class _RowDraftContext(_CachedDraftContext):
         b = self._batch
         llama_cpp.llama_batch_ext_clear(b)
         for i in range(n):
-            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(tokens[i]))
+            idx = llama_cpp.llama_batch_ext_add_token(b, 0 if seqs is None else int(seqs[i]), int(tokens[i]))
             if idx < 0:
                 raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
             self._pos[0] = positions[i]
@@ -122,12 +138,13 @@ class MtpContext(_RowDraftContext):
     draft one more token. The target's ``Model`` must be loaded with
     ``load_mtp=True``; ``head`` selects which NextN layer runs (0: the first).
     Logits and hidden rows are read by batch row and are views valid until the
-    next ``decode``.
+    next ``decode``. ``n_seq`` > 1: sequences for a draft tree's nodes.
     """
 
     _what = "MTP"
 
-    def __init__(self, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
+    def __init__(self, target: Context, *, n_batch: int = 128, n_threads: int | None = None,
+                 n_seq: int = 1) -> None:
         model = target.model
         reason = mtp_unavailable_reason()
         if reason is not None:
@@ -146,8 +163,9 @@ class MtpContext(_RowDraftContext):
         params.n_ctx = target.n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq  # > 1: a draft tree's nodes, a sequence each (drafting/mtp.py)
         params.kv_unified = True
+        self.n_seq = n_seq
         _flash_attention(params, target.flash_attn)
         _set_threads(params, n_threads)
         ctx = llama_cpp.llama_init_from_model(model._model, params)
@@ -309,11 +327,13 @@ class Eagle3Context(_RowDraftContext):
     runs the decoder block (row i: ``tokens[i]`` at ``positions[i]`` with
     ``g[i]``), ``logits(row)``/``hidden(row)`` read an output row back (views
     valid until the next call). ``layers``: the target layers it reads.
+    ``n_seq`` > 1: sequences for a draft tree's nodes (``copy_seq``, ``remove_seq``).
     """
 
     _what = "EAGLE-3"
 
-    def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
+    def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None,
+                 n_seq: int = 1) -> None:
         from localspec.backend.feature_taps import eagle3_unavailable_reason, tap_api
 
         reason = eagle3_unavailable_reason()
@@ -334,8 +354,9 @@ class Eagle3Context(_RowDraftContext):
         params.n_ctx = target.n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq  # > 1: a draft tree's nodes, a sequence each (drafting/eagle3.py)
         params.kv_unified = True
+        self.n_seq = n_seq
         _flash_attention(params, target.flash_attn)
         _set_threads(params, n_threads)
         clear_log()

@@ -168,12 +168,21 @@ class Drafter(Protocol):
     batch_extra_tokens: int
     """Tokens every verification batch of this drafter carries besides the
     candidates (lookahead's Jacobi window)."""
+    tree_width: int
+    """The most children a node may have in a tree this drafter grows when the
+    controller asks for one (``propose_tree``); 0: it drafts chains only."""
 
     def propose(self, history: Sequence[int], draft_len: int) -> "Proposal | TreeProposal":
         """Propose up to ``draft_len`` tokens (a tree: up to that depth) that continue ``history``.
 
         A ``cheap`` drafter offers all it has up to ``draft_len``, with its ``evidence``:
         the controller cuts the proposal to the length it chooses."""
+        ...
+
+    def propose_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> "Proposal | TreeProposal":
+        """Propose a tree of at most ``nodes`` tokens, ``draft_len`` deep, grown where the draft's
+        cumulative probability is highest (``draft_tree.grow_tree``); the controller chose ``nodes`` by
+        cost. A drafter whose ``tree_width`` is 0 proposes its chain."""
         ...
 
     def behind(self, history: Sequence[int]) -> int:
@@ -211,11 +220,15 @@ class Drafter(Protocol):
 
 
 class DrafterBase:
-    """The defaults of the ``Drafter`` protocol: not cheap, no extra batch tokens, never behind,
-    nothing remembered across replies, nothing to free."""
+    """The defaults of the ``Drafter`` protocol: not cheap, no extra batch tokens, no trees, never
+    behind, nothing remembered across replies, nothing to free."""
 
     cheap: ClassVar[bool] = False
     batch_extra_tokens: ClassVar[int] = 0
+    tree_width: int = 0
+
+    def propose_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> "Proposal | TreeProposal":
+        return self.propose(history, draft_len)  # type: ignore[attr-defined]
 
     def behind(self, history: Sequence[int]) -> int:
         return 0

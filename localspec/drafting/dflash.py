@@ -32,7 +32,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
-from localspec.drafting.draft_tree import grow_tree
+from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
 from localspec.drafting.eagle3 import MAX_ROW_BYTES, FeatureSource
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.errors import IncompatibleDraftError
@@ -95,17 +95,17 @@ class DFlashDrafter(DrafterBase):
 
     Proposes at most ``block_size - 1`` tokens (the block it was trained on holds the
     last token and the masks). ``p_min``: the block is cut at the first row whose top
-    probability falls below it. ``tree_nodes`` > 0: propose a tree of that many nodes
-    grown from the same one pass (``draft_tree.grow_tree``; the block's row i is the
-    draft's q at depth i whatever the path), ``tree_width`` children a node at most.
+    probability falls below it. ``propose_tree``: a tree of the nodes the controller
+    asks for, grown from the same one pass (``draft_tree.grow_tree``; the block's row i
+    is the draft's q at depth i whatever the path), ``tree_width`` children a node at
+    most: a tree costs no draft pass more than a chain, only verification rows.
     """
 
     name = DFLASH
 
     def __init__(self, head: BlockHead, target: FeatureSource, sampler: Sampler, *, p_min: float = 0.0,
-                 max_row_bytes: int | None = None, tree_nodes: int = 0, tree_width: int = 3) -> None:
+                 max_row_bytes: int | None = None, tree_width: int = TREE_WIDTH) -> None:
         self.head = head
-        self.tree_nodes = tree_nodes
         self.tree_width = tree_width
         self.target = target
         self.sampler = sampler
@@ -134,6 +134,12 @@ class DFlashDrafter(DrafterBase):
         return max(0, len(history) - 1 - self._fed(history))
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal | TreeProposal:
+        return self._propose(history, draft_len, 0)
+
+    def propose_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> Proposal | TreeProposal:
+        return self._propose(history, draft_len, nodes if self.tree_width > 0 else 0)
+
+    def _propose(self, history: Sequence[int], draft_len: int, nodes: int) -> Proposal | TreeProposal:
         k = min(draft_len, self.max_block)
         if k <= 0 or len(history) < 2:
             return Proposal(drafter=self.name)
@@ -147,8 +153,8 @@ class DFlashDrafter(DrafterBase):
             self.rows.drop_before(last - 1)
             self.head.draft_block(history[-1], last, k)
             greedy = self.sampler.params.greedy
-            if self.tree_nodes > 0:
-                return self._tree(k, greedy)
+            if nodes > k:
+                return self._tree(k, nodes, greedy)
             tokens: list[int] = []
             probs: list[np.ndarray] = []
             for i in range(1, k + 1):
@@ -166,22 +172,19 @@ class DFlashDrafter(DrafterBase):
             self.head.rollback_to(last)  # the block's rows are not features
         return Proposal(tuple(tokens), None if greedy else tuple(probs), self.name)
 
-    def _tree(self, k: int, greedy: bool) -> TreeProposal:
+    def _tree(self, k: int, nodes: int, greedy: bool) -> TreeProposal:
         """A tree from the block just decoded: the children of a node at depth d drawn from row d + 1."""
         rows: dict[int, np.ndarray] = {}
 
-        def q_at(path: tuple[int, ...]) -> np.ndarray:
-            depth = len(path) + 1
+        def q_one(depth: int) -> np.ndarray:
             if depth not in rows:
-                logits = np.asarray(self.head.logits(depth), dtype=np.float64)
-                if greedy:  # scores only: the children are the most probable tokens
-                    e = np.exp(logits - logits.max())
-                    rows[depth] = e / e.sum()
-                else:
-                    rows[depth] = np.array(self.sampler.distribution(logits), dtype=np.float64)
+                rows[depth] = tree_q(self.head.logits(depth), self.sampler)
             return rows[depth]
 
-        return grow_tree(q_at, max_nodes=self.tree_nodes, max_depth=k, max_width=self.tree_width,
+        def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+            return [q_one(len(path) + 1) for path in paths]
+
+        return grow_tree(q_at, max_nodes=nodes, max_depth=k, max_width=self.tree_width,
                          rng=None if greedy else self.sampler.rng, drafter=self.name)
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:

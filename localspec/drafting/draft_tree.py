@@ -18,28 +18,57 @@ sample from q, and the rule would no longer be exact at T > 0.) At temperature
 0 the children are the most probable tokens in order, verified by following
 the target's argmax.
 
-``q_at(path)`` gives the draft's distribution after a node's token path (``()``:
-right after the history); a DFlash block gives one per depth, whatever the path.
+``q_at(paths)`` gives the draft's distributions after each of several nodes'
+token paths (``()``: right after the history). A DFlash block has one per depth,
+whatever the path; a draft model must decode a node to know its q. So ``q_at``
+is asked in batches: when the slot to grow belongs to a node whose q is not
+known yet, it is asked for that node AND every other node still waiting for its
+q (added since the last ask, and deep enough to get children), in one call: a
+draft model decodes them in one batch, level by level as the tree grows. Asking
+early changes no draw (the sequence of slots and draws is the same as asking
+one node at a time), only how many draft decodes it takes and how many rows
+each holds; a node asked for may never get children (its row is then spent for
+nothing, which the controller prices: ``CostModel.tree_draft_ms``).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from localspec.acceptance import ROOT
 from localspec.drafting.base import TreeProposal
 from localspec.drafting.tree import CandidateTree
+from localspec.sampling import Sampler
 
 
-def grow_tree(q_at: Callable[[tuple[int, ...]], np.ndarray], *, max_nodes: int, max_depth: int, max_width: int,
+TREE_WIDTH = 3
+"""The most children a node of a model drafter's tree may have (the controller chooses how many nodes)."""
+
+
+def tree_q(logits: np.ndarray, sampler: Sampler) -> np.ndarray:
+    """The q a tree's children are grown from: the target's own sampling settings applied to the draft's
+    logits (the children are drawn from it), or at temperature 0 the plain softmax (scores only: the
+    children are its most probable tokens, whatever the sampling settings cut)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if sampler.params.greedy:
+        e = np.exp(logits - logits.max())
+        return e / e.sum()
+    return np.array(sampler.distribution(logits), dtype=np.float64)
+
+
+QBatch = Callable[[Sequence[tuple[int, ...]]], Sequence[np.ndarray]]
+
+
+def grow_tree(q_at: QBatch, *, max_nodes: int, max_depth: int, max_width: int,
               rng: np.random.Generator | None, drafter: str = "") -> TreeProposal:
     """A tree of at most ``max_nodes`` nodes, ``max_depth`` deep, ``max_width`` children a node.
 
     ``rng`` None: deterministic (temperature 0), the children being q's most probable tokens in
     order; else children are drawn from q without replacement and the proposal carries ``child_q``.
+    ``q_at``: the draft's q after each of a list of token paths (see the module notes).
     """
     tokens: list[int] = []
     parents: list[int] = []
@@ -49,14 +78,19 @@ def grow_tree(q_at: Callable[[tuple[int, ...]], np.ndarray], *, max_nodes: int, 
     q_of: dict[int, np.ndarray] = {}
     left: dict[int, np.ndarray] = {}  # q at a node, its drawn children removed (unnormalised)
     width: dict[int, int] = {}
+    waiting: list[int] = []  # nodes that may get children and whose q is not asked for yet
     # Slots: (-priority, order, node); order breaks ties by age.
     slots: list[tuple[float, int, int]] = [(-1.0, 0, ROOT)]
     order = 1
     while slots and len(tokens) < max_nodes:
         _, _, node = heapq.heappop(slots)
         if node not in q_of:
-            q = np.asarray(q_at(paths[node]), dtype=np.float64)
-            q_of[node], left[node] = q, q.copy()
+            batch = [node, *(n for n in waiting if n != node)] if node != ROOT else [ROOT]
+            for n, q in zip(batch, q_at([paths[n] for n in batch]), strict=True):
+                q_of[n] = np.asarray(q, dtype=np.float64)
+                left[n] = q_of[n].copy()
+            if node != ROOT:
+                waiting.clear()
         rest = left[node]
         mass = float(rest.sum())
         if not mass > 0.0:
@@ -75,8 +109,9 @@ def grow_tree(q_at: Callable[[tuple[int, ...]], np.ndarray], *, max_nodes: int, 
         depths.append(1 if node == ROOT else depths[node] + 1)
         scores.append(parent_score * prob)
         paths[child] = (*paths[node], tok)
-        if depths[child] < max_depth:
+        if depths[child] < max_depth and len(tokens) < max_nodes:
             heapq.heappush(slots, (-scores[child], order, child))
+            waiting.append(child)
             order += 1
         if width[node] < max_width and rest.sum() > 0.0:
             heapq.heappush(slots, (-parent_score * float(rest.sum()), order, node))

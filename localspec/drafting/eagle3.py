@@ -38,7 +38,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from localspec.drafting.base import DrafterBase, Proposal, draft_token
+from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
+from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.errors import IncompatibleDraftError
 from localspec.llama_facts import EAGLE3_N_TARGET_LAYERS, LAYER_TAP_ARCHITECTURES
@@ -105,11 +106,16 @@ class Eagle3Head(Protocol):
     n_embd: int
     n_features: int
     n_batch: int
+    n_seq: int
 
     def encode(self, features: np.ndarray) -> np.ndarray: ...
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], g: np.ndarray,
-               outputs: Sequence[bool]) -> None: ...
+               outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None: ...
+
+    def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...
+
+    def remove_seq(self, seq_id: int) -> None: ...
 
     def logits(self, row: int) -> np.ndarray: ...
 
@@ -122,6 +128,10 @@ class Eagle3Drafter(DrafterBase):
     """Drafts with an EAGLE-3 model; ``accepted``/``reset`` follow the drafter protocol.
 
     ``p_min``: stop drafting when the draft's own top probability falls below it.
+    ``propose_tree``: a tree grown best-first (``draft_tree.grow_tree``) level by level, where the
+    head has sequences for its nodes: each waiting node is decoded in one batch, on a sequence of its
+    own sharing its parent's cells, fed its parent's own pre-norm output (as a chain's next token is);
+    the sequences are removed afterwards.
     """
 
     name = EAGLE3
@@ -134,6 +144,7 @@ class Eagle3Drafter(DrafterBase):
         self.p_min = p_min
         max_rows = (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_features)
         self.rows = HiddenRows(head.n_features, max(2, max_rows))
+        self.tree_width = TREE_WIDTH if head.n_seq > 1 else 0
         # The history prefix whose decoder rows the cache holds: rows P = 0 .. len - 2.
         self._tokens: list[int] = []
         target.add_decode_listener(self.observe)
@@ -205,6 +216,44 @@ class Eagle3Drafter(DrafterBase):
             self._tokens.clear()
             raise
         return Proposal(tuple(tokens), None if greedy else tuple(probs), self.name)
+
+    def propose_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> Proposal | TreeProposal:
+        nodes = min(nodes, self.head.n_seq)  # each decoded node takes a sequence
+        if self.tree_width <= 1 or nodes <= draft_len or draft_len <= 0 or len(history) < 2:
+            return self.propose(history, draft_len)
+        row = self._sync(history)
+        pos = len(history) - 1  # the decoder position of the root's children
+        seq_of: dict[tuple[int, ...], int] = {(): 0}
+        # What each decoded node feeds its children: its own pre-norm output (the root's: the last row's).
+        hidden_of: dict[tuple[int, ...], np.ndarray] = {(): np.array(self.head.hidden(row))}
+        root = tree_q(self.head.logits(row), self.sampler)
+
+        def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+            if list(paths) == [()]:
+                return [root]
+            seqs, positions = [], []
+            for path in paths:
+                seq = seq_of[path] = len(seq_of)
+                self.head.copy_seq(seq_of[path[:-1]], seq, 0, pos + len(path) - 1)
+                seqs.append(seq)
+                positions.append(pos + len(path) - 1)
+            g = np.stack([hidden_of[path[:-1]] for path in paths])
+            self.head.decode([path[-1] for path in paths], positions, g, [True] * len(paths), seqs)
+            out = []
+            for i, path in enumerate(paths):
+                hidden_of[path] = np.array(self.head.hidden(i))
+                out.append(tree_q(self.head.logits(i), self.sampler))
+            return out
+
+        try:
+            return grow_tree(q_at, max_nodes=nodes, max_depth=draft_len, max_width=self.tree_width,
+                             rng=None if self.sampler.params.greedy else self.sampler.rng, drafter=self.name)
+        except BaseException:
+            self._tokens.clear()
+            raise
+        finally:
+            for seq in range(1, len(seq_of)):
+                self.head.remove_seq(seq)
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         # Nothing eager: the next propose() rebuilds the rows from the target's features.

@@ -14,6 +14,18 @@ None) could not take back tokens it drafted one decode at a time (llama.cpp
 snapshots a state only within one batch), so it drafts on a copy of its
 sequence: sequence 1 shares the state of sequence 0, which stays at the
 history, and is dropped after proposing. The context needs two sequences.
+
+Trees (``propose_tree``, when the controller asks for one): grown best-first by
+the draft's cumulative probability (``draft_tree.grow_tree``), level by level:
+every node that may get children and whose q is not known yet is decoded in one
+batch, each node on a llama.cpp sequence of its own that first shares its
+parent's cells (the history's, for a child of the root; ``copy_seq`` copies no
+data), so it attends to exactly its path. The root's q is the catch-up's last
+row. Afterwards every node's sequence is removed: the cache holds the history
+again, as after a chain's rollback. Children are drawn from q without
+replacement at temperature > 0 (what recursive rejection sampling needs) and
+are q's most probable tokens at 0. A tree needs one sequence per decoded node,
+so only a draft whose context has them (and no recurrent state) grows trees.
 """
 
 from __future__ import annotations
@@ -23,7 +35,8 @@ from typing import Sequence
 import numpy as np
 
 from localspec.backend import Context
-from localspec.drafting.base import DrafterBase, Proposal, draft_token
+from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
+from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
 from localspec.sampling import Sampler
 
 
@@ -50,6 +63,7 @@ class ModelDrafter(DrafterBase):
         # Positions of ctx.tokens known to equal the history: the history only
         # grows within a generation, so those never need comparing again.
         self._valid = 0
+        self.tree_width = TREE_WIDTH if not self._branch and ctx.n_seq > 1 else 0
 
     def _kept(self, history: Sequence[int]) -> int:
         """How much of ``history`` the cache can keep (the last token is always decoded again:
@@ -78,6 +92,37 @@ class ModelDrafter(DrafterBase):
         finally:
             if self._branch:
                 self.ctx.remove_seq(_BRANCH)
+
+    def propose_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> Proposal | TreeProposal:
+        # Each decoded node takes a sequence; a node at the last depth is never decoded.
+        nodes = min(nodes, self.ctx.n_seq)
+        if self.tree_width <= 1 or nodes <= draft_len or draft_len <= 0:
+            return self.propose(history, draft_len)
+        self._sync(history)
+        base = len(self.ctx.tokens)  # the position of the root's children
+        seq_of: dict[tuple[int, ...], int] = {(): 0}
+        root = tree_q(self.ctx.logits(-1), self.sampler)  # read before any node's decode overwrites it
+
+        def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+            if list(paths) == [()]:
+                return [root]
+            tokens, positions, seqs = [], [], []
+            for path in paths:
+                seq = seq_of[path] = len(seq_of)
+                at = base + len(path) - 1
+                self.ctx.copy_seq(seq_of[path[:-1]], seq, 0, at)  # the history and the node's ancestors
+                tokens.append(path[-1])
+                positions.append(at)
+                seqs.append((seq,))
+            self.ctx.decode(tokens, positions, seqs, [True] * len(tokens))
+            return [tree_q(self.ctx.logits(i), self.sampler) for i in range(len(tokens))]
+
+        try:
+            return grow_tree(q_at, max_nodes=nodes, max_depth=draft_len, max_width=self.tree_width,
+                             rng=None if self.sampler.params.greedy else self.sampler.rng, drafter=self.name)
+        finally:
+            for seq in range(1, len(seq_of)):
+                self.ctx.remove_seq(seq)
 
     def _draft(self, draft_len: int) -> Proposal:
         greedy = self.sampler.params.greedy

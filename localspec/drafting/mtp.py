@@ -54,7 +54,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from localspec.drafting.base import DrafterBase, Proposal, draft_token
+from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
+from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.sampling import Sampler
 
@@ -78,11 +79,16 @@ class HeadContext(Protocol):
     n_embd: int
     n_batch: int
     n_heads: int
+    n_seq: int
 
     def set_head(self, head: int) -> None: ...
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
-               outputs: Sequence[bool]) -> None: ...
+               outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None: ...
+
+    def copy_seq(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...
+
+    def remove_seq(self, seq_id: int) -> None: ...
 
     def logits(self, row: int) -> np.ndarray: ...
 
@@ -96,7 +102,10 @@ class MtpDrafter(DrafterBase):
 
     ``p_min``: stop drafting when the head's own top probability falls below it.
     ``max_row_bytes``: the most target hidden rows (in bytes) kept for the next catch-up
-    (default ``MAX_ROW_BYTES``).
+    (default ``MAX_ROW_BYTES``). ``propose_tree`` (one head, and a head context with sequences for
+    the nodes): a tree grown level by level as a draft model's is, each node at the position after its
+    parent's, fed its parent's own hidden output, on a sequence of its own sharing its parent's cells.
+    Chained heads grow no tree: head i would have to rebuild every path's draft region in its layer.
     """
 
     name = "mtp"
@@ -110,6 +119,7 @@ class MtpDrafter(DrafterBase):
         self.n_heads = max(1, head.n_heads)
         max_rows = (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_embd)
         self.rows = HiddenRows(head.n_embd, max(2, max_rows))
+        self.tree_width = TREE_WIDTH if head.n_seq > 1 and self.n_heads == 1 else 0
         # Tokens the head's cache holds at positions 0.., each built from the target's hidden row
         # (in every head's layer).
         self._tokens: list[int] = []
@@ -178,6 +188,43 @@ class MtpDrafter(DrafterBase):
         except BaseException:
             self._tokens.clear()  # a failed draft decode cleared the head's cache: catch up from 0 next time
             raise
+
+    def propose_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> Proposal | TreeProposal:
+        nodes = min(nodes, self.head.n_seq)  # each decoded node takes a sequence
+        if self.tree_width <= 1 or nodes <= draft_len or draft_len <= 0 or not history:
+            return self.propose(history, draft_len)
+        row = self._sync(history)
+        pos0 = len(history) - 1  # the last token's row; a node of depth d sits at pos0 + d
+        seq_of: dict[tuple[int, ...], int] = {(): 0}
+        hidden_of: dict[tuple[int, ...], np.ndarray] = {(): np.array(self.head.hidden(row))}
+        root = tree_q(self.head.logits(row), self.sampler)
+
+        def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+            if list(paths) == [()]:
+                return [root]
+            seqs, positions = [], []
+            for path in paths:
+                seq = seq_of[path] = len(seq_of)
+                self.head.copy_seq(seq_of[path[:-1]], seq, 0, pos0 + len(path))
+                seqs.append(seq)
+                positions.append(pos0 + len(path))
+            hidden = np.stack([hidden_of[path[:-1]] for path in paths])
+            self.head.decode([path[-1] for path in paths], positions, hidden, [True] * len(paths), seqs)
+            out = []
+            for i, path in enumerate(paths):
+                hidden_of[path] = np.array(self.head.hidden(i))
+                out.append(tree_q(self.head.logits(i), self.sampler))
+            return out
+
+        try:
+            return grow_tree(q_at, max_nodes=nodes, max_depth=draft_len, max_width=self.tree_width,
+                             rng=None if self.sampler.params.greedy else self.sampler.rng, drafter=self.name)
+        except BaseException:
+            self._tokens.clear()  # a failed draft decode cleared the head's cache: catch up from 0 next time
+            raise
+        finally:
+            for seq in range(1, len(seq_of)):
+                self.head.remove_seq(seq)
 
     def _draft(self, history: Sequence[int], draft_len: int, row: int) -> Proposal:
         """Draft from the logits at batch row ``row`` of the catch-up (``propose``, after ``_sync``)."""

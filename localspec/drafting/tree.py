@@ -85,6 +85,26 @@ class CandidateTree:
             node = self.parents[node]
         return tuple(reversed(out))
 
+    def walk(self, accepted: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """How verification went down the tree, keeping the tokens ``accepted``: for the root and each
+        kept node, (the children it has, the rank among them, in node order, of the one kept; -1 at
+        the last, where none was). The ranks say where a tree beat its chain (a sibling kept) and
+        teach the controller how often siblings are (``Controller``)."""
+        children: dict[int, list[int]] = {}
+        for i, parent in enumerate(self.parents):
+            children.setdefault(parent, []).append(i)
+        out: list[tuple[int, int]] = []
+        node = ROOT
+        for token in accepted:
+            kids = children.get(node, [])
+            child = self.child(node, token)
+            if child is None:
+                break
+            out.append((len(kids), kids.index(child)))
+            node = child
+        out.append((len(children.get(node, [])), -1))
+        return tuple(out)
+
     @property
     def leaf_paths(self) -> tuple[tuple[int, ...], ...]:
         """For each leaf (in ``leaves`` order), the node indices of its path."""

@@ -113,6 +113,7 @@ from localspec.policy.estimates import (
     expected_tokens_per_step,
     proposal_branches,
     tree_confidence,
+    tree_expected_tokens,
 )
 from localspec.events import StepEvent
 from localspec.policy.decision import ControllerStats, Decision
@@ -122,6 +123,10 @@ from localspec.policy.decision import ControllerStats, Decision
 DRAFT_LEN_CAP = 31
 # The longest fixed draft length accepted (a batch of 65 tokens).
 DRAFT_LEN_MAX = 64
+# Trees a drafter grows (``Drafter.tree_width``): the deepest priced, and the further nodes beyond the chain
+# each depth is priced with (the most the target's sequences allow). Kept few: a plan prices every one.
+TREE_DEPTH_MAX = 8
+TREE_EXTRAS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 # A lookup's time teaches its cost estimate at most this many times the estimate (see Controller._look_up).
 LOOKUP_SURPRISE = 2.0
 # A lookup whose estimate is past ``lookup_share`` is still asked (and timed) every this many steps.
@@ -153,6 +158,7 @@ class _Option:
     behind: int = 0
     proposal: Proposal | TreeProposal | None = None
     shape: str = ""
+    tree_nodes: int = 0  # > draft_len: ask the drafter for a tree of this many nodes
 
     def ranked_ms(self, horizon: float) -> float:
         """The step's time with its catch-up spread over the ``horizon`` tokens it will serve."""
@@ -177,7 +183,8 @@ class Controller:
     """
 
     def __init__(self, costs: CostModel, drafters: Sequence[Drafter] = (), *, draft_len: int | None = None,
-                 draft_len_limit: int | None = None, draft_len_cap: int = DRAFT_LEN_CAP, margin: float = 0.05,
+                 draft_len_limit: int | None = None, tree_nodes_limit: int = 0,
+                 draft_len_cap: int = DRAFT_LEN_CAP, margin: float = 0.05,
                  probe_share: float = 0.025, probe_len: int = 3, min_wait: int = 8, max_wait: int = 512,
                  prior: float = 0.6, lookup_share: float = 0.02, catch_up_horizon: int = 64,
                  replan_every: int = 8, clock: Callable[[], float] = time.perf_counter,
@@ -201,6 +208,7 @@ class Controller:
         self._members: dict[str, Drafter] = {}
         self.draft_len: int | None = None
         self.draft_len_limit: int | None = None
+        self.tree_nodes_limit = 0
         self._step = 0
         self._pending: tuple[Decision, float] | None = None  # the planned decision and T0 then
         self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
@@ -212,11 +220,14 @@ class Controller:
         # (nothing it depends on moves faster): until step _off_until, plain with this reason prefix.
         self._off_until = 0
         self._off_reason: tuple[str, int] = ("", 0)  # (reason up to the probe count, step of the next probe)
-        self.start(drafters, draft_len=draft_len, draft_len_limit=draft_len_limit)
+        self.start(drafters, draft_len=draft_len, draft_len_limit=draft_len_limit, tree_nodes_limit=tree_nodes_limit)
 
     def start(self, drafters: Sequence[Drafter], *, draft_len: int | None = None,
-              draft_len_limit: int | None = None) -> None:
-        """Begin a generation with ``drafters`` (reset for a new sequence). What was learned stays."""
+              draft_len_limit: int | None = None, tree_nodes_limit: int = 0) -> None:
+        """Begin a generation with ``drafters`` (reset for a new sequence). What was learned stays.
+
+        ``tree_nodes_limit``: the most nodes a tree grown by a drafter (``Drafter.tree_width``) may have,
+        as the target can verify it (its sequences); 0: such drafters draft chains."""
         if draft_len is not None and not 0 <= draft_len <= DRAFT_LEN_MAX:
             raise ValueError(f"a fixed draft length must be in 0..{DRAFT_LEN_MAX}, not {draft_len}")
         names = [d.name for d in drafters]
@@ -230,6 +241,7 @@ class Controller:
             state.lookups = 0
         self.draft_len = draft_len
         self.draft_len_limit = draft_len_limit
+        self.tree_nodes_limit = tree_nodes_limit
         self._off_until = 0
         # Each generation earns its own probe budget: a reply never pays for a probe with what earlier
         # replies saved, so none slows a reply (or its first token) beyond the bound.
@@ -352,8 +364,9 @@ class Controller:
         for k in self._lengths(depth):
             yield k, expected[k], k, proposal, ""
 
-    def _options(self, drafter: Drafter, limit: int, behind: int) -> list[_Option]:
-        """Options for a drafter asked only once chosen."""
+    def _options(self, drafter: Drafter, limit: int, behind: int, horizon: float) -> list[_Option]:
+        """Options for a drafter asked only once chosen: chains of every length and, for one that grows
+        trees, the best tree (``horizon``: the tokens a catch-up is spread over, see _Option.ranked_ms)."""
         name = drafter.name
         catch_up = self.costs.catch_up_ms(name, behind)
         expected = self._expected_by_length(name, limit)
@@ -361,9 +374,63 @@ class Controller:
         # every k's batch (the learned width times k, and the drafter's extra tokens) walked once
         width, extra = self._states[name].width, drafter.batch_extra_tokens
         verify_ms = self.costs.verify_ms_at([1.0 + width * k + extra for k in lengths])
-        return [_Option(drafter, k, expected[k], self.step_ms(name, k, catch_up_ms=catch_up, verify_ms=v),
-                        catch_up, behind)
-                for k, v in zip(lengths, verify_ms)]
+        chains = [_Option(drafter, k, expected[k], self.step_ms(name, k, catch_up_ms=catch_up, verify_ms=v),
+                          catch_up, behind)
+                  for k, v in zip(lengths, verify_ms)]
+        return chains + self._tree_options(drafter, limit, catch_up, behind, horizon, chains)
+
+    def _tree_options(self, drafter: Drafter, limit: int, catch_up: float, behind: int,
+                      horizon: float, chains: Sequence[_Option]) -> list[_Option]:
+        """The best tree for a drafter that grows them (``tree_width`` > 1), if any: at each depth k up to
+        ``TREE_DEPTH_MAX``, the chain plus m further nodes for each m of ``TREE_EXTRAS`` the target can
+        verify, with E from the chain's rates and the siblings' (``tree_expected_tokens``) and T from
+        what the tree costs to draft (``CostModel.tree_draft_ms``: for a draft model, its extra rows;
+        for DFlash, nothing but its nodes' Python work) and to verify (1 + k + m rows). Only the best
+        is built (ranked as ``plan`` ranks, the catch-up spread over ``horizon``), and a depth whose
+        trees cannot beat the best of ``chains`` even at the largest gain per node is not priced: a plan
+        would otherwise price 72 trees every step."""
+        width, most = drafter.tree_width, self.tree_nodes_limit
+        lengths = [k for k in self._lengths(limit) if k <= TREE_DEPTH_MAX and k < most]
+        if width <= 1 or not lengths:
+            return []
+        name = drafter.name
+        state = self._states[name]
+        rates = state.acceptance.rates(max(lengths))
+        rejects = state.siblings.rates(width - 1)
+        extra = drafter.batch_extra_tokens
+        sizes = [float(n) for n in range(1 + min(lengths) + 1 + extra, 2 + max(lengths) + TREE_EXTRAS[-1] + extra)]
+        verify = dict(zip(sizes, self.costs.verify_ms_at(sizes)))
+        best: tuple[float, int, int, float, float] | None = None  # (rate, k, m, tokens, ms)
+        floor = max((o.tokens / o.ranked_ms(horizon) for o in chains), default=0.0)
+        # No further node adds more than reach_j (1 - a_j) at some depth j < k times the most any rank
+        # of sibling rescues (prod_{r<n} b_r (1 - b_n)): a depth whose trees cannot beat the best option
+        # so far even at that gain per node is not priced (on a CPU, most).
+        rescue = max(math.prod(rejects[:n]) * (1.0 - rejects[n]) for n in range(len(rejects)))
+        reach, chain_tokens, top_gain = 1.0, [1.0], [0.0]
+        for a in rates:
+            top_gain.append(max(top_gain[-1], reach * (1.0 - a) * rescue))
+            reach *= a
+            chain_tokens.append(chain_tokens[-1] + reach)
+        for k in lengths:
+            extras = [m for m in TREE_EXTRAS if m <= most - k]
+            if not extras:
+                continue
+            costs = [draft + catch_up + verify[1.0 + k + m + extra] + self.costs.overhead_ms(k + m)
+                     for m, draft in zip(extras, self.costs.tree_draft_ms_at(name, k, extras))]
+            bar = max(floor, best[0] if best is not None else 0.0)
+            bounds = (chain_tokens[k] + m * top_gain[k] for m in extras)
+            if all(e / (ms - catch_up + catch_up * min(1.0, e / horizon)) <= bar for e, ms in zip(bounds, costs)):
+                continue
+            expected = tree_expected_tokens(rates, rejects, depth=k, extra=extras[-1], width=width)
+            for m, ms in zip(extras, costs):
+                tokens = expected[m]
+                ranked = ms - catch_up + catch_up * min(1.0, tokens / horizon)
+                if best is None or tokens / ranked > best[0]:
+                    best = (tokens / ranked, k, m, tokens, ms)
+        if best is None:
+            return []
+        _, k, m, tokens, ms = best
+        return [_Option(drafter, k, tokens, ms, catch_up, behind, shape=f"a {k + m}-node tree", tree_nodes=k + m)]
 
     # --- planning -----------------------------------------------------------
     def _limit(self, room: int, remaining: int) -> tuple[int, str]:
@@ -437,6 +504,7 @@ class Controller:
         lookup_ms = self._look_up(history, limit)
 
         options: list[_Option] = []
+        horizon = float(max(1, min(remaining, self.catch_up_horizon)))
         waiting = ""  # a drafter left out of the first step, and why
         for name, drafter in self._members.items():
             if name in self._asked:
@@ -446,8 +514,7 @@ class Controller:
             if self._first_token_waits(behind):
                 waiting = f"{name} is {behind} tokens behind"
                 continue
-            options += self._options(drafter, limit, behind)
-        horizon = float(max(1, min(remaining, self.catch_up_horizon)))
+            options += self._options(drafter, limit, behind, horizon)
         best = max(options, key=lambda o: o.tokens / o.ranked_ms(horizon), default=None)
         if best is None and waiting:
             return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"plain: the first token waits for no catch-up "
@@ -495,7 +562,8 @@ class Controller:
 
     def _chosen(self, option: _Option, speedup: float, lookup_ms: float, reason: str) -> Decision:
         return Decision(option.drafter, option.draft_len, option.tokens, option.ms, speedup, reason,
-                        proposal=option.proposal, proposal_ms=lookup_ms, behind=option.behind)
+                        proposal=option.proposal, proposal_ms=lookup_ms, behind=option.behind,
+                        tree_nodes=option.tree_nodes)
 
     def _probe(self, history: Sequence[int], limit: int, chosen: Drafter | None, lookup_ms: float,
                t0: float) -> Decision | None:
@@ -571,7 +639,7 @@ class Controller:
         """The verification batch's time and the step's Python work teach the cost model."""
         if step.verify_ms > 0:
             self.costs.observe_verify(step.batch_tokens, step.verify_ms)
-        self.costs.observe_overhead(decision.draft_len, step.python_ms)
+        self.costs.observe_overhead(max(decision.draft_len, decision.tree_nodes), step.python_ms)
 
     def _learn_drafter(self, step: StepEvent, decision: Decision) -> str | None:
         """The drafter the step used: its cost when asked for k, and its acceptance over the k planned
@@ -583,11 +651,21 @@ class Controller:
         if name is None or name not in self._states:
             return None
         state = self._states[name]
+        grown = decision.tree_nodes > decision.draft_len  # a tree the drafter grew (asked by propose_tree)
         if name not in self._asked and decision.behind <= 8:
-            own_ms = step.draft_ms - decision.proposal_ms - self.costs.catch_up_ms(name, decision.behind)
-            self.costs.observe_draft(name, decision.draft_len, max(0.0, own_ms))
-        state.acceptance.update(decision.draft_len, step.accepted,
-                                idle_steps=max(0, self._step - state.last_seen - 1))
+            own_ms = max(0.0, step.draft_ms - decision.proposal_ms - self.costs.catch_up_ms(name, decision.behind))
+            if grown:
+                self.costs.observe_tree_draft(name, decision.draft_len, decision.tree_nodes, own_ms)
+            else:
+                self.costs.observe_draft(name, decision.draft_len, own_ms)
+        idle = max(0, self._step - state.last_seen - 1)
+        if grown and step.walk:
+            # The chain within the tree (each first child) teaches the chain's rates; the further
+            # children where a first one was rejected teach the siblings' (see learn_walk).
+            drafted, kept = state.learn_walk(step.walk)
+            state.acceptance.update(drafted, kept, idle_steps=idle)
+        else:
+            state.acceptance.update(decision.draft_len, step.accepted, idle_steps=idle)
         calibrated = None
         evidence = decision.proposal.evidence if decision.proposal is not None else None
         if evidence is not None:
@@ -597,7 +675,7 @@ class Controller:
             state.learn_evidence(evidence, self._line_starts(chain, decision.draft_len, evidence),
                                  decision.draft_len, step.accepted)
             calibrated = name
-        if name not in self._asked:
+        if name not in self._asked and not grown:
             extra = self._members[name].batch_extra_tokens if name in self._members else 0
             candidates = max(0.0, step.batch_tokens - 1 - extra)
             state.width += 0.1 * (candidates / decision.draft_len - state.width)

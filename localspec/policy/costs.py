@@ -49,6 +49,9 @@ _PRIOR_WEIGHT = 0.5
 # 0.037-0.084 ms for 31: about 0.001 ms per token at most.
 LOOKUP_FIXED_MS = 0.05
 LOOKUP_PER_TOKEN_MS = 0.001
+# A tree's further node: the Python work of drawing it (a pass over q) and verifying it, before any
+# is measured (``CostModel.tree_draft_ms`` learns it).
+TREE_NODE_MS = 0.1
 # Per-step Python work around the decode (acceptance rule, history bookkeeping).
 OVERHEAD_FIXED_MS = 0.2
 OVERHEAD_PER_TOKEN_MS = 0.02
@@ -193,6 +196,7 @@ class CostModel:
         self.past_window = past_window
         self._scale = 1.0
         self._draft: dict[str, _Line] = {}
+        self._tree: dict[str, _Line] = {}  # per further node of a tree (see tree_draft_ms)
         self._draft_models: dict[str, CostModel] = {}
         self._catch_up_passes: dict[str, int] = {}
         self.depth = measured_depth  # cached cells the next decode attends to (``Controller.plan`` sets it)
@@ -263,6 +267,60 @@ class CostModel:
         if n <= 0:
             return 0.0
         return self._line(name).ms(n) + self._draft_depth_ms(name, n)
+
+    def tree_draft_ms(self, name: str, n: int, nodes: float) -> float:
+        """Milliseconds for drafter ``name`` to grow a tree of ``nodes`` tokens ``n`` deep.
+
+        A draft model (``set_model_drafter``) decodes the tree level by level
+        (``draft_tree.grow_tree`` asks for every waiting node at once): as many
+        decodes as its chain of n tokens, the ``nodes - n`` further nodes as extra
+        rows in them. A node at the last depth is never decoded, and with n = 1
+        none is. Any other drafter drafts a tree from what its chain costs
+        already (a DFlash block is one pass whatever grows from it).
+        Besides, each further node costs Python work (drawing it from q over the
+        vocabulary, the verification's bookkeeping): a line in the further nodes,
+        learned from every tree observed (``observe_tree_draft``).
+        """
+        extra = nodes - n
+        chain = self.draft_ms(name, n)
+        if extra <= 0:
+            return chain
+        return chain + self._tree_rows_ms(name, n, extra) + self._tree_line(name).ms(extra)
+
+    def tree_draft_ms_at(self, name: str, n: int, extras: Sequence[int]) -> list[float]:
+        """``tree_draft_ms(name, n, n + m)`` for each m of ``extras`` (ascending), the draft model's decodes
+        read in one walk along its measured points."""
+        chain = self.draft_ms(name, n)
+        line = self._tree_line(name)
+        model = self._draft_models.get(name)
+        if model is None or n <= 1:
+            rows = [0.0] * len(extras)
+        else:
+            levels = n - 1
+            one = model.verify_ms(1)
+            rows = [levels * max(0.0, v - one) for v in model.verify_ms_at([1 + m / levels for m in extras])]
+        return [chain + r + line.ms(m) if m > 0 else chain for m, r in zip(extras, rows)]
+
+    def _tree_rows_ms(self, name: str, n: int, extra: float) -> float:
+        """What ``extra`` further nodes add to a draft model's decodes of an ``n``-deep tree."""
+        model = self._draft_models.get(name)
+        if model is None or n <= 1:
+            return 0.0
+        levels = n - 1  # the decodes after the catch-up's, each of 1 + extra / levels rows on average
+        return levels * max(0.0, model.verify_ms(1 + extra / levels) - model.verify_ms(1))
+
+    def _tree_line(self, name: str) -> _Line:
+        line = self._tree.get(name)
+        if line is None:
+            line = self._tree[name] = _Line(0.0, TREE_NODE_MS)
+        return line
+
+    def observe_tree_draft(self, name: str, n: int, nodes: int, ms: float) -> None:
+        """Learn from drafter ``name`` growing a tree of ``nodes`` tokens ``n`` deep in ``ms``: what it took
+        beyond its chain's estimate and the draft model's extra rows teaches the per-node line."""
+        extra = nodes - n
+        if extra > 0 and ms >= 0 and math.isfinite(ms):
+            self._tree_line(name).observe(extra, max(0.0, ms - self.draft_ms(name, n) - self._tree_rows_ms(name, n, extra)))
 
     def _draft_depth_ms(self, name: str, n: float) -> float:
         """What the depth adds to a draft model's ``n``-token draft: its catch-up decodes of ~2 tokens (one

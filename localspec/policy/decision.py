@@ -22,7 +22,8 @@ class Decision:
     to win. ``proposal``: the proposal to verify when it was made while
     planning (the chosen width: a tree or its most probable path; the step cuts
     it to ``draft_len``); None: the step asks ``chosen``. ``proposal_ms``: the lookups made while planning.
-    ``behind``: the tokens ``chosen`` must catch up on first.
+    ``behind``: the tokens ``chosen`` must catch up on first. ``tree_nodes`` > ``draft_len``: the step asks
+    ``chosen`` for a tree of that many nodes, ``draft_len`` deep (``Drafter.propose_tree``); else a chain.
     ``planning_ms``: the rest of the controller's own time for this step:
     pricing the options and observing the step before (the engine counts it
     in the step's ``python_ms``, so the overhead estimate learns it).
@@ -39,6 +40,7 @@ class Decision:
     proposal_ms: float = 0.0
     behind: int = 0
     planning_ms: float = 0.0
+    tree_nodes: int = 0
 
     @property
     def plain(self) -> bool:

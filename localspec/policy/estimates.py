@@ -51,6 +51,7 @@ scored against the text position by position as it comes.
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -142,6 +143,73 @@ def expected_tokens_per_step(alpha: float, gamma: float) -> float:
     if alpha >= 1.0:
         return gamma + 1.0
     return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
+
+
+# --- trees a drafter grows -------------------------------------------------------
+# A model drafter asked for a tree (``Drafter.propose_tree``) offers, besides its most probable
+# child, further children drawn at the same node. Once the most probable (first drawn) child is
+# rejected, the next sibling is tried against what is left (recursive rejection sampling, or the
+# target's argmax at temperature 0); how often that rescues the step is learned per drafter, by
+# sibling rank, as ``siblings``: the rate at which sibling r + 1 is REJECTED once the first r + 1
+# children were (a DecayingAcceptance, whose "kept" is a rejection, so a deeper rank inherits the
+# shallower one's rate). Its prior: a second child catches a quarter of what the first missed.
+SIBLING_REJECT_PRIOR = 0.75
+
+
+def tree_expected_tokens(rates: Sequence[float], sibling_rejects: Sequence[float], *, depth: int,
+                         extra: int, width: int) -> list[float]:
+    """E for a tree ``depth`` deep with 0..``extra`` nodes beyond its chain: out[m] for m extra nodes.
+
+    The tree planned for is the chain (each node its parent's first child, kept at position j with
+    probability ``rates[j]`` once the ones before were) with m further children placed at the
+    chain's depths, at most ``width`` children a node, each where it adds the most. A further child
+    is taken to have no children of its own (what the drafter grows below one only adds), so a
+    sibling kept ends the walk: with w children at depth j,
+
+        E = 1 + sum_i prod_{j<=i} a_j + sum_j reach_j (1 - a_j) (1 - prod_{r<w_j-1} b_r),
+
+    reach_j = prod_{i<j} a_i the chance the walk gets to depth j, b_r = ``sibling_rejects[r]``
+    the chance sibling r + 1 is rejected once the children before it were. Adding siblings one at a
+    time where the gain is largest is optimal here: each depth's gains shrink with every sibling
+    added (a product of rates below 1), so the greedy choice of m nodes is the best m-node choice.
+    Best-first growth (``draft_tree.grow_tree``) places them where the draft is least sure, which
+    is where this model puts them when the draft's doubt and the target's rejections agree.
+    """
+    chain = [1.0]
+    reach = 1.0
+    reaches: list[float] = []
+    for j in range(depth):
+        reaches.append(reach)
+        reach *= rates[j]
+        chain.append(chain[-1] + reach)
+    base = chain[depth]
+    out = [base]
+    if extra <= 0 or width <= 1 or depth <= 0:
+        return out + [base] * max(0, extra)
+    # the gain of the next sibling at each depth j: reach_j (1 - a_j) prod_{r < n_j} b_r * (1 - b_{n_j})
+    added = [0] * depth
+    missed = [reaches[j] * (1.0 - rates[j]) for j in range(depth)]  # the share a next sibling may rescue
+
+    def gain(j: int) -> float:
+        n = added[j]
+        if n >= width - 1 or n >= len(sibling_rejects):
+            return 0.0
+        return missed[j] * (1.0 - sibling_rejects[n])
+
+    heap = [(-gain(j), j) for j in range(depth)]
+    heapq.heapify(heap)
+    total = base
+    for _ in range(extra):
+        g, j = heapq.heappop(heap) if heap else (0.0, -1)
+        if j < 0 or -g <= 0.0:
+            out.append(total)
+            continue
+        total += -g
+        missed[j] *= sibling_rejects[added[j]]
+        added[j] += 1
+        heapq.heappush(heap, (-gain(j), j))
+        out.append(total)
+    return out
 
 
 # --- acceptance by evidence -------------------------------------------------------
@@ -253,6 +321,24 @@ class DrafterEstimates:
     expected_kept: float = 0.0
     line_starts: float = 0.0        # decaying count of line-starting draft tokens reached ...
     line_starts_kept: float = 0.0   # ... and kept
+    siblings: DecayingAcceptance = field(default_factory=lambda: DecayingAcceptance(prior=SIBLING_REJECT_PRIOR))
+    """A tree's further children: how often each rank is rejected once those before it were (see
+    tree_expected_tokens)."""
+
+    def learn_walk(self, walk: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        """Learn from a tree this drafter grew, verified down ``walk`` (``StepEvent.walk``): every node
+        where the first child was rejected teaches ``siblings`` how its further children fared.
+        Returns (positions drafted, kept) of the chain within it (each node's first child), which is
+        what ``acceptance`` learns: the first child's test is the chain's."""
+        leading = 0
+        while leading < len(walk) and walk[leading][1] == 0:
+            leading += 1
+        drafted = leading + (1 if leading < len(walk) and walk[leading][0] > 0 else 0)
+        for children, rank in walk:
+            if rank != 0 and children >= 2:
+                tried = children - 1  # the further children
+                self.siblings.update(tried, rank - 1 if rank > 0 else tried)
+        return drafted, leading
 
     @property
     def line_start_rate(self) -> float:

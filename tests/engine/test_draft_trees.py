@@ -48,7 +48,7 @@ def test_greedy_with_a_draft_tree_is_plain_greedy(models):
     head = DFlashContext(draft, tctx, n_threads=1)
     tctx.enable_layer_taps(head.layers)
     sampler = Sampler(SamplingParams(temperature=0.0))
-    drafter = DFlashDrafter(head, tctx, sampler, tree_nodes=6, tree_width=3)
+    drafter = DFlashDrafter(head, tctx, sampler, tree_width=3)
     try:
         prompt = target.tokenize(PROMPT)
         plain.append(prompt)
@@ -60,7 +60,7 @@ def test_greedy_with_a_draft_tree_is_plain_greedy(models):
         tctx.append(history[:-1])
         trees = widest = accepted_past_first = 0
         while len(history) < len(want):
-            proposal = drafter.propose(history, 3)
+            proposal = drafter.propose_tree(history, 3, 6)
             assert isinstance(proposal, TreeProposal) and proposal.child_q is None  # greedy: top tokens
             widest = max(widest, sum(1 for p in proposal.tree.parents if p == -1))
             step = speculative_step(tctx, history, drafter, sampler, 3, proposal=proposal)
@@ -84,15 +84,16 @@ def test_sampled_tokens_with_a_draft_tree_follow_the_target(models):
     head = DFlashContext(draft, tctx, n_threads=1)
     tctx.enable_layer_taps(head.layers)
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=5))
-    drafter = DFlashDrafter(head, tctx, sampler, tree_nodes=6, tree_width=3)
+    drafter = DFlashDrafter(head, tctx, sampler, tree_width=3)
     prompt = target.tokenize(PROMPT)
     tctx.append(prompt[:-1])
     n0 = len(tctx.tokens)
     joint = first_two_joint(tctx, sampler, prompt[-1])
-    proposal = drafter.propose(prompt, 3)
+    proposal = drafter.propose_tree(prompt, 3, 6)
     assert isinstance(proposal, TreeProposal) and proposal.child_q is not None
     assert () in proposal.child_q  # the root's children were drawn from the block's first row
-    assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0), trials=1200)
+    assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0), trials=1200,
+                            tree_nodes=6)
     drafter.close()
     head.close()
     tctx.close()

@@ -282,7 +282,7 @@ def test_the_app_switch_offers_mtp(agreeing_path):
 
 
 class _Head:
-    n_embd, n_batch, n_heads = 4, 8, 1
+    n_embd, n_batch, n_heads, n_seq = 4, 8, 1, 1
 
 
 def test_hidden_rows_are_found_by_position_and_token():

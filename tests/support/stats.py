@@ -35,10 +35,12 @@ def assert_follows(counts: Mapping[Hashable, int], probs: Mapping[Hashable, floa
 
 
 def assert_first_two_follow(tctx, prompt: list[int], drafter, sampler, joint: Mapping[Hashable, float],  # noqa: ANN001
-                            restart: Callable[[], None], *, trials: int = 1500, draft_len: int = 3) -> None:
+                            restart: Callable[[], None], *, trials: int = 1500, draft_len: int = 3,
+                            tree_nodes: int = 0) -> None:
     """Speculative steps from ``prompt`` until two tokens are out, ``trials`` times (``restart`` puts the
     target's cache back between trials): both branches of the acceptance rule must run, and the pairs
-    must follow the target's own ``joint`` distribution of its next two tokens.
+    must follow the target's own ``joint`` distribution of its next two tokens. ``tree_nodes`` > ``draft_len``:
+    the drafter is asked for trees of that many nodes (``Drafter.propose_tree``).
 
     The rule's arithmetic is tested on hand-built arrays (test_acceptance.py); these trials check its
     wiring through real models (which rows, which q, the second token after an accepted first), where
@@ -49,7 +51,7 @@ def assert_first_two_follow(tctx, prompt: list[int], drafter, sampler, joint: Ma
         history = list(prompt)
         emitted: list[int] = []
         while len(emitted) < 2:
-            step = speculative_step(tctx, history, drafter, sampler, draft_len=draft_len)
+            step = speculative_step(tctx, history, drafter, sampler, draft_len=draft_len, tree_nodes=tree_nodes)
             emitted += step.tokens
             accepted += step.accepted
             drafted += step.drafted

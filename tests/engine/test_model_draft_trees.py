@@ -1,0 +1,364 @@
+"""Draft trees from a draft model and an EAGLE-3 draft (grown level by level, one sequence per decoded
+node) and, through the engine, the controller's choice of chain or tree for them and for a DFlash draft,
+on real llama.cpp.
+
+The tiny models: ``tests/support/eagle3_model.py``'s dense ``llama`` target, a one-layer ``llama`` of the same
+seed as its draft model (the same embedding and output matrix: it agrees with the target often, not always),
+and the agreeing ``eagle3`` and ``dflash`` drafts. SmolLM2-135M with its Q4_0 copy is the real pair.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from greedy import assert_matches_plain, plain_greedy
+from stats import assert_first_two_follow, first_two_joint
+
+from localspec.backend import Context, Eagle3Context, Model, MtpContext, batch_invariant
+from localspec.drafting.base import TreeProposal
+from localspec.drafting.eagle3 import Eagle3Drafter
+from localspec.drafting.model import ModelDrafter
+from localspec.drafting.mtp import MtpDrafter
+from localspec.drafting.specs import parse_draft
+from localspec.engine import Engine, GenerateOptions
+from localspec.events import DoneEvent, StepEvent
+from localspec.policy.costs import CostModel
+from localspec.sampling import Sampler, SamplingParams
+from localspec.speculative import speculative_step
+
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+GREEDY = SamplingParams(temperature=0.0)
+# A GPU's costs (verifying 16 costs little more than 1; controller_sim.GPU) and a draft model's there.
+GPU = {1: 10.0, 2: 10.1, 4: 10.2, 8: 10.5, 16: 12.0, 32: 14.0}
+GPU_DRAFT = {1: 1.0, 2: 1.01, 4: 1.02, 8: 1.05, 16: 1.2, 32: 1.5}
+# A 2-core CPU's (SmolLM2-135M, controller_sim.CPU): every verification row costs.
+CPU = {1: 5.4, 2: 11.3, 4: 16.2, 8: 24.9, 16: 41.1}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from eagle3_model import write_dflash_draft, write_eagle3_draft, write_llama_target
+    from mtp_model import write_mtp_model, write_step35_model
+
+    d = tmp_path_factory.mktemp("model-trees")
+    return {"target": write_llama_target(d / "llama-tiny.gguf", mix=0.3),
+            "mtp": write_mtp_model(d / "glm4moe-mtp-agree.gguf", mix=0.05),
+            "chained": write_step35_model(d / "step35-mtp-agree.gguf", mix=0.05),
+            "draft": write_llama_target(d / "llama-tiny-draft.gguf", mix=0.3, n_layer=1),
+            "eagle3": write_eagle3_draft(d / "eagle3-tiny.gguf", agree=True),
+            "dflash": write_dflash_draft(d / "dflash-tiny.gguf", agree=True)}
+
+
+@pytest.fixture
+def pair(tiny):
+    target, draft = Model(tiny["target"]), Model(tiny["draft"])
+    yield target, draft
+    target.close()
+    draft.close()
+
+
+class RecordingContext:
+    """The draft's context, with the size of every decode recorded (attribute access passes through)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self.batches: list[int] = []
+
+    def decode(self, tokens, positions, seq_ids=None, outputs=None):  # noqa: ANN001, ANN201
+        self.batches.append(len(tokens))
+        return self._ctx.decode(tokens, positions, seq_ids, outputs)
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._ctx, name)
+
+
+def test_greedy_with_draft_model_trees_is_plain_greedy(pair):
+    """Trees of 9 nodes, 4 deep: the output is plain greedy's, token for token; the trees branch, a child
+    other than the first is kept, each level is one batched draft decode (never one per node), and after
+    every proposal the draft's cache holds the history alone (every node's sequence removed)."""
+    target, draft = pair
+    prompt = target.tokenize(PROMPT)
+    want = plain_greedy(target, prompt, 40, n_ctx=256)
+    tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 32)
+    dctx = Context(draft, n_ctx=256, n_threads=1, n_seq=1 + 32)
+    recording = RecordingContext(dctx)
+    sampler = Sampler(GREEDY)
+    drafter = ModelDrafter(recording, sampler)  # type: ignore[arg-type]
+    assert drafter.tree_width > 1
+    try:
+        history = list(prompt)
+        tctx.append(history[:-1])
+        siblings_kept = branched = 0
+        while len(history) < len(prompt) + len(want.tokens):
+            recording.batches.clear()
+            proposal = drafter.propose_tree(history, 4, 9)
+            assert isinstance(proposal, TreeProposal) and proposal.child_q is None  # greedy: q's top tokens
+            branched += len(proposal.tree.leaves) > 1
+            # the catch-up, then at most one decode per level below the root's (depth 4: three)
+            assert len(recording.batches) <= 1 + 3 and sum(recording.batches[1:]) < len(proposal.tree)
+            assert dctx.tokens == history and all(dctx.seq_pos_max(s) == -1 for s in range(1, dctx.n_seq))
+            step = speculative_step(tctx, history, drafter, sampler, 4, proposal=proposal)
+            siblings_kept += any(rank > 0 for _, rank in step.walk)
+        assert_matches_plain(history[len(prompt):len(prompt) + len(want.tokens)], want, strict=batch_invariant())
+        assert branched > 0 and siblings_kept > 0
+        assert max(recording.batches) > 1 or siblings_kept  # some level decoded several nodes at once
+    finally:
+        tctx.close()
+        dctx.close()
+
+
+def test_sampled_tokens_with_draft_model_trees_follow_the_target(pair):
+    """At T=1 the first two emitted tokens follow the target's joint distribution (chi-square), the tree's
+    children drawn from the draft's q without replacement and judged by recursive rejection sampling."""
+    target, draft = pair
+    tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 32)
+    dctx = Context(draft, n_ctx=256, n_threads=1, n_seq=1 + 32)
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=11))
+    drafter = ModelDrafter(dctx, sampler)
+    try:
+        prompt = target.tokenize(PROMPT)
+        tctx.append(prompt[:-1])
+        n0 = len(tctx.tokens)
+        joint = first_two_joint(tctx, sampler, prompt[-1])
+        proposal = drafter.propose_tree(prompt, 3, 7)
+        assert isinstance(proposal, TreeProposal) and proposal.child_q is not None and () in proposal.child_q
+        assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0), trials=1200,
+                                tree_nodes=7)
+    finally:
+        tctx.close()
+        dctx.close()
+
+
+def test_a_recurrent_draft_grows_no_tree(mamba_path):
+    """A draft whose state cannot branch (a Mamba drafts on a copy of its one sequence) drafts chains when
+    asked for a tree: it declares tree_width 0, so the controller never asks it."""
+    draft = Model(mamba_path)
+    dctx = Context(draft, n_ctx=256, n_threads=1, n_seq=2, n_rs_seq=0)
+    try:
+        drafter = ModelDrafter(dctx, Sampler(GREEDY))
+        assert drafter.tree_width == 0
+        proposal = drafter.propose_tree(draft.tokenize(PROMPT), 3, 7)
+        assert not isinstance(proposal, TreeProposal) and len(proposal.tokens) == 3
+    finally:
+        dctx.close()
+        draft.close()
+
+
+# --- EAGLE-3 ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def eagle3(tiny):
+    """The target's context (33 sequences) with an EAGLE-3 head of as many, reading its layers."""
+    target, draft = Model(tiny["target"]), Model(tiny["eagle3"])
+    tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 32)
+    head = Eagle3Context(draft, tctx, n_threads=1, n_seq=tctx.n_seq)
+    tctx.enable_layer_taps(head.layers)
+    yield target, tctx, head
+    head.close()
+    tctx.close()
+    target.close()
+    draft.close()
+
+
+def test_greedy_with_eagle3_trees_is_plain_greedy(eagle3):
+    """Each node decodes on its own sequence fed its parent's pre-norm output: the output is plain greedy's,
+    the trees branch and a child other than the first is kept; afterwards no node's sequence is left."""
+    target, tctx, head = eagle3
+    sampler = Sampler(GREEDY)
+    drafter = Eagle3Drafter(head, tctx, sampler)
+    assert drafter.tree_width > 1
+    try:
+        prompt = target.tokenize(PROMPT)
+        want = plain_greedy(target, prompt, 40, n_ctx=256)
+        history = list(prompt)
+        tctx.append(history[:-1])
+        siblings_kept = branched = 0
+        while len(history) < len(prompt) + len(want.tokens):
+            proposal = drafter.propose_tree(history, 4, 9)
+            assert isinstance(proposal, TreeProposal)
+            branched += len(proposal.tree.leaves) > 1
+            assert all(head.seq_pos_max(s) == -1 for s in range(1, head.n_seq))
+            step = speculative_step(tctx, history, drafter, sampler, 4, proposal=proposal)
+            siblings_kept += any(rank > 0 for _, rank in step.walk)
+        assert_matches_plain(history[len(prompt):len(prompt) + len(want.tokens)], want, strict=batch_invariant())
+        assert branched > 0 and siblings_kept > 0
+    finally:
+        drafter.close()
+
+
+def test_sampled_tokens_with_eagle3_trees_follow_the_target(eagle3):
+    target, tctx, head = eagle3
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=13))
+    drafter = Eagle3Drafter(head, tctx, sampler)
+    try:
+        prompt = target.tokenize(PROMPT)
+        tctx.append(prompt[:-1])
+        n0 = len(tctx.tokens)
+        joint = first_two_joint(tctx, sampler, prompt[-1])
+        proposal = drafter.propose_tree(prompt, 3, 7)
+        assert isinstance(proposal, TreeProposal) and proposal.child_q is not None
+        assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0), trials=1200,
+                                tree_nodes=7)
+    finally:
+        drafter.close()
+
+
+# --- the MTP head --------------------------------------------------------------------------------------
+@pytest.fixture
+def mtp(tiny):
+    """A glm4moe with one NextN head (agreeing often), the head's context with a sequence per node."""
+    target = Model(tiny["mtp"], load_mtp=True)
+    tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 32)
+    tctx.enable_hidden_rows()
+    head = MtpContext(tctx, n_threads=1, n_seq=tctx.n_seq)
+    yield target, tctx, head
+    head.close()
+    tctx.close()
+    target.close()
+
+
+def test_greedy_with_mtp_trees_is_plain_greedy(mtp):
+    target, tctx, head = mtp
+    sampler = Sampler(GREEDY)
+    drafter = MtpDrafter(head, tctx, sampler)
+    assert drafter.tree_width > 1
+    try:
+        prompt = target.tokenize(PROMPT)
+        want = plain_greedy(target, prompt, 40, n_ctx=256)
+        history = list(prompt)
+        tctx.append(history[:-1])
+        branched = kept = 0
+        while len(history) < len(prompt) + len(want.tokens):
+            proposal = drafter.propose_tree(history, 4, 9)
+            assert isinstance(proposal, TreeProposal)
+            branched += len(proposal.tree.leaves) > 1
+            assert all(head.seq_pos_max(s) == -1 for s in range(1, head.n_seq))
+            kept += speculative_step(tctx, history, drafter, sampler, 4, proposal=proposal).accepted
+        assert_matches_plain(history[len(prompt):len(prompt) + len(want.tokens)], want, strict=batch_invariant())
+        assert branched > 0 and kept > 0
+    finally:
+        drafter.close()
+
+
+def test_sampled_tokens_with_mtp_trees_follow_the_target(mtp):
+    target, tctx, head = mtp
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=17))
+    drafter = MtpDrafter(head, tctx, sampler)
+    try:
+        prompt = target.tokenize(PROMPT)
+        tctx.append(prompt[:-1])
+        n0 = len(tctx.tokens)
+        joint = first_two_joint(tctx, sampler, prompt[-1])
+        assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0), trials=1200,
+                                tree_nodes=7)
+    finally:
+        drafter.close()
+
+
+def test_chained_mtp_heads_grow_no_tree(tiny):
+    """Head i drafts depth i + 1 over the whole draft region rebuilt in its layer: a tree would rebuild it
+    per path, so chained heads draft chains and the engine gives them no tree sequences."""
+    engine = Engine.load(tiny["chained"], specs=parse_draft("mtp"), n_ctx=256, n_threads=1)
+    try:
+        assert engine.mtp_ctx is not None and engine.mtp_ctx.n_heads == 2
+        assert engine.tree_nodes_limit == 0
+        drafter = MtpDrafter(engine.mtp_ctx, engine.ctx, Sampler(GREEDY))
+        assert drafter.tree_width == 0
+        drafter.close()
+    finally:
+        engine.close()
+
+
+# --- through the engine: the controller chooses ---------------------------------------------------------
+def _generate(engine: Engine, costs: CostModel, prompt: str, max_tokens: int) -> tuple[list[StepEvent], DoneEvent]:
+    """A greedy reply whose controller plans with ``costs`` (hand-built: a GPU's or a CPU's)."""
+    engine.controller().costs = costs
+    steps: list[StepEvent] = []
+    done = None
+    for event in engine.generate(prompt, GenerateOptions(max_tokens=max_tokens, sampling=GREEDY)):
+        if isinstance(event, StepEvent):
+            steps.append(event)
+        elif isinstance(event, DoneEvent):
+            done = event
+    assert done is not None
+    return steps, done
+
+
+def _costs(points: dict[int, float], name: str, draft: dict[int, float] | None) -> CostModel:
+    costs = CostModel(points)
+    if draft is not None:
+        costs.set_model_drafter(name, CostModel(draft))
+    else:
+        costs.set_draft_cost(name, 0.05 * costs.verify_ms(1), 0.01 * costs.verify_ms(1))
+    return costs
+
+
+@pytest.mark.parametrize("kind", ["draft", "eagle3", "dflash", "mtp"])
+def test_the_engine_drafts_trees_at_gpu_costs_and_stays_exact(tiny, kind):
+    """``--draft FILE`` (or ``mtp``) alone: at a GPU's costs the controller asks the drafter for trees (no
+    option needed), the reply is plain greedy's, and the stats name the drafter and count acceptance by
+    tree depth (a tree 4 deep fills 4 positions, however many nodes it has)."""
+    if kind == "mtp":
+        engine = Engine.load(tiny["mtp"], specs=parse_draft("mtp"), n_ctx=512, n_threads=1)
+        target = draft = engine.target
+    else:
+        target, draft = Model(tiny["target"]), Model(tiny[kind])
+        engine = Engine(target, draft=draft, n_ctx=512, n_threads=1)
+    model_curve = GPU_DRAFT if kind in ("draft", "mtp") else None
+    try:
+        prompt = engine.tokenize(PROMPT)
+        want = plain_greedy(target, prompt, 40, n_ctx=512)
+        steps, done = _generate(engine, _costs(GPU, kind, model_curve), PROMPT, 40)
+        trees = [s for s in steps if s.verified > s.drafted]
+        assert trees, [s.decision for s in steps]
+        assert all("-node tree" in s.decision for s in trees)
+        assert all(s.drafter == kind for s in trees) and {d.name for d in done.stats.drafters} == {kind}
+        assert_matches_plain(done.tokens, want, strict=batch_invariant())
+        stats = done.stats
+        assert len(stats.position_drafted) == max(s.drafted for s in steps)  # positions are depths
+        assert sum(stats.position_accepted) == stats.accepted == sum(s.accepted for s in steps)
+        assert stats.verified > stats.drafted  # the nodes verified exceed the depths drafted
+        assert stats.to_dict()["drafters"][kind]["drafted"] == stats.drafted
+    finally:
+        engine.close()
+        target.close()
+        draft.close()
+
+
+def test_the_engine_drafts_no_trees_at_cpu_costs(tiny):
+    target, draft = Model(tiny["target"]), Model(tiny["draft"])
+    engine = Engine(target, draft=draft, n_ctx=512, n_threads=1)
+    try:
+        steps, _ = _generate(engine, _costs(CPU, "draft", {k: v / 10 for k, v in CPU.items()}), PROMPT, 30)
+        assert not any(s.verified > s.drafted for s in steps)
+        assert engine.tree_nodes_limit == 32  # trees were possible: the costs said no
+    finally:
+        engine.close()
+        target.close()
+        draft.close()
+
+
+# --- a real pair ------------------------------------------------------------------------------------------
+def test_smollm2_with_its_q4_0_copy_as_a_tree_drafter_is_plain_greedy(smollm2_path, smollm2_q4_0_path):
+    target, draft = Model(smollm2_path), Model(smollm2_q4_0_path)
+    tctx = Context(target, n_ctx=512, n_seq=1 + 32)
+    dctx = Context(draft, n_ctx=512, n_seq=1 + 32)
+    sampler = Sampler(GREEDY)
+    drafter = ModelDrafter(dctx, sampler)
+    try:
+        prompt = target.tokenize("Write a short poem about the sea.\n", add_special=True)
+        want = plain_greedy(target, prompt, 32, n_ctx=512)
+        history = list(prompt)
+        tctx.append(history[:-1])
+        kept = 0
+        while len(history) < len(prompt) + len(want.tokens):
+            step = speculative_step(tctx, history, drafter, sampler, 3, tree_nodes=8)
+            kept += step.accepted
+        assert_matches_plain(history[len(prompt):len(prompt) + len(want.tokens)], want, strict=batch_invariant())
+        assert kept > 0
+    finally:
+        tctx.close()
+        dctx.close()
+        target.close()
+        draft.close()
