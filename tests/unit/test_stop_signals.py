@@ -13,6 +13,7 @@ import os, signal, sys, time
 from localspec.commands.common import Terminated, stop_on_signals
 stop_on_signals()
 try:
+    print("ready", flush=True)  # inside the try: a signal from here on is caught
     while True:
         time.sleep(0.01)
 except Terminated as stop:
@@ -27,10 +28,8 @@ except Terminated as stop:
 def run_child(signum: int) -> subprocess.CompletedProcess[str]:
     proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    # give it time to install the handlers (importing localspec loads no llama.cpp)
-    import time
-
-    time.sleep(2.0)
+    # the handlers are in place once it says so (a fixed wait lost the race on a loaded machine)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=30)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
