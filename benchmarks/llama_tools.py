@@ -104,6 +104,20 @@ def _patched_copy(src: Path, dest: Path, patches: Sequence[Path], log) -> bool:
     return True
 
 
+def _forget_other_sources(build: Path, src: Path) -> None:
+    """Drop a cmake cache made from another copy of the same sources (the folder is keyed by version and
+    options, not by where the sources lie): cmake refuses to configure over it. Built objects stay."""
+    cache = build / "CMakeCache.txt"
+    try:
+        home = next((line.split("=", 1)[1].strip() for line in cache.read_text().splitlines()
+                     if line.startswith("CMAKE_HOME_DIRECTORY:")), None)
+    except OSError:
+        return
+    if home is not None and Path(home).resolve() != src.resolve():
+        cache.unlink()
+        shutil.rmtree(build / "CMakeFiles", ignore_errors=True)
+
+
 def ensure_tools(src: Path, jobs: int, tools: Sequence[str], *, patches: Sequence[Path] = ()
                  ) -> dict[str, Path] | str:
     """Paths of the built ``tools`` (cmake targets), building the missing ones first; or why they cannot
@@ -131,6 +145,7 @@ def ensure_tools(src: Path, jobs: int, tools: Sequence[str], *, patches: Sequenc
                 shutil.rmtree(source, ignore_errors=True)
                 return f"applying scripts/llama.cpp-patches to {src} failed; see {log}"
             src = source
+        _forget_other_sources(build, src)
         for cmd in (["cmake", "-S", str(src), "-B", str(build), *generator, *build_args()],
                     ["cmake", "--build", str(build), f"-j{jobs}", "--target", *unbuilt]):
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
