@@ -168,8 +168,12 @@ if [ "$WANT_CUDA" = 1 ]; then
   # preloading; a reinstall or a refetched toolkit gets fresh links on the next run.
   LIBDIR=$(.venv/bin/python -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent / 'lib')")
   for so in libcudart libcublas libcublasLt; do
-    found=$(ls "$CUDA_ROOT"/lib64/$so.so.${CUDA_VERSION%%.*} "$CUDA_ROOT"/lib/$so.so.${CUDA_VERSION%%.*} \
-               "$CUDA_ROOT"/targets/*/lib/$so.so.${CUDA_VERSION%%.*} 2>/dev/null | head -1)
+    # The first that exists (not `ls A B C`: under pipefail the missing ones end the script, silently).
+    found=""
+    for candidate in "$CUDA_ROOT"/lib64/$so.so.${CUDA_VERSION%%.*} "$CUDA_ROOT"/lib/$so.so.${CUDA_VERSION%%.*} \
+                     "$CUDA_ROOT"/targets/*/lib/$so.so.${CUDA_VERSION%%.*}; do
+      [ -e "$candidate" ] && { found=$candidate; break; }
+    done
     [ -n "$found" ] || { echo "setup.sh: $so.so.${CUDA_VERSION%%.*} is not in the CUDA toolkit at $CUDA_ROOT: reinstall its runtime and cuBLAS (or LOCALSPEC_CUDA_TOOLKIT=wheels)" >&2; exit 1; }
     ln -sf "$(readlink -f "$found")" "$LIBDIR/$so.so.${CUDA_VERSION%%.*}"
   done
