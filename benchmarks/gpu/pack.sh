@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Prepare .gpu/: what the GPU machine (no network, Python 3.12, nvcc 13.0, driver 580) lacks.
 #
-#   .gpu/llama_cpp_python-*.whl.xz   the CUDA wheel scripts/setup.sh built (LOCALSPEC_CUDA=on
-#                                    CUDA_ARCH=89,90 ...): compiled here, so run.sh installs it in
-#                                    seconds instead of compiling ggml-cuda there; xz'd
+#   .gpu/llama_cpp_python-*-site.tar.xz  the CUDA wheel scripts/setup.sh built (LOCALSPEC_CUDA=on
+#                                    CUDA_ARCH=89,90 ...), unpacked as installed (its package and
+#                                    metadata, each library once, the other names as links): compiled
+#                                    here, so run.sh installs it in seconds instead of compiling
+#                                    ggml-cuda there; xz'd
 #   .gpu/BUILD.txt                   how that wheel was built (setup.sh's record)
 #   .gpu/COMMIT                      the commit it is packed at (the device gets no .git)
 #   .gpu/wheels/*.whl                gguf, diskcache, PyYAML (cp312) for an offline install
@@ -49,6 +51,20 @@ trap 'rm -rf "$WORK"' EXIT
 # __CUDA_ARCH_LIST__) in llama.cpp's system line, also on a machine without a GPU or driver.
 mkdir -p "$WORK/site"
 unzip -q "$WHEEL" -d "$WORK/site"
+# One copy of each library. A wheel cannot hold symlinks, so this one carries libX.so, libX.so.0 and
+# libX.so.0.25.3 as three full copies, and all of them again under a top-level lib/ (with include/)
+# that nothing loads from: six copies of a 57 MB libggml-cuda, 79 MiB after xz. Only the package and
+# its metadata are packed, each library once (its soname, libX.so.0) with the other names as links.
+rm -rf "$WORK/site/lib" "$WORK/site/include" "$WORK/site/bin"
+for keep in "$WORK"/site/llama_cpp/lib/lib*.so.[0-9]; do
+  [ -f "$keep" ] || continue
+  base=${keep%.so.*}
+  for other in "$base.so" "$base".so.[0-9]*.*; do
+    if [ -f "$other" ] && [ ! -L "$other" ] && cmp -s "$keep" "$other"; then
+      ln -sf "$(basename "$keep")" "$other"
+    fi
+  done
+done
 # Its RUNPATH is $ORIGIN: link in the CUDA libraries of the toolkit it was built with (BUILD.txt), as
 # setup.sh does, so it imports here.
 TOOLKIT=$(sed -n 's/^cuda: .*(\(.*\))$/\1/p' "$BUILD_TXT" 2>/dev/null)
@@ -65,7 +81,10 @@ if [ -n "$ARCHS" ]; then
 else
   echo "pack.sh: $(basename "$WHEEL") has no CUDA backend: packing it for a dry run only" >&2
 fi
-xz -T0 -9 -c "$WHEEL" > "$DEST/$(basename "$WHEEL").xz"
+# The CUDA links above point into this machine's toolkit: run.sh makes its own there.
+find "$WORK/site/llama_cpp/lib" -name 'libcu*.so.*' -type l -delete
+SITE_TAR=$(basename "$WHEEL" .whl)-site.tar.xz
+tar -C "$WORK/site" -cf - llama_cpp $(cd "$WORK/site" && ls -d llama_cpp_python-*.dist-info) | xz -T0 -9 > "$DEST/$SITE_TAR"
 [ -f "$BUILD_TXT" ] && cp "$BUILD_TXT" "$DEST/BUILD.txt"
 git -C "$ROOT" rev-parse HEAD > "$DEST/COMMIT"
 git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo "(with uncommitted changes)" >> "$DEST/COMMIT"

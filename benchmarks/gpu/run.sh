@@ -36,20 +36,23 @@ say "python: $($PY --version 2>&1); packed at $(head -1 "$PACK/COMMIT" 2>/dev/nu
 
 # --- 1. the wheels: llama-cpp-python (CUDA, built by scripts/setup.sh), and what the machine lacks --
 export PYTHONPATH=$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}
-WHEEL_XZ=$(ls "$PACK"/llama_cpp_python-*.whl.xz 2>/dev/null | head -1)
-[ -n "$WHEEL_XZ" ] || fail "no llama_cpp_python wheel in .gpu/ (pack.sh)"
-WHEEL=$WORKDIR/$(basename "${WHEEL_XZ%.xz}")
-xz -dc "$WHEEL_XZ" > "$WHEEL" || fail "cannot unpack $(basename "$WHEEL_XZ")"
-need=("$WHEEL")
+SITE_TAR=$(ls "$PACK"/llama_cpp_python-*-site.tar.xz 2>/dev/null | head -1)
+[ -n "$SITE_TAR" ] || fail "no llama_cpp_python-*-site.tar.xz in .gpu/ (pack.sh)"
+rm -rf "$SITE"/llama_cpp "$SITE"/llama_cpp_python-*.dist-info
+xz -dc "$SITE_TAR" | tar -C "$SITE" -xf - || fail "cannot unpack $(basename "$SITE_TAR")"
+say "llama-cpp-python unpacked into $SITE from $(basename "$SITE_TAR")"
+need=()
 $PY -c "import gguf" 2>/dev/null || need+=("$PACK"/wheels/gguf-*.whl)
 $PY -c "import diskcache" 2>/dev/null || need+=("$PACK"/wheels/diskcache-*.whl)
 $PY -c "import yaml" 2>/dev/null || need+=("$PACK"/wheels/[Pp]y[Yy][Aa][Mm][Ll]-*.whl)
-say "installing ${need[*]##*/} into $SITE"
-timeout 120 $PY -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$SITE" "${need[@]}" \
-  || fail "wheel install"
+if [ ${#need[@]} -gt 0 ]; then
+  say "installing ${need[*]##*/} into $SITE"
+  timeout 120 $PY -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$SITE" "${need[@]}" \
+    || fail "wheel install"
+fi
 # libggml-cuda.so's RUNPATH is $ORIGIN: as scripts/setup.sh does, link the CUDA runtime and cuBLAS in
 # beside it, here from the CUDA wheels beside PyTorch (nvidia/cu13/lib) or a CUDA 13 toolkit.
-if unzip -Z1 "$WHEEL" | grep -q libggml-cuda; then
+if ls "$SITE"/llama_cpp/lib/libggml-cuda.so* >/dev/null 2>&1; then
   SITES=$($PY -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null)
   for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
     found=""
