@@ -39,7 +39,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
-from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
+from localspec.drafting.draft_tree import TREE_WIDTH, grow_fed_tree
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.errors import IncompatibleDraftError
 from localspec.llama_facts import EAGLE3_N_TARGET_LAYERS, LAYER_TAP_ARCHITECTURES
@@ -222,38 +222,13 @@ class Eagle3Drafter(DrafterBase):
         if self.tree_width <= 1 or nodes <= draft_len or draft_len <= 0 or len(history) < 2:
             return self.propose(history, draft_len)
         row = self._sync(history)
-        pos = len(history) - 1  # the decoder position of the root's children
-        seq_of: dict[tuple[int, ...], int] = {(): 0}
-        # What each decoded node feeds its children: its own pre-norm output (the root's: the last row's).
-        hidden_of: dict[tuple[int, ...], np.ndarray] = {(): np.array(self.head.hidden(row))}
-        root = tree_q(self.head.logits(row), self.sampler)
-
-        def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-            if list(paths) == [()]:
-                return [root]
-            seqs, positions = [], []
-            for path in paths:
-                seq = seq_of[path] = len(seq_of)
-                self.head.copy_seq(seq_of[path[:-1]], seq, 0, pos + len(path) - 1)
-                seqs.append(seq)
-                positions.append(pos + len(path) - 1)
-            g = np.stack([hidden_of[path[:-1]] for path in paths])
-            self.head.decode([path[-1] for path in paths], positions, g, [True] * len(paths), seqs)
-            out = []
-            for i, path in enumerate(paths):
-                hidden_of[path] = np.array(self.head.hidden(i))
-                out.append(tree_q(self.head.logits(i), self.sampler))
-            return out
-
         try:
-            return grow_tree(q_at, max_nodes=nodes, max_depth=draft_len, max_width=self.tree_width,
-                             rng=None if self.sampler.params.greedy else self.sampler.rng, drafter=self.name)
+            # The root's children sit at the last token's decoder position (its token is x_{P+1}).
+            return grow_fed_tree(self.head, self.sampler, row, len(history) - 1, max_nodes=nodes,
+                                 max_depth=draft_len, max_width=self.tree_width, drafter=self.name)
         except BaseException:
             self._tokens.clear()
             raise
-        finally:
-            for seq in range(1, len(seq_of)):
-                self.head.remove_seq(seq)
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         # Nothing eager: the next propose() rebuilds the rows from the target's features.

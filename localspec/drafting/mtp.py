@@ -55,7 +55,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
-from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
+from localspec.drafting.draft_tree import TREE_WIDTH, grow_fed_tree
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.sampling import Sampler
 
@@ -194,37 +194,13 @@ class MtpDrafter(DrafterBase):
         if self.tree_width <= 1 or nodes <= draft_len or draft_len <= 0 or not history:
             return self.propose(history, draft_len)
         row = self._sync(history)
-        pos0 = len(history) - 1  # the last token's row; a node of depth d sits at pos0 + d
-        seq_of: dict[tuple[int, ...], int] = {(): 0}
-        hidden_of: dict[tuple[int, ...], np.ndarray] = {(): np.array(self.head.hidden(row))}
-        root = tree_q(self.head.logits(row), self.sampler)
-
-        def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-            if list(paths) == [()]:
-                return [root]
-            seqs, positions = [], []
-            for path in paths:
-                seq = seq_of[path] = len(seq_of)
-                self.head.copy_seq(seq_of[path[:-1]], seq, 0, pos0 + len(path))
-                seqs.append(seq)
-                positions.append(pos0 + len(path))
-            hidden = np.stack([hidden_of[path[:-1]] for path in paths])
-            self.head.decode([path[-1] for path in paths], positions, hidden, [True] * len(paths), seqs)
-            out = []
-            for i, path in enumerate(paths):
-                hidden_of[path] = np.array(self.head.hidden(i))
-                out.append(tree_q(self.head.logits(i), self.sampler))
-            return out
-
         try:
-            return grow_tree(q_at, max_nodes=nodes, max_depth=draft_len, max_width=self.tree_width,
-                             rng=None if self.sampler.params.greedy else self.sampler.rng, drafter=self.name)
+            # The last token's row is len(history) - 1; a node of depth d sits d further.
+            return grow_fed_tree(self.head, self.sampler, row, len(history), max_nodes=nodes,
+                                 max_depth=draft_len, max_width=self.tree_width, drafter=self.name)
         except BaseException:
             self._tokens.clear()  # a failed draft decode cleared the head's cache: catch up from 0 next time
             raise
-        finally:
-            for seq in range(1, len(seq_of)):
-                self.head.remove_seq(seq)
 
     def _draft(self, history: Sequence[int], draft_len: int, row: int) -> Proposal:
         """Draft from the logits at batch row ``row`` of the catch-up (``propose``, after ``_sync``)."""
