@@ -161,27 +161,36 @@ def eagle3(tiny):
     draft.close()
 
 
+def _greedy_head_trees(target, tctx, head, drafter) -> tuple[int, int, int]:  # noqa: ANN001
+    """Decode 40 tokens with ``drafter``'s greedy trees (4 deep, 9 nodes) and check them against plain greedy
+    decoding; no node's sequence may outlive its tree. Returns (trees that branched, steps that kept a child
+    other than the first, drafted tokens kept)."""
+    sampler = Sampler(GREEDY)
+    assert drafter.tree_width > 1
+    prompt = target.tokenize(PROMPT)
+    want = plain_greedy(target, prompt, 40, n_ctx=256)
+    history = list(prompt)
+    tctx.append(history[:-1])
+    branched = siblings_kept = kept = 0
+    while len(history) < len(prompt) + len(want.tokens):
+        proposal = drafter.propose_tree(history, 4, 9)
+        assert isinstance(proposal, TreeProposal)
+        branched += len(proposal.tree.leaves) > 1
+        assert all(head.seq_pos_max(s) == -1 for s in range(1, head.n_seq))
+        step = speculative_step(tctx, history, drafter, sampler, 4, proposal=proposal)
+        siblings_kept += any(rank > 0 for _, rank in step.walk)
+        kept += step.accepted
+    assert_matches_plain(history[len(prompt):len(prompt) + len(want.tokens)], want, strict=batch_invariant())
+    return branched, siblings_kept, kept
+
+
 def test_greedy_with_eagle3_trees_is_plain_greedy(eagle3):
     """Each node decodes on its own sequence fed its parent's pre-norm output: the output is plain greedy's,
     the trees branch and a child other than the first is kept; afterwards no node's sequence is left."""
     target, tctx, head = eagle3
-    sampler = Sampler(GREEDY)
-    drafter = Eagle3Drafter(head, tctx, sampler)
-    assert drafter.tree_width > 1
+    drafter = Eagle3Drafter(head, tctx, Sampler(GREEDY))
     try:
-        prompt = target.tokenize(PROMPT)
-        want = plain_greedy(target, prompt, 40, n_ctx=256)
-        history = list(prompt)
-        tctx.append(history[:-1])
-        siblings_kept = branched = 0
-        while len(history) < len(prompt) + len(want.tokens):
-            proposal = drafter.propose_tree(history, 4, 9)
-            assert isinstance(proposal, TreeProposal)
-            branched += len(proposal.tree.leaves) > 1
-            assert all(head.seq_pos_max(s) == -1 for s in range(1, head.n_seq))
-            step = speculative_step(tctx, history, drafter, sampler, 4, proposal=proposal)
-            siblings_kept += any(rank > 0 for _, rank in step.walk)
-        assert_matches_plain(history[len(prompt):len(prompt) + len(want.tokens)], want, strict=batch_invariant())
+        branched, siblings_kept, _ = _greedy_head_trees(target, tctx, head, drafter)
         assert branched > 0 and siblings_kept > 0
     finally:
         drafter.close()
@@ -220,22 +229,9 @@ def mtp(tiny):
 
 def test_greedy_with_mtp_trees_is_plain_greedy(mtp):
     target, tctx, head = mtp
-    sampler = Sampler(GREEDY)
-    drafter = MtpDrafter(head, tctx, sampler)
-    assert drafter.tree_width > 1
+    drafter = MtpDrafter(head, tctx, Sampler(GREEDY))
     try:
-        prompt = target.tokenize(PROMPT)
-        want = plain_greedy(target, prompt, 40, n_ctx=256)
-        history = list(prompt)
-        tctx.append(history[:-1])
-        branched = kept = 0
-        while len(history) < len(prompt) + len(want.tokens):
-            proposal = drafter.propose_tree(history, 4, 9)
-            assert isinstance(proposal, TreeProposal)
-            branched += len(proposal.tree.leaves) > 1
-            assert all(head.seq_pos_max(s) == -1 for s in range(1, head.n_seq))
-            kept += speculative_step(tctx, history, drafter, sampler, 4, proposal=proposal).accepted
-        assert_matches_plain(history[len(prompt):len(prompt) + len(want.tokens)], want, strict=batch_invariant())
+        branched, _, kept = _greedy_head_trees(target, tctx, head, drafter)
         assert branched > 0 and kept > 0
     finally:
         drafter.close()
