@@ -196,21 +196,27 @@ def test_greedy_with_eagle3_trees_is_plain_greedy(eagle3):
         drafter.close()
 
 
-def test_sampled_tokens_with_eagle3_trees_follow_the_target(eagle3):
-    target, tctx, head = eagle3
-    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=13))
-    drafter = Eagle3Drafter(head, tctx, sampler)
+def _sampled_head_trees(target, tctx, drafter, sampler, *, first_a_tree: bool) -> None:  # noqa: ANN001
+    """The first two tokens through ``drafter``'s sampled 7-node trees follow the target's joint distribution
+    (chi-square); ``first_a_tree``: check first that a proposal is a tree carrying each parent's q."""
     try:
         prompt = target.tokenize(PROMPT)
         tctx.append(prompt[:-1])
         n0 = len(tctx.tokens)
         joint = first_two_joint(tctx, sampler, prompt[-1])
-        proposal = drafter.propose_tree(prompt, 3, 7)
-        assert isinstance(proposal, TreeProposal) and proposal.child_q is not None
+        if first_a_tree:
+            proposal = drafter.propose_tree(prompt, 3, 7)
+            assert isinstance(proposal, TreeProposal) and proposal.child_q is not None
         assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0), trials=1200,
                                 tree_nodes=7)
     finally:
         drafter.close()
+
+
+def test_sampled_tokens_with_eagle3_trees_follow_the_target(eagle3):
+    target, tctx, head = eagle3
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=13))
+    _sampled_head_trees(target, tctx, Eagle3Drafter(head, tctx, sampler), sampler, first_a_tree=True)
 
 
 # --- the MTP head --------------------------------------------------------------------------------------
@@ -240,16 +246,7 @@ def test_greedy_with_mtp_trees_is_plain_greedy(mtp):
 def test_sampled_tokens_with_mtp_trees_follow_the_target(mtp):
     target, tctx, head = mtp
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=17))
-    drafter = MtpDrafter(head, tctx, sampler)
-    try:
-        prompt = target.tokenize(PROMPT)
-        tctx.append(prompt[:-1])
-        n0 = len(tctx.tokens)
-        joint = first_two_joint(tctx, sampler, prompt[-1])
-        assert_first_two_follow(tctx, prompt, drafter, sampler, joint, lambda: tctx.rollback_to(n0), trials=1200,
-                                tree_nodes=7)
-    finally:
-        drafter.close()
+    _sampled_head_trees(target, tctx, MtpDrafter(head, tctx, sampler), sampler, first_a_tree=False)
 
 
 def test_chained_mtp_heads_grow_no_tree(tiny):
