@@ -21,6 +21,7 @@ from localspec.models.split import SPLIT_MODES, parse_gpus
 
 if TYPE_CHECKING:
     from localspec.drafting.specs import DrafterSpec
+    from localspec.engine import Engine
     from localspec.models.placement import LoadSettings
     from localspec.models.registry import Registry, Resolved
 
@@ -557,6 +558,25 @@ def load_settings(args: argparse.Namespace, target: Path, draft: Path | None) ->
 def parse_sizes(text: str, option: str = "--vram") -> list[int]:
     """``24GiB`` or ``24GiB,24GiB``: one size per GPU (``parse_size`` each)."""
     return [parse_size(part, option) for part in text.split(",")]
+
+
+def load_engine(args: argparse.Namespace, target_ref: Resolved, drafts: DraftRefs) -> tuple["Engine", Path]:
+    """What ``generate`` and ``serve`` do once every name is checked: fetch the files, let a model with MTP
+    layers draft for itself when no --draft was given, settle the placement (its remark on stderr), load.
+    Returns the engine and the target's file."""
+    target, draft = fetch_models(target_ref, drafts.model, offline=args.offline)
+    if args.draft is None and drafts_for_itself(target):
+        drafts = with_mtp(drafts)  # a model with MTP layers drafts for itself unless told otherwise
+    settings = load_settings(args, target, draft)
+    guard_remote_devices(args)
+    if settings.message:
+        print(f"localspec: {settings.message}", file=sys.stderr)
+    from localspec.engine import Engine
+
+    engine = Engine.load(target, draft, specs=drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
+                         n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers,
+                         split=settings.split, draft_split=settings.draft_split)
+    return engine, target
 
 
 def guard_remote_devices(args: argparse.Namespace, last_words: Callable[[str], str] | None = None) -> None:

@@ -12,20 +12,16 @@ from localspec.commands.common import (
     Terminated,
     add_model_options,
     add_sampling_options,
-    check_registry_pair,
     check_engine_options,
-    drafts_for_itself,
-    fetch_models,
+    check_registry_pair,
     generate_options,
-    guard_remote_devices,
-    load_settings,
+    load_engine,
     parse_ctx,
     read_prompt,
     resolve_draft_refs,
     resolve_ref,
     stop_on_signals,
     write_out,
-    with_mtp,
 )
 from localspec.events import DoneEvent, GenerationStats, PrefillEvent, TokenEvent
 
@@ -124,19 +120,7 @@ def run(args: argparse.Namespace) -> int:
     drafts = resolve_draft_refs(args.draft)
     check_registry_pair(target_ref, drafts.model)
     prompt = read_prompt(args)
-    target, draft = fetch_models(target_ref, drafts.model, offline=args.offline)
-    if args.draft is None and drafts_for_itself(target):
-        drafts = with_mtp(drafts)  # a model with MTP layers drafts for itself unless told otherwise
-    settings = load_settings(args, target, draft)
-    guard_remote_devices(args)
-    if settings.message:
-        print(f"localspec: {settings.message}", file=sys.stderr)
-
-    from localspec.engine import Engine
-
-    engine = Engine.load(target, draft, specs=drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
-                         n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers,
-                         split=settings.split, draft_split=settings.draft_split)
+    engine, _ = load_engine(args, target_ref, drafts)
     notice = context_notice(args.ctx, engine.n_ctx)
     if notice:
         print(f"localspec: {notice}", file=sys.stderr)

@@ -18,14 +18,10 @@ from typing import TYPE_CHECKING
 from localspec.commands.common import (
     add_model_options,
     check_engine_options,
-    drafts_for_itself,
-    fetch_models,
-    guard_remote_devices,
-    load_settings,
+    load_engine,
     resolve_draft_refs,
     resolve_ref,
     stop_on_signals,
-    with_mtp,
 )
 from localspec.errors import InvalidOptionError, LocalspecError
 
@@ -93,21 +89,10 @@ def run(args: argparse.Namespace) -> int:
     drafts = resolve_draft_refs(args.draft)
     sock = bind(args.host, args.port)
     try:
-        target, draft = fetch_models(target_ref, drafts.model, offline=args.offline)
-        if args.draft is None and drafts_for_itself(target):
-            drafts = with_mtp(drafts)  # as `generate` does: a model with MTP layers drafts for itself
-        settings = load_settings(args, target, draft)
-        guard_remote_devices(args)
-        if settings.message:
-            print(f"localspec: {settings.message}", file=sys.stderr)
-
         from localspec.commands.generate import context_notice
-        from localspec.engine import Engine
         from localspec.server.run import serve
 
-        engine = Engine.load(target, draft, specs=drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
-                             n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers,
-                             split=settings.split, draft_split=settings.draft_split)
+        engine, target = load_engine(args, target_ref, drafts)
         try:
             notice = context_notice(args.ctx, engine.n_ctx)
             if notice:
