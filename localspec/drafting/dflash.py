@@ -33,10 +33,9 @@ import numpy as np
 
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
 from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
-from localspec.drafting.eagle3 import MAX_ROW_BYTES, FeatureSource
+from localspec.drafting.eagle3 import MAX_ROW_BYTES, FeatureSource, check_features_fit, tapped_layers
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.errors import IncompatibleDraftError
-from localspec.llama_facts import LAYER_TAP_ARCHITECTURES
 from localspec.sampling import Sampler
 
 DFLASH = "dflash"
@@ -56,20 +55,10 @@ def check_dflash_fits(target: Any, draft: Any) -> None:
     def fail(problem: str, fix: str = "use the DFlash draft published for this target model") -> IncompatibleDraftError:
         return IncompatibleDraftError(f"DFlash draft {draft.label} does not fit target {target.label}: {problem}; {fix}")
 
-    if target.architecture not in LAYER_TAP_ARCHITECTURES:
-        raise fail(f"this llama.cpp cannot hand a {target.architecture} target's layer inputs to a draft",
-                   "draft with ngram or an ordinary draft model instead")
-    layers = hp.get("target_layers")
-    layers = [int(v) for v in layers] if isinstance(layers, (list, tuple)) else []
+    layers = tapped_layers(target, draft, fail)
     if not layers:
         raise fail("it names no target layers (dflash.target_layers)", "convert the draft again with llama.cpp's converter")
-    beyond = [i for i in layers if not 0 <= i < target.n_layers]
-    if beyond:
-        raise fail(f"it reads layer(s) {', '.join(map(str, beyond))}, the target has layers 0..{target.n_layers - 1}")
-    if draft.n_embd != target.n_embd:
-        raise fail(f"it reads features {draft.n_embd} wide, the target's are {target.n_embd}")
-    if draft.n_vocab != target.n_vocab:
-        raise fail(f"vocabulary size differs (target {target.n_vocab}, draft {draft.n_vocab})")
+    check_features_fit(target, draft, fail, layers, draft.n_embd)
     if hp.get("selector_top_k") or hp.get("hyper_connection_count"):
         raise fail("it is a DFlash-2 (selector) or DSpark DeepSeek-V4 draft, which localspec does not run yet",
                    "use a plain DFlash draft")

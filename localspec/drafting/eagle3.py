@@ -34,7 +34,7 @@ exact match only; at temperature 0 both are greedy matches.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -49,6 +49,29 @@ MAX_ROW_BYTES = 64 << 20
 """Default cap on the target feature rows kept for the next catch-up."""
 
 EAGLE3 = "eagle3"
+
+
+def tapped_layers(target: Any, draft: Any, fail: Callable[..., IncompatibleDraftError]) -> list[int]:
+    """The target layers a draft that reads them names (``<arch>.target_layers``; [] when it names none),
+    after refusing a target whose graph cannot hand its layer inputs over. Shared by EAGLE-3 and DFlash;
+    ``fail(problem, fix)`` makes each one's refusal."""
+    if target.architecture not in LAYER_TAP_ARCHITECTURES:
+        raise fail(f"this llama.cpp cannot hand a {target.architecture} target's layer inputs to a draft",
+                   "draft with ngram or an ordinary draft model instead")
+    layers = draft.hparams.get("target_layers")
+    return [int(v) for v in layers] if isinstance(layers, (list, tuple)) else []
+
+
+def check_features_fit(target: Any, draft: Any, fail: Callable[..., IncompatibleDraftError], layers: Sequence[int],
+                       width: int) -> None:
+    """Refuse layers beyond the target, features (``width``) not the target's width, another vocabulary."""
+    beyond = [i for i in layers if not 0 <= i < target.n_layers]
+    if beyond:
+        raise fail(f"it reads layer(s) {', '.join(map(str, beyond))}, the target has layers 0..{target.n_layers - 1}")
+    if width != target.n_embd:
+        raise fail(f"it reads features {width} wide, the target's are {target.n_embd}")
+    if draft.n_vocab != target.n_vocab:
+        raise fail(f"vocabulary size differs (target {target.n_vocab}, draft {draft.n_vocab})")
 
 
 def check_eagle3_fits(target: Any, draft: Any) -> None:
@@ -67,22 +90,11 @@ def check_eagle3_fits(target: Any, draft: Any) -> None:
     def fail(problem: str, fix: str = "use the EAGLE-3 draft published for this target model") -> IncompatibleDraftError:
         return IncompatibleDraftError(f"EAGLE-3 draft {draft.label} does not fit target {target.label}: {problem}; {fix}")
 
-    if target.architecture not in LAYER_TAP_ARCHITECTURES:
-        raise fail(f"this llama.cpp cannot hand a {target.architecture} target's layer inputs to a draft",
-                   "draft with ngram or an ordinary draft model instead")
-    layers = hp.get("target_layers")
-    layers = [int(v) for v in layers] if isinstance(layers, (list, tuple)) else []
+    layers = tapped_layers(target, draft, fail)
     if len(layers) != EAGLE3_N_TARGET_LAYERS:
         raise fail(f"it names {len(layers)} target layers (eagle3.target_layers), llama.cpp needs "
                    f"{EAGLE3_N_TARGET_LAYERS}", "convert the draft again with llama.cpp's converter")
-    beyond = [i for i in layers if not 0 <= i < target.n_layers]
-    if beyond:
-        raise fail(f"it reads layer(s) {', '.join(map(str, beyond))}, the target has layers 0..{target.n_layers - 1}")
-    width = int(hp.get("target_hidden_size", 0) or 0)
-    if width != target.n_embd:
-        raise fail(f"it reads features {width} wide, the target's are {target.n_embd}")
-    if draft.n_vocab != target.n_vocab:
-        raise fail(f"vocabulary size differs (target {target.n_vocab}, draft {draft.n_vocab})")
+    check_features_fit(target, draft, fail, layers, int(hp.get("target_hidden_size", 0) or 0))
     borrows = [what for what, size in (("token embedding", draft.token_embd_bytes), ("output matrix", draft.output_bytes))
                if size == 0]
     if borrows and draft.n_embd != target.n_embd:
