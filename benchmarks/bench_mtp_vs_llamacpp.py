@@ -17,11 +17,11 @@ tenth of the trunk's. It is written once into ~/.cache/localspec/bench-models/.
 Acceptance on it says how the two rules compare on one synthetic head, nothing
 about a trained head.
 
-``--draft-kind eagle3`` or ``dflash`` does the same for a draft that reads the
+``--draft-kind eagle3``, ``dflash`` or ``dspark`` does the same for a draft that reads the
 target's layers: the tiny random-weight llama target (width 64, 4 layers) and the
-``eagle3`` or ``dflash`` draft of ``tests/support/eagle3_model.py``, built to agree
+``eagle3``, ``dflash`` or ``dspark`` draft of ``tests/support/eagle3_model.py``, built to agree
 with it often, against ``llama-speculative-simple -md DRAFT --spec-type
-draft-eagle3`` (``draft-dflash``). At width 64 a decode is almost all fixed
+draft-eagle3`` (``draft-dflash``, ``draft-dspark``). At width 64 a decode is almost all fixed
 overhead, so tokens/s there compares the two runners' per-step overheads and
 the acceptance the two rules reach with the same q; nothing about trained drafts.
 A DFlash block of 4 drafts at most 3 tokens.
@@ -46,7 +46,7 @@ llama.cpp's tools run with flash attention at their default (auto: on here)
 unless ``--llama-fa`` names other settings (``auto,off`` runs both); localspec
 keeps it off on the CPU.
 
-    python benchmarks/bench_mtp_vs_llamacpp.py [--draft-kind mtp|eagle3|dflash] [--rounds 4] \\
+    python benchmarks/bench_mtp_vs_llamacpp.py [--draft-kind mtp|eagle3|dflash|dspark] [--rounds 4] \\
         [--max-tokens 128] [--threads 1] [--draft-n-max 1,3,5] [--llama-fa auto] [--temperature 0.7] \\
         [--json out.json]
 """
@@ -70,7 +70,7 @@ import bench_vs_llamacpp as base  # noqa: E402  (the tool build, prompts and run
 
 TOOLS = ("llama-completion", "llama-speculative-simple")
 DRAFT_N_MAX = (1, 3, 5)  # 3 is llama.cpp's default
-KINDS = ("mtp", "eagle3", "dflash")
+KINDS = ("mtp", "eagle3", "dflash", "dspark")
 LLAMA_DEFAULT_N_MAX = 3
 PROMPTS = ("code-rename", "extract-actions")
 TOP_K = 40
@@ -100,7 +100,7 @@ def bench_model_path(dims: tuple[int, int, int] = MODEL_DIMS) -> Path:
 
 
 def feature_draft_paths(kind: str) -> tuple[Path, Path]:
-    """The tiny llama target and its ``kind`` ("eagle3" or "dflash") draft, written on first use."""
+    """The tiny llama target and its ``kind`` ("eagle3", "dflash" or "dspark") draft, written on first use."""
     import eagle3_model
 
     folder = Path.home() / ".cache" / "localspec" / "bench-models"
@@ -109,8 +109,10 @@ def feature_draft_paths(kind: str) -> tuple[Path, Path]:
     if not target.is_file():
         eagle3_model.write_llama_target(target, mix=0.3)
     if not draft.is_file():
-        write = eagle3_model.write_eagle3_draft if kind == "eagle3" else eagle3_model.write_dflash_draft
-        write(draft, agree=True)
+        if kind == "eagle3":
+            eagle3_model.write_eagle3_draft(draft, agree=True)
+        else:  # a DSpark draft: the DFlash one with a Markov head, trained anchor first
+            eagle3_model.write_dflash_draft(draft, agree=True, markov_rank=8 if kind == "dspark" else 0)
     return target, draft
 
 
@@ -333,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llama-src", type=Path, default=Path(os.environ.get("LOCALSPEC_LLAMA_SRC", base.DEFAULT_SRC)),
                    help="llama.cpp sources (the sdist's vendor/llama.cpp)")
     p.add_argument("--draft-kind", choices=KINDS, default="mtp",
-                   help="mtp: the synthetic MTP model drafts for itself; eagle3, dflash: a tiny target and its "
-                        "synthetic draft of that kind (see the module notes)")
+                   help="mtp: the synthetic MTP model drafts for itself; eagle3, dflash, dspark: a tiny target and "
+                        "its synthetic draft of that kind (see the module notes)")
     p.add_argument("--prompts", default=",".join(PROMPTS), help="comma list of: " + ", ".join(base.PROMPTS))
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
@@ -371,9 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(tools, str):
         print(f"bench_mtp_vs_llamacpp: skipped: {tools}")
         return 0
-    if args.draft_kind == "dflash" and max(args.draft_n_max) > 3:
-        print("bench_mtp_vs_llamacpp: the synthetic DFlash block drafts at most 3 tokens; pass --draft-n-max 1,3",
-              file=sys.stderr)
+    most = {"dflash": 3, "dspark": 4}.get(args.draft_kind)  # the synthetic block of 4: DSpark drafts from its anchor
+    if most is not None and max(args.draft_n_max) > most:
+        print(f"bench_mtp_vs_llamacpp: the synthetic {args.draft_kind} block drafts at most {most} tokens; pass "
+              f"--draft-n-max 1,{most}", file=sys.stderr)
         return 2
     if args.draft_kind == "mtp":
         model, draft = bench_model_path(dims), None  # type: ignore[arg-type]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 from localspec import pairing
 from localspec.backend import (
@@ -25,9 +25,10 @@ from localspec.backend import (
     MtpContext,
 )
 from localspec.chat import Message, render_chat
-from localspec.models.split import DeviceSplit
 from localspec.drafting.assistant import AssistantDrafter
 from localspec.drafting.base import Drafter
+from localspec.drafting.dflash import DFLASH, DFlashDrafter, drafter_name
+from localspec.drafting.eagle3 import EAGLE3, Eagle3Drafter
 from localspec.drafting.factory import (
     DrafterFactory,
     Listener,
@@ -35,8 +36,6 @@ from localspec.drafting.factory import (
     model_free_drafter,
 )
 from localspec.drafting.model import ModelDrafter
-from localspec.drafting.dflash import DFLASH, DFlashDrafter
-from localspec.drafting.eagle3 import EAGLE3, Eagle3Drafter
 from localspec.drafting.mtp import MtpDrafter
 from localspec.drafting.specs import MTP, DrafterSpec
 from localspec.errors import (
@@ -46,6 +45,7 @@ from localspec.errors import (
 )
 from localspec.generation import Generation
 from localspec.llama_facts import DRAFT_N_UBATCH
+from localspec.models.split import DeviceSplit
 from localspec.policy.controller import DRAFT_LEN_MAX, Controller
 from localspec.policy.costs import CostModel
 from localspec.sampling import Sampler, SamplingParams
@@ -295,7 +295,7 @@ class Engine:
             # A first guess, refined by every proposal the controller observes.
             share = (self.dflash_ctx.model.n_layers + 1) / (self.target.n_layers + 1)
             per_row = max(0.0, costs.verify_ms(8) - costs.verify_ms(1)) / 7
-            costs.set_draft_cost(DFLASH, costs.verify_ms(1) * share, per_row * share)
+            costs.set_draft_cost(drafter_name(self.dflash_ctx), costs.verify_ms(1) * share, per_row * share)
         return costs
 
     # --- costs measured while a generation runs ------------------------------------------------
@@ -363,7 +363,7 @@ class Engine:
     def load(cls, target: str | Path, draft: str | Path | None = None, *, specs: Sequence[DrafterSpec] = (),
              n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = -1,
              draft_n_gpu_layers: int = -1, personal_history: bool = True,
-             split: DeviceSplit | None = None, draft_split: DeviceSplit | None = None) -> "Engine":
+             split: DeviceSplit | None = None, draft_split: DeviceSplit | None = None) -> Engine:
         """Check the files from their GGUF metadata first (no weights read), then load.
 
         ``draft`` is the draft model's GGUF path; ``specs`` the model-free drafters. ``split`` and

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -20,6 +21,7 @@ from localspec.backend.context import (
 from localspec.backend.model import Model
 from localspec.backend.nextn import mtp_unavailable_reason, nextn_api
 from localspec.errors import UnsupportedModelError
+from localspec.models.gguf_header import read_header
 
 
 class _ExtBatchContext(_OwnedContext):
@@ -69,37 +71,68 @@ class _CachedDraftContext(_ExtBatchContext):
         llama_cpp.llama_memory_clear(self._mem, True)
 
 
+# Rows before a decode's first output that a graph keeping every row copies back rather than
+# decoding them in a pass of their own (a catch-up after a verification is a few rows; a prompt, more).
+_MAX_COPIED_ROWS = 32
+
+
 class _RowDraftContext(_CachedDraftContext):
     """A drafting context fed rows of (token, position, hidden row) that returns logits and a hidden row
-    per output row (the MTP head; EAGLE-3's decoder block, whose hidden row is the next step's g)."""
+    per output row (the MTP head; EAGLE-3's decoder block, whose hidden row is the next step's g).
+
+    Which rows come back: llama.cpp copies the first ``n_outputs`` rows of a graph's logits and
+    hidden tensors. Most graphs keep only the output rows in them (``inp_out_ids``), but EAGLE-3's
+    decoder keeps every row of the batch, and so does the hidden row of some MTP graphs (GLM-4.5's
+    is taken before its rows are picked): asked for the last row of a catch-up, they hand back the
+    first. Both kinds agree only when the output rows are a prefix of the batch, so ``decode``
+    makes them one, and every row from the first output to the last is an output (``logits`` and
+    ``hidden`` still take the row's index in the batch given). The rows before the first output
+    are either outputs too (``_keeps_every_row``: the graph computes their logits anyway, so that
+    costs only their copy) or decoded on their own first (a graph that skips the output matrix
+    for rows that are not outputs: the extra pass is its layers alone).
+    """
 
     _what: str  # for the errors: "MTP", "EAGLE-3"
     _api: Any
+    _keeps_every_row = False  # True: the graph computes every row's logits, outputs or not
+    _row0 = 0  # the batch row the last decode's outputs start at
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
                outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None:
-        """One forward pass: row i is (``tokens[i]`` at ``positions[i]``, ``hidden[i]``), in sequence
-        ``seqs[i]`` (default 0)."""
-        self._process_rows(tokens, positions, hidden, outputs, self._what, seqs)
+        """One forward pass (two when the rows before the first output go first): row i is
+        (``tokens[i]`` at ``positions[i]``, ``hidden[i]``), in sequence ``seqs[i]`` (default 0)."""
+        n = len(tokens)
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        rows = np.ascontiguousarray(hidden, dtype=np.float32).reshape(n, self.n_embd)
+        wanted = [i for i in range(n) if outputs[i]]
+        first, last = (wanted[0], wanted[-1]) if wanted else (n, -1)
+        self._row0 = 0
+        if self._keeps_every_row and first <= _MAX_COPIED_ROWS:
+            first = 0
+        elif 0 < first < n:
+            self._process_rows(tokens[:first], positions[:first], rows[:first], [False] * first,
+                               None if seqs is None else seqs[:first])
+            self._row0 = first
+        start = self._row0
+        self._process_rows(tokens[start:], positions[start:], rows[start:],
+                           [first <= i <= last for i in range(start, n)], None if seqs is None else seqs[start:])
 
     def logits(self, row: int) -> np.ndarray:
-        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row - self._row0), (self.model.n_vocab,),
                            f"no {self._what} logits were requested for row {row}")
 
     def hidden(self, row: int) -> np.ndarray:
         """The context's own hidden output at batch row ``row`` (an output row): the next draft's input."""
-        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, row), (self.n_embd,),
+        return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, row - self._row0), (self.n_embd,),
                            f"no {self._what} hidden row for batch row {row}")
 
-    def _process_rows(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
-                      outputs: Sequence[bool], what: str, seqs: Sequence[int] | None = None) -> None:
-        """One decode: row i is (``tokens[i]`` at ``positions[i]``, the row ``hidden[i]`` of ``n_embd``)."""
+    def _process_rows(self, tokens: Sequence[int], positions: Sequence[int], rows: np.ndarray,
+                      outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None:
+        """One decode: row i is (``tokens[i]`` at ``positions[i]``, the row ``rows[i]`` of ``n_embd``)."""
         n = len(tokens)
         if n == 0:
             return
-        if n > self.n_batch:
-            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
-        rows = np.ascontiguousarray(hidden, dtype=np.float32).reshape(n, self.n_embd)
         base = rows.ctypes.data
         stride = self.n_embd * 4
         b = self._batch
@@ -125,8 +158,8 @@ class _RowDraftContext(_CachedDraftContext):
             llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
             if rc == 1:
                 raise UnsupportedModelError(
-                    f"the {what} context of {self.n_ctx} tokens is full; start a new chat or raise --ctx")
-            raise RuntimeError(f"llama_process ({what}) failed with code {rc}")
+                    f"the {self._what} context of {self.n_ctx} tokens is full; start a new chat or raise --ctx")
+            raise RuntimeError(f"llama_process ({self._what}) failed with code {rc}")
 
 
 class MtpContext(_RowDraftContext):
@@ -331,6 +364,7 @@ class Eagle3Context(_RowDraftContext):
     """
 
     _what = "EAGLE-3"
+    _keeps_every_row = True  # src/models/eagle3.cpp picks no output rows
 
     def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None,
                  n_seq: int = 1) -> None:
@@ -416,15 +450,25 @@ class Eagle3Context(_RowDraftContext):
 # every layer's K/V at that position. A token batch ``[x_last, MASK * k]`` at the positions
 # after the features then attends to that cache and, non-causally, to itself: row i predicts
 # the token i places after ``x_last``, all k of them in ONE pass.
+#
+# DSpark (the same architecture with a Markov head, ``markov_w1``/``markov_w2``) adds to each
+# row's logits a bias from the token before it: the anchor ``x_last`` for the first, then the
+# argmax of the row before (the graph chains it greedily). Trained "anchor first", its block is
+# ``[x_last, MASK * (k - 1)]`` and row i predicts the token i + 1 places on, next-token style,
+# so a pass drafts as many tokens as the block has rows; an optional confidence head scores each
+# row (the chance it is accepted). The graph keeps every row (it picks no output rows), and
+# llama.cpp copies back the first ``n_outputs``: every row of the block is an output.
 
 class DFlashContext(_CachedDraftContext):
-    """A DFlash draft model run beside its target's context.
+    """A DFlash (or DSpark) draft model run beside its target's context.
 
     ``inject(features, positions)`` writes rows of the target's tapped layer inputs
     (``Context.layer_features``) into the draft's cache; ``draft_block(token, position, k)``
-    decodes ``[token, MASK * k]`` from ``position``, and ``logits(i)`` (i = 1..k) is the
-    distribution of the token i places after ``token``. ``block_size``: the block the
-    draft was trained on (at most ``block_size - 1`` drafts a pass).
+    decodes the block that drafts ``k`` tokens after ``token`` at ``position``, and
+    ``logits(i)`` (i = 1..k) is the distribution of the token i places after ``token``;
+    ``confidence(i)``: a DSpark confidence head's score for it (None without one).
+    ``block_size``: the block the draft was trained on; ``max_drafts``: the most tokens a pass
+    drafts (``block_size - 1``; a DSpark trained anchor-first, ``block_size``).
     """
 
     def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
@@ -442,6 +486,11 @@ class DFlashContext(_CachedDraftContext):
         self.layers: tuple[int, ...] = tuple(int(ids[i]) for i in range(n_ids))
         self.n_embd = n_ids * int(llama_cpp.llama_model_n_embd(target.model._model))
         self.block_size = int(draft.metadata("dflash.block_size") or 16)  # llama.cpp's default
+        tensors = {t.name for t in read_header(draft.path).tensors}
+        self.markov = "markov_w1.weight" in tensors  # a DSpark draft
+        self.anchor_first = self.markov and (draft.metadata("dflash.sample_from_anchor") or "true") == "true"
+        self.has_confidence = self.markov and "conf_proj.weight" in tensors
+        self.max_drafts = self.block_size if self.anchor_first else max(1, self.block_size - 1)
         self.mask_token = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(draft._model)))
         causal = (draft.metadata("dflash.attention.causal") or "false") == "true"
         params = llama_cpp.llama_context_default_params()
@@ -461,6 +510,9 @@ class DFlashContext(_CachedDraftContext):
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         llama_cpp.llama_set_causal_attn(ctx, causal)  # the block attends to itself both ways
+        self._api = nextn_api() if self.has_confidence else None
+        if self._api is not None:
+            self._api.set_embeddings_nextn(ctx, True, True)  # the confidence head's scores
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
         self.n_batch = min(n_batch, int(llama_cpp.llama_n_batch(ctx)))
         self._batch = llama_cpp.llama_batch_ext_init(ctx)
@@ -487,19 +539,27 @@ class DFlashContext(_CachedDraftContext):
             self._run(b)
 
     def draft_block(self, token: int, position: int, k: int) -> None:
-        """Decode ``[token, MASK * k]`` at ``position..position + k`` with the logits of every row."""
-        if k + 1 > self.n_batch:
-            raise ValueError(f"a block of {k + 1} tokens exceeds n_batch={self.n_batch}")
+        """Decode the block that drafts ``k`` tokens after ``token`` at ``position``: ``[token, MASK * k]``
+        (anchor first: ``[token, MASK * (k - 1)]``), every row an output."""
+        if not 1 <= k <= self.max_drafts:
+            raise ValueError(f"a pass drafts 1 to {self.max_drafts} tokens, not {k}")
+        n = k if self.anchor_first else k + 1
+        if n > self.n_batch:
+            raise ValueError(f"a block of {n} tokens exceeds n_batch={self.n_batch}")
         b = self._batch
         llama_cpp.llama_batch_ext_clear(b)
-        for i in range(k + 1):
+        for i in range(n):
             idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(token) if i == 0 else self.mask_token)
             if idx < 0:
                 raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
             self._pos[0] = position + i
             llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
-            llama_cpp.llama_batch_ext_set_output_logits(b, idx, i > 0)
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
         self._run(b)
+
+    def _row(self, i: int) -> int:
+        """The block row holding draft ``i`` (1..k)."""
+        return i - 1 if self.anchor_first else i
 
     def _run(self, b: Any) -> None:
         t0 = time.perf_counter()
@@ -512,8 +572,15 @@ class DFlashContext(_CachedDraftContext):
                     f"the DFlash context of {self.n_ctx} tokens is full; start a new chat or raise --ctx")
             raise RuntimeError(f"llama_process (DFlash) failed with code {rc}")
 
-    def logits(self, row: int) -> np.ndarray:
-        """The logits at block position ``row`` (1..k) of the last ``draft_block``."""
-        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self.model.n_vocab,),
-                           f"no DFlash logits for row {row}")
+    def logits(self, i: int) -> np.ndarray:
+        """The logits of draft ``i`` (1..k) of the last ``draft_block``."""
+        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, self._row(i)), (self.model.n_vocab,),
+                           f"no DFlash logits for draft {i}")
+
+    def confidence(self, i: int) -> float | None:
+        """A DSpark confidence head's score for draft ``i`` of the last ``draft_block`` (None: no head)."""
+        if self._api is None:
+            return None
+        return float(_float_view(self._api.get_embeddings_nextn_ith(self._ctx, self._row(i)), (1,),
+                                 f"no DSpark confidence for draft {i}")[0])
 

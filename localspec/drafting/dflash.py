@@ -1,4 +1,4 @@
-"""A DFlash draft as the drafter: a whole block of drafts from ONE draft pass.
+"""A DFlash (or DSpark) draft as the drafter: a whole block of drafts from ONE draft pass.
 
 A DFlash draft (block diffusion over the target's features) keeps a KV cache
 built from the target's tapped layer inputs, one row per position, written by
@@ -23,32 +23,52 @@ resampling from norm(max(p - q_i, 0)) keeps the output distributed exactly as
 the target's (``acceptance.accept_sampled``). llama.cpp's ``draft-dflash`` takes
 each row's top token and keeps it on an exact match; at temperature 0 both are
 greedy matches.
+
+DSpark: a DFlash draft with a Markov head (``backend.DFlashContext``: row i's
+logits get a bias from the token before it, which llama.cpp's graph takes to be
+the anchor for the first row and the argmax of the row before for the others).
+The argument above holds unchanged: each ``q_i`` is fixed by the one pass before
+any token is sampled, whatever the tokens sampled at the rows before. At
+temperature 0 the chain's argmax is the drafted token, so the bias is the one
+the draft was trained with; at T > 0 a row after a sampled token that is not its
+row's argmax is biased for the argmax instead, which can only cost acceptance.
+A confidence head (the chance a row is accepted, as DSpark trains it) is what
+``p_min`` cuts the block at, as llama.cpp's ``draft-dspark`` does; without one
+the row's top probability is.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
 from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
-from localspec.drafting.eagle3 import MAX_ROW_BYTES, FeatureSource, check_features_fit, tapped_layers
+from localspec.drafting.eagle3 import (
+    MAX_ROW_BYTES,
+    FeatureSource,
+    check_features_fit,
+    tapped_layers,
+)
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.errors import IncompatibleDraftError
 from localspec.sampling import Sampler
 
 DFLASH = "dflash"
+DSPARK = "dspark"  # a DFlash draft with a Markov head: the stats name it apart
 
 
 def check_dflash_fits(target: Any, draft: Any) -> None:
-    """Raise IncompatibleDraftError unless llama.cpp can run the DFlash ``draft`` beside ``target``.
+    """Raise IncompatibleDraftError unless llama.cpp can run the DFlash (or DSpark) ``draft`` beside ``target``.
 
     Both are ``models.gguf_info.GGUFInfo``. The rules are what ``src/models/dflash.cpp``
     assumes: target layers it has and whose inputs its graph exposes; features
     ``len(layers) x n_embd`` wide in the DRAFT's width (so it must be the target's);
-    the target's vocabulary; a mask token; and only the plain DFlash graph (DFlash-2's
-    selector, DSpark's Markov head and its DeepSeek-V4 stages are not run here).
+    the target's vocabulary; a mask token; a DSpark's trained block size (its graph
+    aborts without one); and the DFlash-1 backbone (DFlash-2's selector and DSpark's
+    DeepSeek-V4 stages are not run here).
     """
     hp = draft.hparams
 
@@ -61,30 +81,46 @@ def check_dflash_fits(target: Any, draft: Any) -> None:
     check_features_fit(target, draft, fail, layers, draft.n_embd)
     if hp.get("selector_top_k") or hp.get("hyper_connection_count"):
         raise fail("it is a DFlash-2 (selector) or DSpark DeepSeek-V4 draft, which localspec does not run yet",
-                   "use a plain DFlash draft")
+                   "use a DFlash or DSpark draft with the DFlash-1 backbone")
+    if is_dspark(draft) and not hp.get("block_size"):
+        raise fail("it is a DSpark draft without its trained block size (dflash.block_size)",
+                   "convert the draft again with llama.cpp's converter")
+
+
+def is_dspark(draft: Any) -> bool:
+    """Whether a ``dflash`` GGUF (``GGUFInfo``) carries DSpark's Markov head, as llama.cpp tells them apart."""
+    return "markov_w1.weight" in draft.tensor_names
 
 
 class BlockHead(Protocol):
     """The draft's context (``backend.DFlashContext``)."""
 
     n_embd: int
-    block_size: int
+    max_drafts: int
+    markov: bool  # a DSpark draft
 
     def inject(self, features: np.ndarray, positions: Sequence[int]) -> None: ...
 
     def draft_block(self, token: int, position: int, k: int) -> None: ...
 
-    def logits(self, row: int) -> np.ndarray: ...
+    def logits(self, i: int) -> np.ndarray: ...
+
+    def confidence(self, i: int) -> float | None: ...
 
     def rollback_to(self, n: int) -> None: ...
+
+
+def drafter_name(head: BlockHead) -> str:
+    """What the stats and the cost model call a drafter over ``head``."""
+    return DSPARK if head.markov else DFLASH
 
 
 class DFlashDrafter(DrafterBase):
     """Drafts a block with a DFlash model; ``accepted``/``reset`` follow the drafter protocol.
 
-    Proposes at most ``block_size - 1`` tokens (the block it was trained on holds the
-    last token and the masks). ``p_min``: the block is cut at the first row whose top
-    probability falls below it. ``propose_tree``: a tree of the nodes the controller
+    Proposes at most ``head.max_drafts`` tokens (the block it was trained on holds the
+    last token and the masks). ``p_min``: the block is cut at the first row whose
+    confidence (a DSpark's head), or else top probability, falls below it. ``propose_tree``: a tree of the nodes the controller
     asks for, grown from the same one pass (``draft_tree.grow_tree``; the block's row i
     is the draft's q at depth i whatever the path), ``tree_width`` children a node at
     most: a tree costs no draft pass more than a chain, only verification rows.
@@ -95,11 +131,12 @@ class DFlashDrafter(DrafterBase):
     def __init__(self, head: BlockHead, target: FeatureSource, sampler: Sampler, *, p_min: float = 0.0,
                  max_row_bytes: int | None = None, tree_width: int = TREE_WIDTH) -> None:
         self.head = head
+        self.name = drafter_name(head)
         self.tree_width = tree_width
         self.target = target
         self.sampler = sampler
         self.p_min = p_min
-        self.max_block = max(1, head.block_size - 1)
+        self.max_block = max(1, head.max_drafts)
         max_rows = (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_embd)
         self.rows = HiddenRows(head.n_embd, max(2, max_rows))
         # The history prefix whose features the cache holds, at positions 0 .. len - 1.
@@ -147,7 +184,10 @@ class DFlashDrafter(DrafterBase):
             tokens: list[int] = []
             probs: list[np.ndarray] = []
             for i in range(1, k + 1):
-                picked = draft_token(self.head.logits(i), self.sampler, self.p_min)
+                confidence = self.head.confidence(i)
+                if confidence is not None and confidence < self.p_min:
+                    break
+                picked = draft_token(self.head.logits(i), self.sampler, self.p_min if confidence is None else 0.0)
                 if picked is None:
                     break
                 tok, q = picked

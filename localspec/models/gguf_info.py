@@ -77,6 +77,8 @@ class GGUFInfo:
     hparams: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # Multi-token-prediction (NextN) blocks among the last ``n_layers`` (<arch>.nextn_predict_layers).
     n_nextn_layers: int = 0
+    # Every tensor's name, for parts only some files of an architecture carry (a DSpark draft's Markov head).
+    tensor_names: frozenset[str] = field(default_factory=frozenset, compare=False, repr=False)
 
     @property
     def global_layer_share(self) -> float:
@@ -213,6 +215,7 @@ def read_info(source: HeaderSource) -> GGUFInfo:
         source=None if isinstance(source, (str, os.PathLike)) else source,
         hparams={k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(arch + ".")},
         n_nextn_layers=int(hp("nextn_predict_layers", 0) or 0),
+        tensor_names=frozenset(t.name for t in header.tensors),
     )
 
 

@@ -1,9 +1,10 @@
-"""EAGLE-3 and DFlash GGUFs as ``--draft``, the same checks for both, on real llama.cpp.
+"""EAGLE-3, DFlash and DSpark GGUFs as ``--draft``, the same checks for each, on real llama.cpp.
 
 Both read their target's layer inputs (``tests/support/eagle3_model.py`` writes a tiny dense
 ``llama`` target and each draft with random weights, built so the draft agrees with its target
 often: drafts are both accepted and rejected). What is particular to each (EAGLE-3 reading the
-right layers, DFlash's one pass per block) is in ``test_eagle3.py`` and ``test_dflash.py``.
+right layers, DFlash's one pass per block, DSpark's Markov head) is in ``test_eagle3.py`` and
+``test_dflash.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Kind:
     draft_len: int
     as_model: str             # what the refusal of the draft as the model says
     misfits: tuple[tuple[dict[str, Any], str], ...]  # drafts that do not fit, and the refusal
+    options: tuple[tuple[str, Any], ...] = ()  # what its writer is given besides
 
 
 KINDS = {
@@ -54,6 +56,12 @@ KINDS = {
                        ({"n_embd": 32}, "reads features 32 wide, the target's are 64"),
                        ({"target_layers": (0, 7)}, r"reads layer\(s\) 7, the target has layers 0..3"),
                    )),
+    # DSpark: DFlash with a Markov head, trained anchor first, with a confidence head.
+    "dspark": Kind("dspark", "write_dflash_draft", DFlashContext, DFlashDrafter, "dflash_ctx", 3,
+                   "is a DFlash draft", (
+                       ({"block_size": None}, r"DSpark draft without its trained block size \(dflash.block_size\)"),
+                       ({"n_embd": 32}, "reads features 32 wide, the target's are 64"),
+                   ), (("markov_rank", 8), ("confidence", True))),
 }
 
 
@@ -68,7 +76,7 @@ def pair(kind: Kind, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
 
     d = tmp_path_factory.mktemp(kind.name)
     return (eagle3_model.write_llama_target(d / "llama-tiny.gguf", mix=MIX),
-            getattr(eagle3_model, kind.writer)(d / f"{kind.name}-tiny.gguf", agree=True))
+            getattr(eagle3_model, kind.writer)(d / f"{kind.name}-tiny.gguf", agree=True, **dict(kind.options)))
 
 
 def _run(engine: Engine, prompt: str, **kw: Any) -> tuple[tuple[int, ...], dict[str, tuple[int, int]]]:
@@ -142,10 +150,11 @@ def test_a_draft_that_does_not_fit_is_refused_before_loading(kind: Kind, pair: t
     import eagle3_model
 
     target, _ = pair
-    wrongs = [(getattr(eagle3_model, kind.writer)(tmp_path / f"wrong-{i}.gguf", **change), message)
+    wrongs = [(getattr(eagle3_model, kind.writer)(tmp_path / f"wrong-{i}.gguf", **{**dict(kind.options), **change}),
+               message)
               for i, (change, message) in enumerate(kind.misfits)]
 
-    def no_load(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+    def no_load(self, *args, **kwargs):
         raise AssertionError("weights were loaded before the pair was refused")
 
     monkeypatch.setattr(Model, "__init__", no_load)

@@ -21,11 +21,10 @@ roughly ``output(norm(embedding(x_{P+1})))``: what the target predicts there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
-
 from tiny_gguf import RandomWeights, gguf_writer
 
 N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF = 64, 4, 2, 4, 128
@@ -33,7 +32,7 @@ HEAD_DIM = N_EMBD // N_HEAD
 TARGET_LAYERS = (0, 1, 3)
 
 
-def _common_hparams(writer, n_embd: int, n_head: int, n_head_kv: int, n_layer: int, n_ff: int) -> None:  # noqa: ANN001
+def _common_hparams(writer, n_embd: int, n_head: int, n_head_kv: int, n_layer: int, n_ff: int) -> None:
     import gguf
 
     writer.add_embedding_length(n_embd)
@@ -146,8 +145,14 @@ def target_embedding_and_output(seed: int = 0, logit_scale: float = 1.0) -> tupl
 
 def write_dflash_draft(path: Path, *, seed: int = 2, agree: bool = False, target_seed: int = 0,
                        target_layers: Sequence[int] = TARGET_LAYERS, n_embd: int = N_EMBD,
-                       n_layer: int = 1, block_size: int = DFLASH_BLOCK, mask_token: int | None = None) -> Path:
-    """A ``dflash`` draft reading ``target_layers`` of ``write_llama_target(seed=target_seed)``."""
+                       n_layer: int = 1, block_size: int | None = DFLASH_BLOCK, mask_token: int | None = None,
+                       markov_rank: int = 0, anchor_first: bool | None = None, confidence: bool = False) -> Path:
+    """A ``dflash`` draft reading ``target_layers`` of ``write_llama_target(seed=target_seed)``.
+
+    ``markov_rank`` > 0 makes it a DSpark draft: a Markov head of that rank (``markov_w1``,
+    ``markov_w2``, small enough that an ``agree`` draft still agrees), trained anchor first unless
+    ``anchor_first`` is False (None: the key is left out, which means anchor first), with a
+    confidence head when ``confidence``. ``block_size`` None leaves ``dflash.block_size`` out."""
     weights = RandomWeights(seed)
     normal, ones = weights.normal, weights.ones
     n_head = n_embd // HEAD_DIM
@@ -156,7 +161,8 @@ def write_dflash_draft(path: Path, *, seed: int = 2, agree: bool = False, target
     with gguf_writer(path, "dflash", "random-dflash-tiny") as (writer, n_vocab):
         _common_hparams(writer, n_embd, n_head, n_head_kv, n_layer, N_FF)
         writer.add_array("dflash.target_layers", [int(i) for i in target_layers])
-        writer.add_uint32("dflash.block_size", block_size)
+        if block_size is not None:
+            writer.add_uint32("dflash.block_size", block_size)
         mask = n_vocab - 1 if mask_token is None else mask_token
         writer.add_mask_token_id(mask)
         writer.add_tensor("fc.weight", normal(n_embd, n_enc, std=n_enc ** -0.5))
@@ -185,4 +191,20 @@ def write_dflash_draft(path: Path, *, seed: int = 2, agree: bool = False, target
             writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
             writer.add_tensor(p + "ffn_up.weight", normal(N_FF, n_embd, std=n_embd ** -0.5))
             writer.add_tensor(p + "ffn_down.weight", normal(n_embd, N_FF, std=(1e-3 if agree else 1.0) * N_FF ** -0.5))
+        if markov_rank:
+            _add_markov_head(writer, weights, n_vocab, n_embd, markov_rank, anchor_first, confidence)
     return path
+
+
+def _add_markov_head(writer, weights: RandomWeights, n_vocab: int, n_embd: int, rank: int,
+                     anchor_first: bool | None, confidence: bool) -> None:
+    """DSpark's heads (src/models/dflash.cpp): the bias ``markov_w2 @ markov_w1[prev]`` on each row's logits,
+    and ``sigmoid(conf_proj . [row; markov_w1[prev]] + b)``, a row's confidence."""
+    if anchor_first is not None:
+        writer.add_bool("dflash.sample_from_anchor", anchor_first)
+    writer.add_bool("dflash.has_confidence_head", confidence)
+    writer.add_tensor("markov_w1.weight", weights.normal(n_vocab, rank, std=1.0))
+    writer.add_tensor("markov_w2.weight", weights.normal(n_vocab, rank, std=0.3 / rank ** 0.5))
+    if confidence:
+        writer.add_tensor("conf_proj.weight", weights.normal(1, n_embd + rank, std=(n_embd + rank) ** -0.5))
+        writer.add_tensor("conf_proj.bias", np.full(1, -4.0, dtype=np.float32))  # scores below its top probabilities

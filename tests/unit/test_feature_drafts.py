@@ -14,9 +14,11 @@ from localspec.models.registry import ModelSpec
 
 
 def info(label: str, architecture: str, *, n_layers: int = 32, n_embd: int = 4096, n_vocab: int = 128256,
-         token_embd_bytes: int = 1, output_bytes: int = 1, **hparams) -> SimpleNamespace:  # noqa: ANN003
+         token_embd_bytes: int = 1, output_bytes: int = 1, tensor_names: frozenset[str] = frozenset(),
+         **hparams) -> SimpleNamespace:  # noqa: ANN003
     return SimpleNamespace(label=label, architecture=architecture, n_layers=n_layers, n_embd=n_embd, n_vocab=n_vocab,
-                           token_embd_bytes=token_embd_bytes, output_bytes=output_bytes, hparams=hparams)
+                           token_embd_bytes=token_embd_bytes, output_bytes=output_bytes, hparams=hparams,
+                           tensor_names=tensor_names)
 
 
 TARGET = info("llama-8b", "llama")
@@ -47,6 +49,9 @@ def test_eagle3_drafts_that_do_not_fit_are_refused_in_one_line(target, draft, me
     assert "\n" not in str(err.value)
 
 
+MARKOV = frozenset({"markov_w1.weight", "markov_w2.weight"})  # DSpark's Markov head
+
+
 def dflash(**kw) -> SimpleNamespace:  # noqa: ANN003
     hp = {"target_layers": [1, 8, 15, 22, 29], "block_size": 16}
     hp.update(kw.pop("hp", {}))
@@ -57,10 +62,13 @@ def dflash(**kw) -> SimpleNamespace:  # noqa: ANN003
     (TARGET, dflash(n_embd=2048), "reads features 2048 wide"),
     (TARGET, dflash(hp={"target_layers": []}), "names no target layers"),
     (TARGET, dflash(hp={"selector_top_k": 4}), "DFlash-2"),
+    (TARGET, dflash(hp={"hyper_connection_count": 4}, tensor_names=MARKOV), "DeepSeek-V4"),
+    (TARGET, dflash(hp={"block_size": None}, tensor_names=MARKOV), "DSpark draft without its trained block size"),
     (info("mamba", "mamba"), dflash(), "cannot hand a mamba target's layer inputs"),
 ])
 def test_dflash_drafts_that_do_not_fit_are_refused_in_one_line(target, draft, message):
     check_dflash_fits(TARGET, dflash())
+    check_dflash_fits(TARGET, dflash(tensor_names=MARKOV))  # a DSpark draft fits as well
     with pytest.raises(IncompatibleDraftError, match=message):
         check_dflash_fits(target, draft)
 
