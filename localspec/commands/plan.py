@@ -5,13 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 
-from localspec.commands.common import MODEL_REF_HELP, model_header, parse_ctx, resolve_name
+from localspec.commands.common import (
+    MODEL_REF_HELP,
+    model_header,
+    parse_ctx,
+    parse_size,
+    parse_sizes,
+    resolve_name,
+)
+from localspec.errors import InvalidOptionError
 from localspec.models.gguf_info import check_draft_compatible, read_info
 from localspec.models.memory import CONTEXT_FLOOR, DEFAULT_RESERVE, gib
 from localspec.models.planner import Plan, plan, split_plan
 from localspec.models.split import Device
-from localspec.commands.common import parse_size, parse_sizes
-from localspec.errors import InvalidOptionError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -129,7 +135,9 @@ def format_plan(p: Plan) -> str:
     ctx = f"context {p.n_ctx} tokens" + (f" (requested {p.requested_ctx})" if p.n_ctx != p.requested_ctx else "")
     lines.append(f"{ctx}, KV cache {p.kv_type}, flash attention {'on' if p.flash_attn else 'off'}")
     ram = sum(m.weights_cpu_bytes + m.kv_cpu_bytes + m.state_cpu_bytes for m in (p.target, p.draft) if m)
-    lines.append(f"system RAM: {gib(ram)} (weights left on the CPU, including token embeddings, and their KV cache)")
+    rows = f", and the target's rows the drafter keeps ({gib(p.draft_rows_bytes)})" if p.draft_rows_bytes else ""
+    lines.append(f"system RAM: {gib(ram + p.draft_rows_bytes)} (weights left on the CPU, including token embeddings, "
+                 f"and their KV cache{rows})")
     if p.gpu_offload_supported is not None:
         lines.append("GPU offload: supported by the installed llama.cpp" if p.gpu_offload_supported else
                      "GPU offload: NOT supported by the installed llama.cpp (a CPU-only build): everything "

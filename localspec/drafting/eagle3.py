@@ -34,7 +34,8 @@ exact match only; at temperature 0 both are greedy matches.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,9 +44,10 @@ from localspec.drafting.draft_tree import TREE_WIDTH, grow_fed_tree
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.errors import IncompatibleDraftError
 from localspec.llama_facts import EAGLE3_N_TARGET_LAYERS, LAYER_TAP_ARCHITECTURES
+from localspec.models.memory import DRAFT_ROWS_MAX_BYTES
 from localspec.sampling import Sampler
 
-MAX_ROW_BYTES = 64 << 20
+MAX_ROW_BYTES = DRAFT_ROWS_MAX_BYTES
 """Default cap on the target feature rows kept for the next catch-up."""
 
 EAGLE3 = "eagle3"
@@ -107,9 +109,9 @@ class FeatureSource(Protocol):
 
     def layer_features(self, n: int) -> np.ndarray: ...
 
-    def add_decode_listener(self, listener) -> None: ...  # noqa: ANN001
+    def add_decode_listener(self, listener) -> None: ...
 
-    def remove_decode_listener(self, listener) -> None: ...  # noqa: ANN001
+    def remove_decode_listener(self, listener) -> None: ...
 
 
 class Eagle3Head(Protocol):

@@ -50,16 +50,18 @@ exact match. At temperature 0 both are greedy matches.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
 from localspec.drafting.draft_tree import TREE_WIDTH, grow_fed_tree
 from localspec.drafting.hidden_rows import HiddenRows
+from localspec.models.memory import DRAFT_ROWS_MAX_BYTES
 from localspec.sampling import Sampler
 
-MAX_ROW_BYTES = 64 << 20
+MAX_ROW_BYTES = DRAFT_ROWS_MAX_BYTES
 """Default cap on the target hidden rows an MTP drafter keeps for its next catch-up."""
 
 
@@ -68,9 +70,9 @@ class HiddenSource(Protocol):
 
     def hidden_rows(self, n: int) -> np.ndarray: ...
 
-    def add_decode_listener(self, listener) -> None: ...  # noqa: ANN001
+    def add_decode_listener(self, listener) -> None: ...
 
-    def remove_decode_listener(self, listener) -> None: ...  # noqa: ANN001
+    def remove_decode_listener(self, listener) -> None: ...
 
 
 class HeadContext(Protocol):

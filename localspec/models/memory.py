@@ -28,7 +28,14 @@ from typing import Any
 
 import gguf
 
-from localspec.llama_facts import ALL_RECURRENT, DRAFT_N_UBATCH, N_UBATCH, ROLLBACK_SNAPSHOTS, SNAPSHOT_ARCHITECTURES
+from localspec.llama_facts import (
+    ALL_RECURRENT,
+    DRAFT_N_UBATCH,
+    FEATURE_DRAFT_ARCHITECTURES,
+    N_UBATCH,
+    ROLLBACK_SNAPSHOTS,
+    SNAPSHOT_ARCHITECTURES,
+)
 from localspec.models.gguf_info import GGUFInfo
 
 GIB = 1 << 30
@@ -147,6 +154,23 @@ def compute_buffer_bytes(info: GGUFInfo, n_ctx: int, *, flash_attn: bool = True,
     attention = cells + 4 * info.n_embd + (0 if flash_attn else cells * info.n_head)
     per_token = max(info.n_vocab + info.n_embd, 2 * info.n_ff + 2 * info.n_embd, attention)
     return 4 * n_ubatch * per_token + _COMPUTE_SLACK
+
+
+DRAFT_ROWS_MAX_BYTES = 64 << 20
+"""The most system RAM a drafter that reads the target's rows (an MTP head its hidden rows; EAGLE-3
+and DFlash its tapped layer inputs) keeps of them for its next catch-up; the oldest go first."""
+
+
+def draft_rows_bytes(target: GGUFInfo, draft: GGUFInfo | None, n_ctx: int, *, mtp: bool) -> int:
+    """The system RAM those rows take at most over ``n_ctx`` positions: one row per position (a prompt
+    is kept whole up to the cap), ``len(target_layers)`` times the target's width for a draft that
+    reads its layers, the target's width for its MTP head, nothing for other drafts."""
+    if draft is not None and draft.architecture in FEATURE_DRAFT_ARCHITECTURES:
+        layers = draft.hparams.get("target_layers")
+        width = (len(layers) if isinstance(layers, (list, tuple)) else 0) * target.n_embd
+    else:
+        width = target.n_embd if mtp else 0
+    return min(DRAFT_ROWS_MAX_BYTES, n_ctx * width * 4)
 
 
 @dataclass(frozen=True)

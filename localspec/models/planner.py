@@ -10,16 +10,31 @@ the result (``commands.plan``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from localspec.errors import InvalidOptionError
 from localspec.llama_facts import DRAFT_N_UBATCH, N_UBATCH, SNAPSHOT_ARCHITECTURES
 from localspec.models.gguf_info import GGUFInfo
+from localspec.models.memory import (
+    CONTEXT_FLOOR,
+    CTX_PAD,
+    DEFAULT_RESERVE,
+    GIB,
+    KV_TYPES,
+    Q8_0_BITS,
+    Placement,
+    draft_rows_bytes,
+    gib,
+    kv_cache_bytes,
+    pad,
+    place,
+    recurrent_layers,
+    recurrent_state_bytes,
+    state_snapshots,
+)
 from localspec.models.split import Device, draft_device, target_shares
-from localspec.models.memory import (CONTEXT_FLOOR, CTX_PAD, DEFAULT_RESERVE, GIB, KV_TYPES, Q8_0_BITS, Placement, gib, pad,
-                                     kv_cache_bytes, place, recurrent_layers, recurrent_state_bytes,
-                                     state_snapshots)
 
 DEFAULT_VRAM = 24 * GIB
 
@@ -48,6 +63,8 @@ class Plan:
     """With several devices: each one's part (``split_plan``); empty for one card."""
     draft_card: int | None = None
     """The index in ``cards`` of the device the draft is on; None: one card, or the CPU."""
+    draft_rows_bytes: int = 0
+    """System RAM the drafter keeps of the target's rows for its next catch-up, at most (``memory.draft_rows_bytes``)."""
 
     @property
     def gpu_bytes(self) -> int:
@@ -243,10 +260,14 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None = None, vram_bytes: int = DEFA
     for role, info, m in (("target", target, t), ("draft", draft, d)):
         if info is not None and m is not None and m.state_copies:
             notes.append(_state_note(role, info, m))
+    rows = draft_rows_bytes(target, draft, ctx, mtp=bool(opts["mtp"]))
+    if rows:
+        notes.append(f"the drafter keeps up to {gib(rows)} of the target's rows in system RAM for its next "
+                     "catch-up (one a position, the oldest dropped first)")
     spare = budget - t.gpu_bytes - d.gpu_bytes if d and d.full_offload else None
     advice = _advice(target, draft, ctx, spare) if draft else []
     return Plan(t, d, ctx, requested, vram_bytes, reserve_bytes, opts["kv_type"], flash_attn, swa_full,
-                tuple(notes), tuple(advice), gpu_offload_supported)
+                tuple(notes), tuple(advice), gpu_offload_supported, draft_rows_bytes=rows)
 
 
 def split_plan(target: GGUFInfo, draft: GGUFInfo | None, devices: Sequence[Device], n_ctx: int | None = None,

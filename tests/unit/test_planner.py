@@ -248,3 +248,30 @@ def test_qwen35_like_hybrid_state_and_kv(tiny_recurrent: tuple[Path, Path]) -> N
     assert kv_cache_bytes(info, 4096) == 12 * 4096 * 2 * (4 * 256 * 2)
     p = plan(info, n_ctx=4096, vram_bytes=48 * GIB)
     assert p.target.state_gpu_bytes == 17 * 36 * per_layer  # about 2 GiB for the snapshots
+
+
+def test_the_target_rows_a_drafter_keeps_are_counted_in_system_ram() -> None:
+    """An EAGLE-3 or DFlash draft keeps the target's tapped layer inputs for its next catch-up (an MTP
+    head the hidden rows): one row a position, each len(target_layers) x the target's width in float32,
+    at most DRAFT_ROWS_MAX_BYTES. The plan counts them in system RAM and says so."""
+    from localspec.models.memory import DRAFT_ROWS_MAX_BYTES, draft_rows_bytes
+
+    eagle3 = dataclasses.replace(QWEN3_06B, architecture="eagle3", hparams={"target_layers": [2, 20, 37]})
+    dflash = dataclasses.replace(QWEN3_06B, architecture="dflash", hparams={"target_layers": [1, 9, 17, 25, 33]})
+    width = QWEN3_14B.n_embd * 4  # one layer's input at one position, float32
+    assert draft_rows_bytes(QWEN3_14B, eagle3, 1024, mtp=False) == 1024 * 3 * width
+    assert draft_rows_bytes(QWEN3_14B, dflash, 512, mtp=False) == 512 * 5 * width
+    assert draft_rows_bytes(QWEN3_14B, eagle3, 40960, mtp=False) == DRAFT_ROWS_MAX_BYTES  # the cap
+    assert draft_rows_bytes(QWEN3_14B, None, 1024, mtp=True) == 1024 * width  # the MTP head's hidden rows
+    assert draft_rows_bytes(QWEN3_14B, QWEN3_06B, 1024, mtp=False) == 0  # a draft model reads none
+
+    p = plan(QWEN3_14B, eagle3, vram_bytes=24 * GIB, n_ctx=1024)
+    assert p.draft_rows_bytes == 1024 * 3 * width
+    assert any(n.startswith(f"the drafter keeps up to {p.draft_rows_bytes / GIB:.2f} GiB of the target's rows")
+               for n in p.notes), p.notes
+    ram = sum(m.weights_cpu_bytes + m.kv_cpu_bytes + m.state_cpu_bytes for m in (p.target, p.draft) if m)
+    shown = [line for line in format_plan(p).splitlines() if line.startswith("system RAM:")]
+    assert shown == [f"system RAM: {(ram + p.draft_rows_bytes) / GIB:.2f} GiB (weights left on the CPU, including "
+                     "token embeddings, and their KV cache, and the target's rows the drafter keeps "
+                     f"({p.draft_rows_bytes / GIB:.2f} GiB))"]
+    assert plan(QWEN3_14B, QWEN3_06B, vram_bytes=24 * GIB, n_ctx=1024).draft_rows_bytes == 0
