@@ -318,6 +318,12 @@ class AssistantContext(_ExtBatchContext):
 # (``llama_get_embeddings_nextn``): the encoder's g, the decoder's pre-norm state, which
 # stands in for g when the draft drafts on from its own output. A draft without its own
 # token embedding or output matrix borrows the target's (the context's ``ctx_other``).
+#
+# Its decoder graph computes logits and the pre-norm row for EVERY row of a batch (it never
+# picks the output rows out with ``inp_out_ids``, as a target's graph does), while the context
+# copies the first n_outputs rows of each (``llama_context::decode``): in a batch that asks for
+# some rows only, row i's logits are another row's (asking for the last of five returns the
+# first's). So a batch asks for all its rows or for none (``Eagle3Context.decode``).
 
 class Eagle3Context(_RowDraftContext):
     """An EAGLE-3 draft model run beside its target's context.
@@ -331,6 +337,12 @@ class Eagle3Context(_RowDraftContext):
     """
 
     _what = "EAGLE-3"
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
+               outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None:
+        """As ``_RowDraftContext.decode``; a batch that asks for any row's output gets every row's (the
+        graph hands back all rows and llama.cpp copies the first n_outputs: see the notes above)."""
+        self._process_rows(tokens, positions, hidden, [any(outputs)] * len(tokens), self._what, seqs)
 
     def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None,
                  n_seq: int = 1) -> None:
