@@ -427,7 +427,9 @@ class Eagle3Context(_RowDraftContext):
 # position, side by side) is projected (``fc``, then ``enc.output_norm``) and written into
 # every layer's K/V at that position. A token batch ``[x_last, MASK * k]`` at the positions
 # after the features then attends to that cache and, non-causally, to itself: row i predicts
-# the token i places after ``x_last``, all k of them in ONE pass.
+# the token i places after ``x_last``, all k of them in ONE pass. As EAGLE-3's, its graph hands
+# back the logits of every row of the block and the context copies the first n_outputs: the block
+# asks for all its rows (asking for rows 1..k only read row 0's as row 1's, and so on).
 
 class DFlashContext(_CachedDraftContext):
     """A DFlash draft model run beside its target's context.
@@ -499,7 +501,8 @@ class DFlashContext(_CachedDraftContext):
             self._run(b)
 
     def draft_block(self, token: int, position: int, k: int) -> None:
-        """Decode ``[token, MASK * k]`` at ``position..position + k`` with the logits of every row."""
+        """Decode ``[token, MASK * k]`` at ``position..position + k`` with the logits of every row (row 0's,
+        ``token``'s, included: see the notes above)."""
         if k + 1 > self.n_batch:
             raise ValueError(f"a block of {k + 1} tokens exceeds n_batch={self.n_batch}")
         b = self._batch
@@ -510,7 +513,7 @@ class DFlashContext(_CachedDraftContext):
                 raise RuntimeError(f"llama_batch_ext_add_token failed ({idx})")
             self._pos[0] = position + i
             llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
-            llama_cpp.llama_batch_ext_set_output_logits(b, idx, i > 0)
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
         self._run(b)
 
     def _run(self, b: Any) -> None:

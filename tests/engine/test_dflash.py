@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from localspec.backend import Context, DFlashContext, Model
@@ -60,3 +61,46 @@ def test_one_pass_drafts_the_block(pair):
         draft.close()
 
 
+
+
+def _block_logits(head: DFlashContext, token: int, position: int, k: int) -> list[np.ndarray]:
+    """The logits of every row of ``[token, MASK * k]``, decoded as llama.cpp's own draft-dflash does
+    (``common/speculative.cpp``: every row of the block an output), built here on the batch API itself."""
+    import llama_cpp
+
+    b = head._batch
+    llama_cpp.llama_batch_ext_clear(b)
+    for i in range(k + 1):
+        idx = llama_cpp.llama_batch_ext_add_token(b, 0, token if i == 0 else head.mask_token)
+        head._pos[0] = position + i
+        llama_cpp.llama_batch_ext_set_pos(b, idx, head._pos)
+        llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+    assert llama_cpp.llama_process(head._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b) == 0
+    rows = [np.array(head.logits(i)) for i in range(k + 1)]
+    head.rollback_to(position)
+    return rows
+
+
+def test_block_row_i_reads_row_i(pair):
+    """``logits(i)`` after ``draft_block`` is row i's of the block: the graph hands back every row and llama.cpp
+    copies the first n_outputs, so a block asking for rows 1..k only read row 0's (the anchor's) as row 1's."""
+    target_path, draft_path = pair
+    target, draft = Model(target_path), Model(draft_path)
+    tctx = Context(target, n_ctx=256, n_threads=1)
+    head = DFlashContext(draft, tctx, n_threads=1)
+    try:
+        tctx.enable_layer_taps(head.layers)
+        prompt = target.tokenize(PROMPT)
+        tctx.append(prompt[:-1])
+        last = len(prompt) - 1
+        head.inject(tctx.layer_features(last), range(last))
+        want = _block_logits(head, prompt[-1], last, 3)
+        assert not np.allclose(want[0], want[1], atol=1e-2)  # the anchor's row is not the first draft's
+        head.draft_block(prompt[-1], last, 3)
+        for i in range(1, 4):
+            np.testing.assert_allclose(head.logits(i), want[i], atol=1e-4)
+    finally:
+        head.close()
+        tctx.close()
+        target.close()
+        draft.close()
