@@ -129,3 +129,57 @@ def test_siblings_drawn_from_the_draft_follow_the_target(pair):
         tctx.close()
         target.close()
         draft.close()
+
+
+def _direct_chain(target: Model, draft: Model, history: list[int], k: int) -> list[int]:
+    """What a greedy EAGLE-3 chain after ``history`` is, computed from scratch: the target's features of
+    every position but the last from one decode, every decoder row ``(x_{P+1}, g_P)`` in one batch that
+    outputs them all, then each further token decoded one position on, fed the row before's pre-norm output."""
+    tctx = Context(target, n_ctx=256, n_threads=1)
+    head = Eagle3Context(draft, tctx, n_threads=1)
+    try:
+        tctx.enable_layer_taps(head.layers)
+        n = len(history) - 1
+        tctx.append(history[:-1], outputs="all")
+        head.decode(history[1:], range(n), head.encode(tctx.layer_features(n)), [True] * n)
+        row, chain = n - 1, []
+        for depth in range(k):
+            chain.append(int(np.argmax(head.logits(row))))
+            head.decode(chain[-1:], [n + depth], np.array(head.hidden(row))[None, :], [True])
+            row = 0
+        return chain
+    finally:
+        head.close()
+        tctx.close()
+
+
+def test_greedy_drafts_are_the_draft_computed_from_scratch(pair):
+    """The drafter's chain equals ``_direct_chain`` on the same history, after the prompt (a catch-up in
+    several batches) and after a step that kept a draft (a catch-up of two rows): the rows it keeps and
+    rebuilds pair each token with the features it should, and each chain's first token is read from the
+    history's last row."""
+    from localspec.drafting.eagle3 import Eagle3Drafter
+
+    target_path, draft_path = pair
+    target, draft = Model(target_path), Model(draft_path)
+    tctx = Context(target, n_ctx=256, n_threads=1)
+    head = Eagle3Context(draft, tctx, n_threads=1, n_batch=4)  # the prompt's rows take several batches
+    drafter = Eagle3Drafter(head, tctx, Sampler(SamplingParams()))
+    try:
+        tctx.enable_layer_taps(head.layers)
+        history = target.tokenize(PROMPT)
+        tctx.append(history[:-1])
+        first = drafter.propose(history, 3)
+        assert list(first.tokens) == _direct_chain(target, draft, history, 3)
+        # The target verified [last, d1, ...] and kept d1; the next history ends in d1 and its own token.
+        kept = [history[-1], first.tokens[0]]
+        tctx.append(kept, outputs="all")
+        history = history + [first.tokens[0], int(np.argmax(tctx.logits(1)))]
+        second = drafter.propose(history, 3)
+        assert list(second.tokens) == _direct_chain(target, draft, history, 3)
+    finally:
+        drafter.close()
+        head.close()
+        tctx.close()
+        target.close()
+        draft.close()
