@@ -1,7 +1,7 @@
-"""Dynamic draft trees from a model drafter (a DFlash block), verified in one batch, on real llama.cpp.
+"""Dynamic draft trees from a model drafter (a DFlash or DSpark block), verified in one batch, on real llama.cpp.
 
 The pair is the tiny ``llama`` target and the agreeing ``dflash`` draft of
-``tests/support/eagle3_model.py``. One draft pass gives a q per depth; the tree
+``tests/support/eagle3_model.py``, without and with DSpark's Markov head (trained anchor first). One draft pass gives a q per depth; the tree
 grows where the cumulative draft probability is highest (``draft_tree.grow_tree``),
 and is verified with the tree mask: greedy by the target's argmax, at T > 0 by
 recursive rejection sampling over each node's sampled children.
@@ -24,13 +24,14 @@ from stats import assert_first_two_follow, first_two_joint
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", params=["dflash", "dspark"])
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from eagle3_model import write_dflash_draft, write_llama_target
 
     d = tmp_path_factory.mktemp("trees")
     return (write_llama_target(d / "llama-tiny.gguf", mix=0.3),
-            write_dflash_draft(d / "dflash-tiny.gguf", agree=True))
+            write_dflash_draft(d / f"{request.param}-tiny.gguf", agree=True,
+                               markov_rank=8 if request.param == "dspark" else 0))
 
 
 @pytest.fixture
