@@ -114,8 +114,9 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
                         "adaptive controller picks the length each step from measured costs and acceptance, "
                         "and drafts nothing where speculation would be slower than plain decoding")
     s.add_argument("--draft-p-min", dest="p_min", type=float, default=0.0, metavar="P",
-                   help="a draft model stops drafting when its own top probability falls below P (default 0; "
-                        "not --min-p, which filters sampling)")
+                   help="a draft model stops drafting when its own top probability (a DSpark draft's "
+                        "confidence head, where it has one) falls below P (default 0; not --min-p, which filters "
+                        "sampling)")
     # The flag's first name, kept working for scripts but no longer offered beside --min-p.
     s.add_argument("--p-min", dest="p_min", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 

@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="draft exactly up to G tokens per step (0 turns speculation off); by default an adaptive "
                         "controller picks the length each step from measured costs and acceptance")
     s.add_argument("--draft-p-min", dest="p_min", type=float, default=0.0, metavar="P",
-                   help="a draft model stops drafting when its own top probability falls below P (default 0)")
+                   help="a draft model stops drafting when its own top probability (a DSpark draft's "
+                        "confidence head, where it has one) falls below P (default 0)")
     p.set_defaults(func=run)
 
 
