@@ -171,8 +171,8 @@ class Engine:
         # Drafts that grow trees when the controller asks (a DFlash block; EAGLE-3, the MTP head and a draft
         # model with a cache they can branch: one sequence per node they decode).
         model_draft = draft is not None and not (assistant or eagle3 or dflash)
-        # The MTP head grows trees with one NextN layer only (drafting/mtp.py).
-        mtp_trees = any(s.kind == MTP for s in specs) and target.n_nextn_layers == 1
+        # The MTP head grows trees, with one NextN layer or chained ones (drafting/mtp.py, mtp_tree.py).
+        mtp_trees = any(s.kind == MTP for s in specs)
         self._draft_trees = dflash or eagle3 or mtp_trees or (model_draft and not recurrent_draft)
         # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
         branches = bool(model_free) or self._draft_trees

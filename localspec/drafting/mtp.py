@@ -28,7 +28,9 @@ it drafted), since head i's layer holds nothing there yet. Beyond the last
 head, the last head drafts on recursively as a single head does (its own
 output for its input): llama.cpp stops at the last head instead; here the
 controller, which learns the acceptance at every depth, decides how deep the
-drafts are worth it.
+drafts are worth it. A tree (``propose_tree``) does the same per path: a node at
+depth d < n_heads has head d rebuild its own path's region on a sequence of its
+own (``mtp_tree``).
 
 Memory: the target's hidden rows wait in ``rows`` (``HiddenRows``) until a catch-up consumes
 them. While the controller keeps the head off, they would pile up with the
@@ -58,6 +60,7 @@ import numpy as np
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
 from localspec.drafting.draft_tree import TREE_WIDTH, grow_fed_tree
 from localspec.drafting.hidden_rows import HiddenRows
+from localspec.drafting.mtp_tree import grow_chained_tree
 from localspec.models.memory import DRAFT_ROWS_MAX_BYTES
 from localspec.sampling import Sampler
 
@@ -80,6 +83,7 @@ class HeadContext(Protocol):
 
     n_embd: int
     n_batch: int
+    n_ctx: int
     n_heads: int
     n_seq: int
 
@@ -104,10 +108,11 @@ class MtpDrafter(DrafterBase):
 
     ``p_min``: stop drafting when the head's own top probability falls below it.
     ``max_row_bytes``: the most target hidden rows (in bytes) kept for the next catch-up
-    (default ``MAX_ROW_BYTES``). ``propose_tree`` (one head, and a head context with sequences for
-    the nodes): a tree grown level by level as a draft model's is, each node at the position after its
-    parent's, fed its parent's own hidden output, on a sequence of its own sharing its parent's cells.
-    Chained heads grow no tree: head i would have to rebuild every path's draft region in its layer.
+    (default ``MAX_ROW_BYTES``). ``propose_tree`` (a head context with sequences for the nodes): a tree
+    grown level by level as a draft model's is, each node on a sequence of its own. One head: each node
+    at the position after its parent's, fed its parent's own hidden output, sharing its parent's cells.
+    Chained heads: a node at depth d < n_heads has head d rebuild its path's draft region in its layer,
+    as the chain does, the nodes past the last head grow as one head's (``mtp_tree``).
     """
 
     name = "mtp"
@@ -121,7 +126,7 @@ class MtpDrafter(DrafterBase):
         self.n_heads = max(1, head.n_heads)
         max_rows = (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_embd)
         self.rows = HiddenRows(head.n_embd, max(2, max_rows))
-        self.tree_width = TREE_WIDTH if head.n_seq > 1 and self.n_heads == 1 else 0
+        self.tree_width = TREE_WIDTH if head.n_seq > 1 else 0
         # Tokens the head's cache holds at positions 0.., each built from the target's hidden row
         # (in every head's layer).
         self._tokens: list[int] = []
@@ -193,10 +198,17 @@ class MtpDrafter(DrafterBase):
 
     def propose_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> Proposal | TreeProposal:
         nodes = min(nodes, self.head.n_seq)  # each decoded node takes a sequence
+        if self.n_heads > 1:  # and up to n_heads cells (a chained node rebuilds its draft region)
+            nodes = min(nodes, (self.head.n_ctx - len(history)) // self.n_heads)
         if self.tree_width <= 1 or nodes <= draft_len or draft_len <= 0 or not history:
             return self.propose(history, draft_len)
         row = self._sync(history)
         try:
+            if self.n_heads > 1:
+                pos0 = len(history) - 1
+                return grow_chained_tree(self.head, self.sampler, row, n_heads=self.n_heads, x_last=history[-1],
+                                         pos0=pos0, target_row=self.rows.row(history, pos0 - 1), max_nodes=nodes,
+                                         max_depth=draft_len, max_width=self.tree_width, drafter=self.name)
             # The last token's row is len(history) - 1; a node of depth d sits d further.
             return grow_fed_tree(self.head, self.sampler, row, len(history), max_nodes=nodes,
                                  max_depth=draft_len, max_width=self.tree_width, drafter=self.name)

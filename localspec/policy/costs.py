@@ -22,6 +22,7 @@ Pure arithmetic: measuring a model and caching what was measured is
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
 # Refinement. Timings are compared in log space, so "twice as slow" and "half as
@@ -293,12 +294,13 @@ class CostModel:
         chain = self.draft_ms(name, n)
         line = self._tree_line(name)
         model = self._draft_models.get(name)
-        if model is None or n <= 1:
-            rows = [0.0] * len(extras)
-        else:
+        rows = [0.0] * len(extras)
+        if model is not None and n > 1:
             levels = n - 1
-            one = model.verify_ms(1)
-            rows = [levels * max(0.0, v - one) for v in model.verify_ms_at([1 + m / levels for m in extras])]
+            for r, count in Counter(self._level_rows(name, n)).items():
+                one = model.verify_ms(r)
+                at = model.verify_ms_at([r * (1 + m / levels) for m in extras])
+                rows = [total + count * max(0.0, v - one) for total, v in zip(rows, at)]
         return [chain + r + line.ms(m) if m > 0 else chain for m, r in zip(extras, rows)]
 
     def _tree_rows_ms(self, name: str, n: int, extra: float) -> float:
@@ -306,8 +308,16 @@ class CostModel:
         model = self._draft_models.get(name)
         if model is None or n <= 1:
             return 0.0
-        levels = n - 1  # the decodes after the catch-up's, each of 1 + extra / levels rows on average
-        return levels * max(0.0, model.verify_ms(1 + extra / levels) - model.verify_ms(1))
+        # The decodes after the catch-up's, each of 1 + extra / levels nodes on average.
+        grow = 1 + extra / (n - 1)
+        return sum(max(0.0, model.verify_ms(r * grow) - model.verify_ms(r)) for r in self._level_rows(name, n))
+
+    def _level_rows(self, name: str, n: int) -> list[int]:
+        """The rows a node takes in each of the n - 1 decodes of an ``n``-deep tree after the catch-up's:
+        one, but for chained MTP heads (``set_model_drafter``'s ``passes``) a node at depth d < passes
+        rebuilds its draft region, d + 1 rows (``drafting/mtp_tree.py``)."""
+        heads = self._catch_up_passes.get(name, 1)
+        return [d + 1 if d < heads else 1 for d in range(1, n)]
 
     def _tree_line(self, name: str) -> _Line:
         line = self._tree.get(name)
@@ -365,7 +375,7 @@ class CostModel:
         An MTP head is such a drafter, V its own decode costs (one NextN block
         and the output matrix); ``passes``: the catch-up decodes the history
         once per chained head (each head is its own layer), ``passes * V(2) - V(1)``
-        fixed.
+        fixed; a tree's node at depth d < passes decodes d + 1 rows (``_level_rows``).
 
         The line holds V at the depth ``draft_model`` was measured at; from then on
         the draft model follows this model's ``depth`` (its context holds the same

@@ -46,6 +46,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"target": write_llama_target(d / "llama-tiny.gguf", mix=0.3),
             "mtp": write_mtp_model(d / "glm4moe-mtp-agree.gguf", mix=0.05),
             "chained": write_step35_model(d / "step35-mtp-agree.gguf", mix=0.05),
+            "chained3": write_step35_model(d / "step35-3-mtp-agree.gguf", mix=0.05, n_heads=3),
             "draft": write_llama_target(d / "llama-tiny-draft.gguf", mix=0.3, n_layer=1),
             "eagle3": write_eagle3_draft(d / "eagle3-tiny.gguf", agree=True),
             "dflash": write_dflash_draft(d / "dflash-tiny.gguf", agree=True)}
@@ -249,15 +250,76 @@ def test_sampled_tokens_with_mtp_trees_follow_the_target(mtp):
     _sampled_head_trees(target, tctx, MtpDrafter(head, tctx, sampler), sampler, first_a_tree=False)
 
 
-def test_chained_mtp_heads_grow_no_tree(tiny):
-    """Head i drafts depth i + 1 over the whole draft region rebuilt in its layer: a tree would rebuild it
-    per path, so chained heads draft chains and the engine gives them no tree sequences."""
+@pytest.fixture(params=[2, 3], ids=["2-heads", "3-heads"])
+def chained(tiny, request):
+    """A step35 with two or three chained NextN heads (agreeing often), the head's context with a sequence
+    per node."""
+    target = Model(tiny["chained" if request.param == 2 else "chained3"], load_mtp=True)
+    tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 32)
+    tctx.enable_hidden_rows()
+    head = MtpContext(tctx, n_threads=1, n_seq=tctx.n_seq)
+    assert head.n_heads == request.param
+    yield target, tctx, head
+    head.close()
+    tctx.close()
+    target.close()
+
+
+def test_greedy_with_chained_mtp_trees_is_plain_greedy(chained):
+    """Head 1 rebuilds each depth-1 node's region [x_last, t1] on the node's sequence, the last head grows
+    on past it: the output is plain greedy's, the trees branch and drafts are kept; no node's sequence is
+    left and the head's cache holds the history alone."""
+    target, tctx, head = chained
+    drafter = MtpDrafter(head, tctx, Sampler(GREEDY))
+    try:
+        branched, _, kept = _greedy_head_trees(target, tctx, head, drafter)
+        assert branched > 0 and kept > 0
+    finally:
+        drafter.close()
+
+
+def test_a_chained_trees_first_children_are_the_chains_drafts(chained):
+    """At T=0 a tree's first child at each node is q's top token, so the path of first children is the
+    chain's draft: the right head at each depth, fed the right path's outputs (head 0's for x_last, then
+    head d's over [x_last, t1 .. td], then the last head drafting on). The tree is grown (more nodes than
+    its depth) and leaves the cache holding the history."""
+    target, tctx, head = chained
+    drafter = MtpDrafter(head, tctx, Sampler(GREEDY))
+    try:
+        history = target.tokenize(PROMPT)
+        tctx.append(history)  # the target's hidden rows for every position, the last token's included
+        deepest = 0
+        for end in range(len(history) - 4, len(history) + 1):
+            chain = drafter.propose(history[:end], 4).tokens
+            proposal = drafter.propose_tree(history[:end], 4, 9)
+            assert isinstance(proposal, TreeProposal)
+            tree = proposal.tree
+            assert len(tree) == 9 and len(tree.leaves) > 1
+            first, node = [], -1  # the path of first children from the root (-1)
+            while (children := [i for i, p in enumerate(tree.parents) if p == node]):
+                node = children[0]
+                first.append(tree.tokens[node])
+            assert len(first) >= 2 and tuple(first) == chain[:len(first)]
+            deepest = max(deepest, len(first))
+            assert head.n_past == end and all(head.seq_pos_max(s) == -1 for s in range(1, head.n_seq))
+        assert deepest > head.n_heads  # a first child past the last head's depth
+    finally:
+        drafter.close()
+
+
+def test_sampled_tokens_with_chained_mtp_trees_follow_the_target(chained):
+    target, tctx, head = chained
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=19))
+    _sampled_head_trees(target, tctx, MtpDrafter(head, tctx, sampler), sampler, first_a_tree=True)
+
+
+def test_the_engine_gives_chained_mtp_heads_tree_sequences(tiny):
     engine = Engine.load(tiny["chained"], specs=parse_draft("mtp"), n_ctx=256, n_threads=1)
     try:
         assert engine.mtp_ctx is not None and engine.mtp_ctx.n_heads == 2
-        assert engine.tree_nodes_limit == 0
+        assert engine.tree_nodes_limit == 32 and engine.mtp_ctx.n_seq == engine.ctx.n_seq
         drafter = MtpDrafter(engine.mtp_ctx, engine.ctx, Sampler(GREEDY))
-        assert drafter.tree_width == 0
+        assert drafter.tree_width > 1
         drafter.close()
     finally:
         engine.close()
@@ -287,14 +349,15 @@ def _costs(points: dict[int, float], name: str, draft: dict[int, float] | None) 
     return costs
 
 
-@pytest.mark.parametrize("kind", ["draft", "eagle3", "dflash", "mtp"])
+@pytest.mark.parametrize("kind", ["draft", "eagle3", "dflash", "mtp", "chained"])
 def test_the_engine_drafts_trees_at_gpu_costs_and_stays_exact(tiny, kind):
-    """``--draft FILE`` (or ``mtp``) alone: at a GPU's costs the controller asks the drafter for trees (no
-    option needed), the reply is plain greedy's, and the stats name the drafter and count acceptance by
-    tree depth (a tree 4 deep fills 4 positions, however many nodes it has)."""
-    if kind == "mtp":
-        engine = Engine.load(tiny["mtp"], specs=parse_draft("mtp"), n_ctx=512, n_threads=1)
+    """``--draft FILE`` (or ``mtp``, with one head or chained ones) alone: at a GPU's costs the controller
+    asks the drafter for trees (no option needed), the reply is plain greedy's, and the stats name the
+    drafter and count acceptance by tree depth (a tree 4 deep fills 4 positions, however many nodes it has)."""
+    if kind in ("mtp", "chained"):
+        engine = Engine.load(tiny[kind], specs=parse_draft("mtp"), n_ctx=512, n_threads=1)
         target = draft = engine.target
+        kind = "mtp"
     else:
         target, draft = Model(tiny["target"]), Model(tiny[kind])
         engine = Engine(target, draft=draft, n_ctx=512, n_threads=1)
@@ -302,7 +365,10 @@ def test_the_engine_drafts_trees_at_gpu_costs_and_stays_exact(tiny, kind):
     try:
         prompt = engine.tokenize(PROMPT)
         want = plain_greedy(target, prompt, 40, n_ctx=512)
-        steps, done = _generate(engine, _costs(GPU, kind, model_curve), PROMPT, 40)
+        costs = _costs(GPU, kind, model_curve)
+        if engine.mtp_ctx is not None:
+            costs.set_model_drafter("mtp", CostModel(model_curve), passes=engine.mtp_ctx.n_heads)
+        steps, done = _generate(engine, costs, PROMPT, 40)
         trees = [s for s in steps if s.verified > s.drafted]
         assert trees, [s.decision for s in steps]
         assert all("-node tree" in s.decision for s in trees)

@@ -230,3 +230,20 @@ def test_the_chain_inside_a_tree_teaches_the_chains_rates() -> None:
     assert len(est.reached) == 3  # nothing deeper was judged on the chain
     # the node at depth 3 tried its second child and kept it: one sibling judged, kept
     assert state.siblings.reached[:1] == pytest.approx([1.0]) and state.siblings.kept[:1] == pytest.approx([0.0])
+
+
+def test_chained_mtp_heads_pay_for_every_nodes_draft_region() -> None:
+    """Two chained heads (``passes=2``): a node at depth 1 is decoded as its region [x_last, t1], two rows,
+    so the first level's further nodes cost twice the rows a one-head tree's do; past the last head a node
+    is one row again."""
+    draft = {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4}
+    one, two = CostModel(GPU), CostModel(GPU)
+    one.set_model_drafter("mtp", CostModel(draft))
+    two.set_model_drafter("mtp", CostModel(draft), passes=2)
+    # 6 further nodes over 3 levels: 3 nodes a level; level 1 holds 2 rows a node (V(6) = 2.0 vs V(2) = 1.2),
+    # levels 2 and 3 one row a node (V(3) = 1.4 vs V(1))
+    rows = (2.0 - 1.2) + 2 * (1.4 - 1.0)
+    assert two.tree_draft_ms("mtp", 4, 10) == pytest.approx(two.draft_ms("mtp", 4) + rows + 6 * TREE_NODE_MS)
+    assert one.tree_draft_ms("mtp", 4, 10) == pytest.approx(one.draft_ms("mtp", 4) + 3 * (1.4 - 1.0) + 6 * TREE_NODE_MS)
+    assert two.tree_draft_ms_at("mtp", 4, [0, 3, 6]) == pytest.approx([two.tree_draft_ms("mtp", 4, 4 + m)
+                                                                      for m in (0, 3, 6)])
