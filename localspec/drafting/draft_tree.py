@@ -164,6 +164,16 @@ def grow_fed_tree(head: FedHead, sampler: Sampler, row: int, first_pos: int, *, 
             out.append(tree_q(head.logits(i), sampler))
         return out
 
+    return grow_on_node_sequences(head, seq_of, q_at, sampler, max_nodes=max_nodes, max_depth=max_depth,
+                                  max_width=max_width, drafter=drafter)
+
+
+def grow_on_node_sequences(head: FedHead, seq_of: dict[tuple[int, ...], int],
+                           q_at: QBatch, sampler: Sampler, *,
+                           max_nodes: int, max_depth: int, max_width: int, drafter: str) -> TreeProposal:
+    """``grow_tree`` over ``q_at``, which decodes each node on a sequence of ``head``'s of its own (``seq_of``:
+    path -> sequence, the root's 0); every node sequence is removed afterwards, whatever happened, so the
+    head's cache holds the history again."""
     try:
         return grow_tree(q_at, max_nodes=max_nodes, max_depth=max_depth, max_width=max_width,
                          rng=None if sampler.params.greedy else sampler.rng, drafter=drafter)

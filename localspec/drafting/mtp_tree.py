@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from localspec.drafting.base import TreeProposal
-from localspec.drafting.draft_tree import grow_tree, tree_q
+from localspec.drafting.draft_tree import FedHead, grow_on_node_sequences, tree_q
 from localspec.sampling import Sampler
 
 Path = tuple[int, ...]
@@ -114,18 +114,12 @@ def batch_rows(nodes: Sequence[NodeDecode]) -> BatchRows:
                      [n.fed[i] for n, i in order], [i == len(n.tokens) - 1 for n, i in order])
 
 
-class ChainedHead(Protocol):
+class ChainedHead(FedHead, Protocol):
     """The MTP head context with several heads and a sequence per tree node (``backend.MtpContext``)."""
 
     n_batch: int
 
     def set_head(self, head: int) -> None: ...
-    def hidden(self, row: int) -> np.ndarray: ...
-    def logits(self, row: int) -> np.ndarray: ...
-    def copy_seq(self, src: int, dst: int, p0: int, p1: int) -> None: ...
-    def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
-               outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None: ...
-    def remove_seq(self, seq: int) -> None: ...
 
 
 def grow_chained_tree(head: ChainedHead, sampler: Sampler, row: int, *, n_heads: int, x_last: int, pos0: int,
@@ -161,9 +155,5 @@ def grow_chained_tree(head: ChainedHead, sampler: Sampler, row: int, *, n_heads:
                 q_of[node.path] = tree_q(head.logits(i), sampler)
         return [q_of[path] for path in paths]
 
-    try:
-        return grow_tree(q_at, max_nodes=max_nodes, max_depth=max_depth, max_width=max_width,
-                         rng=None if sampler.params.greedy else sampler.rng, drafter=drafter)
-    finally:
-        for seq in range(1, len(seq_of)):
-            head.remove_seq(seq)
+    return grow_on_node_sequences(head, seq_of, q_at, sampler, max_nodes=max_nodes, max_depth=max_depth,
+                                  max_width=max_width, drafter=drafter)

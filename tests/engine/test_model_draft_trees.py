@@ -221,13 +221,29 @@ def test_sampled_tokens_with_eagle3_trees_follow_the_target(eagle3):
 
 
 # --- the MTP head --------------------------------------------------------------------------------------
-@pytest.fixture
-def mtp(tiny):
-    """A glm4moe with one NextN head (agreeing often), the head's context with a sequence per node."""
-    target = Model(tiny["mtp"], load_mtp=True)
+MTP_MODELS = {1: "mtp", 2: "chained", 3: "chained3"}  # NextN heads: the tiny model with them
+
+
+@pytest.fixture(params=sorted(MTP_MODELS), ids=["1-head", "2-heads", "3-heads"])
+def mtp(tiny, request):
+    """A glm4moe with one NextN head, or a step35 with two or three chained ones (each agreeing often),
+    the head's context with a sequence per node."""
+    yield from _head_with_node_sequences(tiny[MTP_MODELS[request.param]], request.param)
+
+
+@pytest.fixture(params=[2, 3], ids=["2-heads", "3-heads"])
+def chained(tiny, request):
+    """The step35s with chained heads alone."""
+    yield from _head_with_node_sequences(tiny[MTP_MODELS[request.param]], request.param)
+
+
+def _head_with_node_sequences(path, n_heads: int):  # noqa: ANN001, ANN202
+    """(target, its context, the MTP head's context), each with a sequence per tree node; closed after."""
+    target = Model(path, load_mtp=True)
     tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 32)
     tctx.enable_hidden_rows()
     head = MtpContext(tctx, n_threads=1, n_seq=tctx.n_seq)
+    assert head.n_heads == n_heads
     yield target, tctx, head
     head.close()
     tctx.close()
@@ -235,6 +251,10 @@ def mtp(tiny):
 
 
 def test_greedy_with_mtp_trees_is_plain_greedy(mtp):
+    """One head grows on from its own output; chained, head d rebuilds each depth-d node's region
+    [x_last, t1 .. td] on the node's sequence and the last head grows on past them. The output is plain
+    greedy's, the trees branch and drafts are kept; no node's sequence is left and the head's cache
+    holds the history alone."""
     target, tctx, head = mtp
     drafter = MtpDrafter(head, tctx, Sampler(GREEDY))
     try:
@@ -246,36 +266,9 @@ def test_greedy_with_mtp_trees_is_plain_greedy(mtp):
 
 def test_sampled_tokens_with_mtp_trees_follow_the_target(mtp):
     target, tctx, head = mtp
-    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=17))
-    _sampled_head_trees(target, tctx, MtpDrafter(head, tctx, sampler), sampler, first_a_tree=False)
-
-
-@pytest.fixture(params=[2, 3], ids=["2-heads", "3-heads"])
-def chained(tiny, request):
-    """A step35 with two or three chained NextN heads (agreeing often), the head's context with a sequence
-    per node."""
-    target = Model(tiny["chained" if request.param == 2 else "chained3"], load_mtp=True)
-    tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 32)
-    tctx.enable_hidden_rows()
-    head = MtpContext(tctx, n_threads=1, n_seq=tctx.n_seq)
-    assert head.n_heads == request.param
-    yield target, tctx, head
-    head.close()
-    tctx.close()
-    target.close()
-
-
-def test_greedy_with_chained_mtp_trees_is_plain_greedy(chained):
-    """Head 1 rebuilds each depth-1 node's region [x_last, t1] on the node's sequence, the last head grows
-    on past it: the output is plain greedy's, the trees branch and drafts are kept; no node's sequence is
-    left and the head's cache holds the history alone."""
-    target, tctx, head = chained
-    drafter = MtpDrafter(head, tctx, Sampler(GREEDY))
-    try:
-        branched, _, kept = _greedy_head_trees(target, tctx, head, drafter)
-        assert branched > 0 and kept > 0
-    finally:
-        drafter.close()
+    chained = head.n_heads > 1
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=19 if chained else 17))
+    _sampled_head_trees(target, tctx, MtpDrafter(head, tctx, sampler), sampler, first_a_tree=chained)
 
 
 def test_a_chained_trees_first_children_are_the_chains_drafts(chained):
@@ -305,12 +298,6 @@ def test_a_chained_trees_first_children_are_the_chains_drafts(chained):
         assert deepest > head.n_heads  # a first child past the last head's depth
     finally:
         drafter.close()
-
-
-def test_sampled_tokens_with_chained_mtp_trees_follow_the_target(chained):
-    target, tctx, head = chained
-    sampler = Sampler(SamplingParams(temperature=1.0, top_k=8, seed=19))
-    _sampled_head_trees(target, tctx, MtpDrafter(head, tctx, sampler), sampler, first_a_tree=True)
 
 
 def test_the_engine_gives_chained_mtp_heads_tree_sequences(tiny):
