@@ -40,6 +40,9 @@ LAYER_TAP_ARCHITECTURES = frozenset({
 # Draft architectures that read a target's layers (src/models/eagle3.cpp, dflash.cpp): they have no
 # use alone, so the registry never runs one as a model or counts it as a size of its family.
 FEATURE_DRAFT_ARCHITECTURES = frozenset({"eagle3", "dflash"})
+# The tensor that makes a dflash GGUF a DSpark draft (its Markov head), as llama.cpp tells them apart
+# (common/speculative.cpp, src/models/dflash.cpp).
+DSPARK_MARKOV_TENSOR = "markov_w1.weight"
 # The layers an EAGLE-3 draft reads: llama.cpp's loader requires exactly this many (src/models/eagle3.cpp).
 EAGLE3_N_TARGET_LAYERS = 3
 # ggml's RPC protocol (ggml/include/ggml-rpc.h, ggml/src/ggml-rpc/): a client's first message is HELLO

@@ -21,6 +21,7 @@ from localspec.backend.context import (
 from localspec.backend.model import Model
 from localspec.backend.nextn import mtp_unavailable_reason, nextn_api
 from localspec.errors import UnsupportedModelError
+from localspec.llama_facts import DSPARK_MARKOV_TENSOR
 from localspec.models.gguf_header import read_header
 
 
@@ -487,7 +488,7 @@ class DFlashContext(_CachedDraftContext):
         self.n_embd = n_ids * int(llama_cpp.llama_model_n_embd(target.model._model))
         self.block_size = int(draft.metadata("dflash.block_size") or 16)  # llama.cpp's default
         tensors = {t.name for t in read_header(draft.path).tensors}
-        self.markov = "markov_w1.weight" in tensors  # a DSpark draft
+        self.markov = DSPARK_MARKOV_TENSOR in tensors  # a DSpark draft
         self.anchor_first = self.markov and (draft.metadata("dflash.sample_from_anchor") or "true") == "true"
         self.has_confidence = self.markov and "conf_proj.weight" in tensors
         self.max_drafts = self.block_size if self.anchor_first else max(1, self.block_size - 1)

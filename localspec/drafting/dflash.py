@@ -54,6 +54,7 @@ from localspec.drafting.eagle3 import (
 )
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.errors import IncompatibleDraftError
+from localspec.llama_facts import DSPARK_MARKOV_TENSOR
 from localspec.sampling import Sampler
 
 DFLASH = "dflash"
@@ -89,7 +90,7 @@ def check_dflash_fits(target: Any, draft: Any) -> None:
 
 def is_dspark(draft: Any) -> bool:
     """Whether a ``dflash`` GGUF (``GGUFInfo``) carries DSpark's Markov head, as llama.cpp tells them apart."""
-    return "markov_w1.weight" in draft.tensor_names
+    return DSPARK_MARKOV_TENSOR in draft.tensor_names
 
 
 class BlockHead(Protocol):
