@@ -21,6 +21,7 @@ import functools
 import os
 import socket
 import struct
+import time
 from typing import Callable, NoReturn, Sequence
 
 from localspec.backend.build import ensure_init, native_library
@@ -226,14 +227,26 @@ def on_fatal(handler: Callable[[RemoteDeviceError], NoReturn], endpoints: Sequen
     _api()["ggml_set_abort_callback"](ctypes.cast(callback, ctypes.c_void_p))
 
 
-def _what_went(endpoints: Sequence[str]) -> str:
-    gone = []  # those that no longer accept a connection (one that serves us accepts, without answering)
-    for endpoint in endpoints:
-        host, _, port = endpoint.rpartition(":")
+def _still_accepts(endpoint: str, *, probes: int = 3, pause_s: float = 0.2) -> bool:
+    """Whether ``endpoint`` still listens: no probe over about a second is refused. One that serves us
+    accepts without answering, or, its backlog full (an rpc-server takes one client at a time), lets the
+    probe time out; only a refusal means nothing listens. A server killed mid-reply closes our connection a
+    moment before its listening socket, so one probe right after the abort can still find it listening."""
+    host, _, port = endpoint.rpartition(":")
+    for i in range(probes):
+        if i:
+            time.sleep(pause_s)
         try:
             socket.create_connection((host, int(port)), timeout=1.0).close()
+        except ConnectionRefusedError:
+            return False
         except OSError:
-            gone.append(endpoint)
+            pass  # no answer in time: something listens there
+    return True
+
+
+def _what_went(endpoints: Sequence[str]) -> str:
+    gone = [endpoint for endpoint in endpoints if not _still_accepts(endpoint)]
     if gone:
         return (f"RPC server {', '.join(gone)} went away mid-reply (the connection closed); llama.cpp cannot "
                 "continue without it: restart rpc-server there and run again")

@@ -124,3 +124,29 @@ def test_speculation_over_rpc_is_token_identical_to_plain_local(smollm2_path, sm
         remote.close()
     assert spec.stats.drafted > 0 and spec.stats.accepted > 0
     assert spec.tokens == plain.tokens and spec.finish_reason == plain.finish_reason == "length"
+
+
+def test_a_server_whose_listener_closes_just_after_the_abort_counts_as_gone():
+    """A server killed mid-reply closes our connection a moment before its listening socket: the probe
+    after ggml's abort must not take the last moments of a dying listener for a hung server (CI saw one
+    reported as "stopped answering"). A listener that stays up is one that accepts without answering."""
+    import socket
+    import threading
+
+    from localspec.backend.devices import _what_went
+
+    dying, hung = socket.socket(), socket.socket()
+    for s in (dying, hung):
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+    ends = [f"127.0.0.1:{s.getsockname()[1]}" for s in (dying, hung)]
+    closer = threading.Timer(0.3, dying.close)
+    closer.start()
+    try:
+        said = _what_went(ends)
+        assert said.startswith(f"RPC server {ends[0]} went away mid-reply"), said
+        assert _what_went(ends[1:]).startswith(f"RPC server {ends[1]} stopped answering mid-reply")
+    finally:
+        closer.cancel()
+        dying.close()
+        hung.close()
