@@ -7,6 +7,7 @@ multi-branch verification.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -20,6 +21,7 @@ from localspec.backend.build import (
     default_threads,
     gpu_offload_supported,
     last_error_line,
+    native_library,
 )
 from localspec.backend.model import Model
 from localspec.backend.nextn import mtp_unavailable_reason, nextn_api
@@ -63,6 +65,76 @@ def _float_view(ptr: Any, shape: tuple[int, ...], missing: str) -> np.ndarray:
     view = np.ctypeslib.as_array(ptr, shape=shape)
     view.flags.writeable = False
     return view
+
+
+def _address_function(name: str) -> Any:
+    """libllama's ``name(ctx, int32) -> float *`` returning the address as an int (0 for NULL): a binding of
+    our own (``CDLL[name]`` is a new function object, so llama-cpp-python's binding keeps its types)."""
+    fn = native_library()[name]
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
+    return fn
+
+
+class RowViews:
+    """Rows of one of llama.cpp's output buffers (logits, hidden rows) as read-only float32 views, each
+    view made once per address and kept.
+
+    Why: a decode step reads a row or two, and making a numpy view of a ctypes pointer costs ~10 us, as
+    much as the step's own Python work on a fast device. llama.cpp hands out row pointers into a buffer
+    it reuses from decode to decode, so the same few addresses come back and a view of one stays valid:
+    whenever ``row_address`` returns an address, ``width`` floats there are llama.cpp's row (a view
+    aliases the buffer, as the row pointer does; valid until the next decode, as before). The cache is
+    bounded: a buffer that moved leaves its old addresses behind, and past ``MAX_VIEWS`` they are
+    dropped.
+    """
+
+    MAX_VIEWS = 4096
+
+    def __init__(self, row_address: Any, width: int) -> None:
+        self._address = row_address
+        self._width = width
+        self._views: dict[int, np.ndarray] = {}
+
+    def __call__(self, ctx: Any, row: int) -> np.ndarray | None:
+        """Row ``row``'s view; None where llama.cpp has no such row."""
+        addr = self._address(ctx, row)
+        view = self._views.get(addr)  # type: ignore[arg-type]
+        if view is None:
+            if not addr:
+                return None
+            if len(self._views) >= self.MAX_VIEWS:
+                self._views.clear()
+            view = np.frombuffer((ctypes.c_float * self._width).from_address(addr), dtype=np.float32)
+            view.flags.writeable = False
+            self._views[addr] = view
+        return view
+
+
+_logits_address: Any = None
+
+
+def logits_rows(width: int) -> RowViews:
+    """``RowViews`` over ``llama_get_logits_ith`` for a vocabulary of ``width`` tokens."""
+    global _logits_address
+    if _logits_address is None:
+        _logits_address = _address_function("llama_get_logits_ith")
+    return RowViews(_logits_address, width)
+
+
+def synchronized_decode(ctx: Any, run: Callable[[Any, Any], int], batch: Any) -> tuple[int, float]:
+    """``run(ctx, batch)`` (``llama_decode``, ``llama_process``), then wait until the device has finished
+    it: (its return code, the seconds from the call to the end of the work).
+
+    On an asynchronous backend (CUDA) the call returns once the work is queued; without the wait the
+    time would land wherever the rows are first read (the acceptance rule's Python, on a GPU), and every
+    split of a step into drafting, verifying and the rest (the dashboard's, the controller's costs, the
+    server's timings) would be wrong. On the CPU the call is synchronous and the wait costs nothing.
+    """
+    t0 = time.perf_counter()
+    rc = run(ctx, batch)
+    if rc == 0:
+        llama_cpp.llama_synchronize(ctx)
+    return rc, time.perf_counter() - t0
 
 
 class _OwnedContext:
@@ -151,10 +223,24 @@ class Context(_OwnedContext):
         # see _note_batch.
         self._rollback_room = 0
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq)
+        # The batch's arrays as numpy views, so a batch of many tokens is written in a few vector
+        # assignments instead of a ctypes call per field; every row starts in sequence 0 alone, and
+        # ``_custom_rows`` says how many leading rows a branching batch may have given other sequences.
+        b = self._batch
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(n_batch,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
+        self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(n_batch,))
+        self._b_out = np.ctypeslib.as_array(b.logits, shape=(n_batch,))
+        self._b_nseq[:] = 1
+        for i in range(n_batch):
+            b.seq_id[i][0] = 0
+        self._custom_rows = 0
+        self._iota = np.arange(n_batch, dtype=np.int32)
         self._n_vocab = model.n_vocab
+        self._logits = logits_rows(model.n_vocab)
         self.tokens: list[int] = []
-        # Seconds spent inside llama_decode since construction: lets callers split
-        # a step into time in llama.cpp and time in Python.
+        # Seconds of decoding since construction, each decode timed until the device finished it
+        # (``synchronized_decode``): lets callers split a step into time in llama.cpp and time in Python.
         self.decode_seconds = 0.0
         self.decode_calls = 0
         # Called after every successful decode with (tokens, positions, seq_ids): an MTP drafter
@@ -182,18 +268,27 @@ class Context(_OwnedContext):
             raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
         b = self._batch
         b.n_tokens = n
-        for i in range(n):
-            b.token[i] = tokens[i]
-            b.pos[i] = positions[i]
-            ids = (0,) if seq_ids is None else seq_ids[i]
-            b.n_seq_id[i] = len(ids)
-            row = b.seq_id[i]
-            for j, s in enumerate(ids):
-                row[j] = s
-            b.logits[i] = (i == n - 1) if outputs is None else bool(outputs[i])
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ctx, b)
-        self.decode_seconds += time.perf_counter() - t0
+        if n == 1:  # a plain step or a draft token: three fields
+            b.token[0] = tokens[0]
+            b.pos[0] = positions[0]
+            b.logits[0] = True if outputs is None else bool(outputs[0])
+        else:
+            self._b_token[:n] = tokens
+            if isinstance(positions, range) and positions.step == 1:
+                np.add(self._iota[:n], positions.start, out=self._b_pos[:n])
+            else:
+                self._b_pos[:n] = positions
+            if outputs is None:
+                self._b_out[:n] = 0
+                self._b_out[n - 1] = 1
+            else:
+                self._b_out[:n] = outputs
+        if seq_ids is not None:
+            self._set_sequences(n, seq_ids)
+        elif self._custom_rows:
+            self._reset_sequences()
+        rc, seconds = synchronized_decode(self._ctx, llama_cpp.llama_decode, b)
+        self.decode_seconds += seconds
         self.decode_calls += 1
         if rc != 0:
             # 1: no KV slot (context full); <0: hard error. Either way the cache
@@ -209,6 +304,25 @@ class Context(_OwnedContext):
 
         for listener in self._decode_listeners:
             listener(tokens, positions, seq_ids)
+
+    def _set_sequences(self, n: int, seq_ids: Sequence[Sequence[int]]) -> None:
+        """Row i of the next batch belongs to the sequences ``seq_ids[i]``."""
+        b = self._batch
+        for i in range(n):
+            ids = seq_ids[i]
+            b.n_seq_id[i] = len(ids)
+            row = b.seq_id[i]
+            for j, s in enumerate(ids):
+                row[j] = s
+        self._custom_rows = max(self._custom_rows, n)
+
+    def _reset_sequences(self) -> None:
+        """Every row back in sequence 0 alone (after a branching batch)."""
+        b = self._batch
+        self._b_nseq[: self._custom_rows] = 1
+        for i in range(self._custom_rows):
+            b.seq_id[i][0] = 0
+        self._custom_rows = 0
 
     def _note_batch(self, seq_ids: Sequence[Sequence[int]] | None) -> None:
         """Record how far sequence 0 may be rolled back after this batch.
@@ -226,8 +340,10 @@ class Context(_OwnedContext):
 
     def logits(self, row: int) -> np.ndarray:
         """Logits of batch row ``row`` from the last decode: a read-only float32 view."""
-        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row), (self._n_vocab,),
-                           f"no logits were requested for row {row}")
+        view = self._logits(self._ctx, row)
+        if view is None:
+            raise RuntimeError(f"no logits were requested for row {row}")
+        return view
 
     # --- hidden rows for an MTP head -----------------------------------------
     def enable_hidden_rows(self) -> None:

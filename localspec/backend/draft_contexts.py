@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import llama_cpp
@@ -16,13 +15,26 @@ from localspec.backend.context import (
     _flash_attention,
     _float_view,
     _OwnedContext,
+    RowViews,
     _set_threads,
+    logits_rows,
+    synchronized_decode,
 )
 from localspec.backend.model import Model
 from localspec.backend.nextn import mtp_unavailable_reason, nextn_api
 from localspec.errors import UnsupportedModelError
 from localspec.llama_facts import DSPARK_MARKOV_TENSOR
 from localspec.models.gguf_header import read_header
+
+
+def _process_decode(ctx: Any, batch: Any) -> int:
+    """``llama_process`` of a ``llama_batch_ext`` as a decode (for ``synchronized_decode``)."""
+    return llama_cpp.llama_process(ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch)
+
+
+def _process_encode(ctx: Any, batch: Any) -> int:
+    """``llama_process`` of a ``llama_batch_ext`` as an encode (for ``synchronized_decode``)."""
+    return llama_cpp.llama_process(ctx, llama_cpp.LLAMA_PROCESS_TYPE_ENCODE, batch)
 
 
 class _ExtBatchContext(_OwnedContext):
@@ -37,6 +49,17 @@ class _ExtBatchContext(_OwnedContext):
 
     def _free_batch(self) -> None:
         llama_cpp.llama_batch_ext_free(self._batch)
+
+    _rows: RowViews | None = None
+
+    def _logits_row(self, row: int, missing: Callable[[], str]) -> np.ndarray:
+        """The logits of batch row ``row`` of the last decode (``missing``: the error where there are none)."""
+        if self._rows is None:
+            self._rows = logits_rows(self.model.n_vocab)
+        view = self._rows(self._ctx, row)
+        if view is None:
+            raise RuntimeError(missing())
+        return view
 
 
 class _CachedDraftContext(_ExtBatchContext):
@@ -120,8 +143,7 @@ class _RowDraftContext(_CachedDraftContext):
                            [first <= i <= last for i in range(start, n)], None if seqs is None else seqs[start:])
 
     def logits(self, row: int) -> np.ndarray:
-        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, row - self._row0), (self.model.n_vocab,),
-                           f"no {self._what} logits were requested for row {row}")
+        return self._logits_row(row - self._row0, lambda: f"no {self._what} logits were requested for row {row}")
 
     def hidden(self, row: int) -> np.ndarray:
         """The context's own hidden output at batch row ``row`` (an output row): the next draft's input."""
@@ -152,9 +174,8 @@ class _RowDraftContext(_CachedDraftContext):
             if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
                 raise RuntimeError("llama_batch_ext_set_embd_token refused a hidden row")
             llama_cpp.llama_batch_ext_set_output_logits(b, idx, bool(outputs[i]))
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
-        self.decode_seconds += time.perf_counter() - t0
+        rc, seconds = synchronized_decode(self._ctx, _process_decode, b)
+        self.decode_seconds += seconds
         if rc != 0:
             llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
             if rc == 1:
@@ -324,9 +345,8 @@ class AssistantContext(_ExtBatchContext):
         if not llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd):
             raise RuntimeError("llama_batch_ext_set_embd_token refused a hidden row")
         llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
-        self.decode_seconds += time.perf_counter() - t0
+        rc, seconds = synchronized_decode(self._ctx, _process_decode, b)
+        self.decode_seconds += seconds
         self.decode_calls += 1
         if rc == 1:
             return False
@@ -335,8 +355,7 @@ class AssistantContext(_ExtBatchContext):
         return True
 
     def logits(self) -> np.ndarray:
-        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, 0), (self.model.n_vocab,),
-                           "the assistant returned no logits")
+        return self._logits_row(0, lambda: "the assistant returned no logits")
 
     def hidden(self) -> np.ndarray:
         return _float_view(self._api.get_embeddings_nextn_ith(self._ctx, 0), (self.n_embd,),
@@ -432,9 +451,8 @@ class Eagle3Context(_RowDraftContext):
                 self._pos[0] = pos + i
                 llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
                 llama_cpp.llama_batch_ext_set_output_embd(b, idx, True)
-            t0 = time.perf_counter()
-            rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_ENCODE, b)
-            self.encode_seconds += time.perf_counter() - t0
+            rc, seconds = synchronized_decode(self._ctx, _process_encode, b)
+            self.encode_seconds += seconds
             if rc != 0:
                 raise RuntimeError(f"llama_process (EAGLE-3 encoder) failed with code {rc}")
             out[start:start + len(chunk)] = _float_view(self._api.get_embeddings_nextn(self._ctx),
@@ -563,9 +581,8 @@ class DFlashContext(_CachedDraftContext):
         return i - 1 if self.anchor_first else i
 
     def _run(self, b: Any) -> None:
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
-        self.decode_seconds += time.perf_counter() - t0
+        rc, seconds = synchronized_decode(self._ctx, _process_decode, b)
+        self.decode_seconds += seconds
         if rc != 0:
             self.clear()
             if rc == 1:
@@ -575,8 +592,7 @@ class DFlashContext(_CachedDraftContext):
 
     def logits(self, i: int) -> np.ndarray:
         """The logits of draft ``i`` (1..k) of the last ``draft_block``."""
-        return _float_view(llama_cpp.llama_get_logits_ith(self._ctx, self._row(i)), (self.model.n_vocab,),
-                           f"no DFlash logits for draft {i}")
+        return self._logits_row(self._row(i), lambda: f"no DFlash logits for draft {i}")
 
     def confidence(self, i: int) -> float | None:
         """A DSpark confidence head's score for draft ``i`` of the last ``draft_block`` (None: no head)."""
