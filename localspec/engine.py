@@ -8,9 +8,8 @@ statistics, so a caller interrupted midway can still report them.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,6 +103,27 @@ class _MeasurementStopped(Exception):
     """The engine is closing: the background measurement ends without a result."""
 
 
+class _Turn:
+    """``Engine.turn()``: a lock the generation and the background measurement take turns with; the
+    measurement's thread, entering it while the engine closes, stops (``_MeasurementStopped``)."""
+
+    __slots__ = ("_engine", "_lock")
+
+    def __init__(self, engine: "Engine") -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        engine = self._engine
+        if engine._measurer is not None and engine._closing.is_set() and threading.current_thread() is engine._measurer:
+            self._lock.release()
+            raise _MeasurementStopped
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 # Sequences for multi-branch verification: candidate branches and lookahead's window.
 TREE_SEQUENCES = 32
 
@@ -155,8 +175,8 @@ class Engine:
         directly measures them before its first drafting generation, as ``controller()`` says."""
         self._measurer: threading.Thread | None = None
         self._measure_failed = False
-        self._turn_lock = threading.Lock()
         self._closing = threading.Event()
+        self._turn_guard = _Turn(self)
         self.draft = draft
         # The draft decodes a token at a time: a small batch (localspec.llama_facts.DRAFT_N_UBATCH) shrinks
         # the compute buffer llama.cpp reserves for a batch that wants every row's logits. A draft with a
@@ -299,15 +319,11 @@ class Engine:
         return costs
 
     # --- costs measured while a generation runs ------------------------------------------------
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
+    def turn(self) -> "_Turn":
         """Held by a generation around its prefill and each step, and by the background measurement around
         each timed sample, so the two never decode at once (a sample taken while a step runs would time
-        both) and a step never waits for more than one sample."""
-        with self._turn_lock:
-            if self._closing.is_set() and threading.current_thread() is self._measurer:
-                raise _MeasurementStopped
-            yield
+        both) and a step never waits for more than one sample. (One object, entered once a step: cheap.)"""
+        return self._turn_guard
 
     def costs_pending(self) -> bool:
         """True while this machine's costs are being measured in the background (``measure_in_background``):

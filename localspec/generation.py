@@ -8,7 +8,6 @@ iterator of events; ``stats()`` reads the running counts at any time.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from typing import TYPE_CHECKING, Iterator
@@ -25,7 +24,6 @@ from localspec.events import (
     TokenEvent,
 )
 from localspec.policy.controller import Controller
-from localspec.policy.decision import Decision
 from localspec.sampling import Sampler
 from localspec.speculative import speculative_step
 from localspec.textstream import TokenReleaser
@@ -264,25 +262,19 @@ class Generation(Iterator[Event]):
             return "context"
         return ""
 
-    def _plan(self, history: list[int]) -> Decision | None:
-        if self.controller is None:
-            return None
+    def _step(self, history: list[int]) -> StepEvent:
+        """Plan (the controller's decision, when there is a controller) and take the step."""
         ctx = self.engine.ctx
-        return self.controller.plan(history, room=ctx.n_ctx - len(ctx.tokens) - 1,
-                                    remaining=self.opts.max_tokens - len(self.tokens))
-
-    def _step(self, history: list[int], decision: Decision | None) -> StepEvent:
-        if decision is None:
-            step = speculative_step(self.engine.ctx, history, None, self.sampler, 0)
-        else:
-            step = speculative_step(self.engine.ctx, history, decision.chosen, self.sampler, decision.draft_len,
-                                    decision.proposal, decision.proposal_ms, decision.tree_nodes)
-        if decision is None:
-            reason = MEASURING_REASON if self.measuring_costs else ""
-            return dataclasses.replace(step, index=self.tally.steps + 1, decision=reason)
+        index = self.tally.steps + 1
+        if self.controller is None:
+            return speculative_step(ctx, history, None, self.sampler, 0, index=index,
+                                    reason=MEASURING_REASON if self.measuring_costs else "")
+        decision = self.controller.plan(history, room=ctx.n_ctx - len(ctx.tokens) - 1,
+                                        remaining=self.opts.max_tokens - len(self.tokens))
         # The controller's own time for this step is the step's Python work too (its lookups are in draft_ms).
-        return dataclasses.replace(step, index=self.tally.steps + 1, decision=decision.reason,
-                                   python_ms=step.python_ms + decision.planning_ms)
+        return speculative_step(ctx, history, decision.chosen, self.sampler, decision.draft_len,
+                                decision.proposal, decision.proposal_ms, decision.tree_nodes, index=index,
+                                reason=decision.reason, planning_ms=decision.planning_ms)
 
     def _observe(self, step: StepEvent, history: list[int]) -> None:
         if self.controller is not None:
@@ -292,21 +284,21 @@ class Generation(Iterator[Event]):
     def _emit(self, step: StepEvent) -> Iterator[Event]:
         """The step's tokens as events, then the step itself; returns the finish reason ("" to go on)."""
         model = self.engine.target
+        releaser, tokens, text_parts, tally = self._releaser, self.tokens, self.text_parts, self.tally
         reason = ""
         for i, tok in enumerate(step.tokens):
             if model.is_eog(tok):
                 reason = "stop"
                 break
-            self.tokens.append(tok)
-            self.tally.tokens += 1
-            source = step.drafter if i < step.accepted else None
-            for t, text, src in self._releaser.push(tok, model.piece(tok), source):
-                self.text_parts.append(text)
+            tokens.append(tok)
+            tally.tokens += 1
+            for t, text, src in releaser.push(tok, model.piece(tok), step.drafter if i < step.accepted else None):
+                text_parts.append(text)
                 yield TokenEvent(t, text, src)
-            if self._releaser.stopped:
+            if releaser.stopped:
                 reason = "stop"
                 break
-            if len(self.tokens) >= self.opts.max_tokens:
+            if len(tokens) >= self.opts.max_tokens:
                 reason = "length"
                 break
         yield step
@@ -340,15 +332,17 @@ class Generation(Iterator[Event]):
             yield from self._prefill()
             history = list(self.prompt)
             reason = ""
+            turn = self.engine.turn()
+            self.tally.measuring_costs = self.measuring_costs
             while not reason:
                 reason = self._halt_reason()
                 if reason:
                     break
-                self._costs_arrived()
-                self.tally.measuring_costs = self.measuring_costs
-                with self.engine.turn():  # a background cost measurement waits for the step
-                    decision = self._plan(history)
-                    step = self._step(history, decision)
+                if self.measuring_costs:
+                    self._costs_arrived()
+                    self.tally.measuring_costs = self.measuring_costs
+                with turn:  # a background cost measurement waits for the step
+                    step = self._step(history)
                     self._observe(step, history)
                 reason = yield from self._emit(step)
             yield from self._finish(reason)

@@ -40,40 +40,49 @@ T = TypeVar("T")
 
 class _LazyRows(Sequence[T]):
     """What ``read`` makes of each verified row's logits (a distribution, an argmax), computed only
-    when the acceptance rule asks.
+    when the acceptance rule asks, once.
 
     The rule stops at the first rejection, so rows after it are never read: a
     softmax over a 262k vocabulary costs ~1 ms, an argmax over it ~0.15 ms, and
     a 31-token draft rejected at its first token would otherwise pay for 32 rows.
     """
 
+    __slots__ = ("_ctx", "_n", "_read", "_cache")
+
     def __init__(self, ctx: Context, n: int, read: Callable[[np.ndarray], T]) -> None:
         self._ctx, self._n, self._read = ctx, n, read
-        self._cache: dict[int, T] = {}
+        self._cache: list[T | None] = [None] * n
 
     def __len__(self) -> int:
         return self._n
 
     def __getitem__(self, i):  # type: ignore[override]
+        if type(i) is int and 0 <= i < self._n:  # the rule's own way in: one row, in order
+            hit = self._cache[i]
+            if hit is None:
+                hit = self._cache[i] = self._read(self._ctx.logits(i))
+            return hit
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(self._n))]
+        i = int(i)
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
             raise IndexError(i)
-        hit = self._cache.get(i)
-        if hit is None:
-            hit = self._cache[i] = self._read(self._ctx.logits(i))
-        return hit
+        return self[i]
+
+
+_argmax_of = np.ndarray.argmax
 
 
 def _argmax(logits: np.ndarray) -> int:
-    return int(np.argmax(logits))
+    return int(_argmax_of(logits))
 
 
 def speculative_step(target: Context, history: list[int], drafter: Drafter | None, sampler: Sampler,
                      draft_len: int, proposal: Proposal | TreeProposal | None = None,
-                     proposal_ms: float = 0.0, tree_nodes: int = 0) -> StepEvent:
+                     proposal_ms: float = 0.0, tree_nodes: int = 0, *, index: int = 0, reason: str = "",
+                     planning_ms: float = 0.0) -> StepEvent:
     """Draft up to ``draft_len`` tokens, verify them in one target pass, keep the accepted prefix.
 
     ``history`` is extended in place with the emitted tokens. ``proposal``: one
@@ -81,8 +90,14 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     planning). Either is cut to ``draft_len`` and to the batch (``fit_proposal``). ``proposal_ms``: drafting time
     spent before this call (such lookups), counted in the step's ``draft_ms``. ``tree_nodes`` >
     ``draft_len``: ask the drafter for a tree of that many nodes (``propose_tree``), not a chain.
-    The step updates the drafter it used (``verified`` then ``accepted``);
-    the returned record has ``index`` 0 and no ``decision`` (the engine's to fill).
+    The step updates the drafter it used (``verified`` then ``accepted``). The record it returns
+    carries the caller's ``index`` and ``reason`` (the controller's decision), and ``planning_ms``
+    (the controller's time for the step) in its ``python_ms``.
+
+    Timing: ``verify_ms`` is the target's decode until the device finished it
+    (``Context.decode`` waits for it, so on a GPU the wait is not mistaken for Python time);
+    ``draft_ms`` the wall time of proposing, which reads the draft's rows and so waits for its
+    decodes; ``python_ms`` the rest of the step, planning included.
     """
     t0 = time.perf_counter()
     # propose
@@ -93,11 +108,12 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
                     else drafter.propose(history, draft_len))
     t1 = time.perf_counter()
     decode_before = target.decode_seconds
-    proposal = fit_proposal(proposal, draft_len, min(target.n_ctx - len(target.tokens), target.max_verify_rows))
+    if proposal is not NO_PROPOSAL:
+        proposal = fit_proposal(proposal, draft_len, min(target.n_ctx - len(target.tokens), target.max_verify_rows))
 
     # verify + accept (a chain, or a tree of branches in one batch)
     walk: tuple[tuple[int, int], ...] = ()
-    if isinstance(proposal, TreeProposal) and (len(proposal.tree) or proposal.extra):
+    if type(proposal) is TreeProposal and (len(proposal.tree) or proposal.extra):
         accepted, next_token = _verify_tree(target, history, proposal, sampler)
         drafted, verified = max(proposal.tree.depths, default=0), len(proposal.tree)
         batch = 1 + verified + (len(proposal.extra.tokens) if proposal.extra is not None else 0)
@@ -111,25 +127,26 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
 
     # update: the drafter learns what was kept
     n_acc = len(accepted)
-    history.extend((*accepted, next_token))
+    tokens = (*accepted, next_token) if n_acc else (next_token,)
+    history.extend(tokens)
     if drafter is not None and draft_len > 0:
         drafter.verified(drafted)
         drafter.accepted(history, n_acc)
     t2 = time.perf_counter()
-    tokens = (*accepted, next_token)
     return StepEvent(
-        index=0,
-        drafter=(proposal.drafter or drafter.name) if drafted and drafter is not None else None,
-        drafted=drafted,
-        accepted=n_acc,
-        emitted=len(tokens),
-        draft_ms=proposal_ms + (t1 - t0) * 1e3,
-        verify_ms=verify_s * 1e3,
-        python_ms=((t2 - t1) - verify_s) * 1e3,
-        verified=verified,
-        tokens=tokens,
-        batch_tokens=batch,
-        walk=walk,
+        index,
+        (proposal.drafter or drafter.name) if drafted and drafter is not None else None,
+        drafted,
+        n_acc,
+        len(tokens),
+        proposal_ms + (t1 - t0) * 1e3,
+        verify_s * 1e3,
+        ((t2 - t1) - verify_s) * 1e3 + planning_ms,
+        verified,
+        reason,
+        tokens,
+        batch,
+        walk,
     )
 
 
@@ -165,7 +182,13 @@ def _verify_chain(target: Context, history: Sequence[int], draft: Sequence[int],
                   probs: Sequence[np.ndarray] | None, sampler: Sampler) -> tuple[tuple[int, ...], int]:
     """Feed ``[last, *draft]`` in one batch, apply the acceptance rule, cut the cache back."""
     n_past = len(target.tokens)
-    batch = [history[-1], *draft]
+    last = history[-1]
+    if not draft:  # a plain step: one row, its choice
+        target.decode((last,), (n_past,), None, None)
+        target.tokens.append(last)
+        logits = target.logits(0)
+        return (), (_argmax(logits) if sampler.params.greedy else sample(sampler.distribution(logits), sampler.rng))
+    batch = [last, *draft]
     target.decode(batch, range(n_past, n_past + len(batch)), None, [True] * len(batch))
     target.tokens.extend(batch)
     verdict: Verdict

@@ -22,13 +22,23 @@ class Utf8Stream:
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = False  # the decoder holds the first bytes of a character
 
     def push(self, data: bytes) -> str:
         """Text completed by ``data`` (possibly empty while a character is partial)."""
-        return self._decoder.decode(data)
+        if not self._partial:
+            # Most pieces are whole characters: decoded at once, without the incremental decoder's wrapper.
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        text = self._decoder.decode(data)
+        self._partial = bool(self._decoder.getstate()[0])
+        return text
 
     def flush(self) -> str:
         """Whatever is left at the end (an invalid tail becomes U+FFFD)."""
+        self._partial = False
         return self._decoder.decode(b"", final=True)
 
 
@@ -105,6 +115,8 @@ class TokenReleaser:
         if self.stopped:
             return []
         text = self._utf8.push(piece)
+        if not self._stops.stops and not self._queue:  # nothing to hold back: released as it comes
+            return [(token, text, source)]
         self._queue.append(_Pending(token, text, source))
         release, self.stopped = self._stops.push(text)
         return self._release(len(release), final=self.stopped)

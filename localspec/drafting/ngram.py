@@ -80,6 +80,10 @@ class ReplyStore(Protocol):
 
 
 def _as_list(tokens: Sequence[int] | np.ndarray) -> list[int]:
+    """``tokens`` as a list of ints: a list is taken as it is (a history is one; only read, never kept
+    or changed here), anything else converted (numpy ids hash and compare as the ints they hold)."""
+    if type(tokens) is list:
+        return tokens
     return tokens.tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens]
 
 

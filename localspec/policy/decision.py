@@ -6,8 +6,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from localspec.drafting.base import Drafter, Proposal, TreeProposal
+from localspec.events import per_step
 
 
+@per_step
 @dataclass(frozen=True)
 class Decision:
     """What to do this step: draft ``draft_len`` tokens with the ``chosen`` drafter, or decode plainly.
@@ -41,6 +43,13 @@ class Decision:
     behind: int = 0
     planning_ms: float = 0.0
     tree_nodes: int = 0
+
+    def with_planning(self, planning_ms: float) -> "Decision":
+        """This decision with ``planning_ms`` set (written out: ``dataclasses.replace`` costs as much as a
+        held plan, every step)."""
+        return Decision(self.chosen, self.draft_len, self.expected_tokens, self.expected_ms, self.speedup,
+                        self.reason, self.probe, self.proposal, self.proposal_ms, self.behind, planning_ms,
+                        self.tree_nodes)
 
     @property
     def plain(self) -> bool:
