@@ -127,6 +127,9 @@ DRAFT_LEN_MAX = 64
 # each depth is priced with (the most the target's sequences allow). Kept few: a plan prices every one.
 TREE_DEPTH_MAX = 8
 TREE_EXTRAS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
+# A held plan (see Controller._hold) is planned afresh once its drafter is this many tokens behind: the held
+# decision priced a catch-up of a step's tokens, not a longer one.
+HELD_BEHIND_MAX = 8
 # A lookup's time teaches its cost estimate at most this many times the estimate (see Controller._look_up).
 LOOKUP_SURPRISE = 2.0
 # A lookup whose estimate is past ``lookup_share`` is still asked (and timed) every this many steps.
@@ -187,12 +190,14 @@ class Controller:
                  draft_len_cap: int = DRAFT_LEN_CAP, margin: float = 0.05,
                  probe_share: float = 0.025, probe_len: int = 3, min_wait: int = 8, max_wait: int = 512,
                  prior: float = 0.6, lookup_share: float = 0.02, catch_up_horizon: int = 64,
-                 replan_every: int = 8, clock: Callable[[], float] = time.perf_counter,
+                 replan_every: int = 8, hold_steps: int = 8, clock: Callable[[], float] = time.perf_counter,
                  ends_line: Callable[[int], bool] | None = None) -> None:
         self.costs = costs
         self.ends_line = ends_line
         """Whether a token's text ends a line (None: no line structure is used)."""
         self.replan_every = replan_every
+        self.hold_steps = hold_steps
+        """Steps a plan drafting with a drafter asked only once chosen is held (see ``_hold``; 1: none)."""
         self.draft_len_cap = draft_len_cap
         self.margin = margin
         self.probe_share = probe_share
@@ -220,6 +225,10 @@ class Controller:
         # (nothing it depends on moves faster): until step _off_until, plain with this reason prefix.
         self._off_until = 0
         self._off_reason: tuple[str, int] = ("", 0)  # (reason up to the probe count, step of the next probe)
+        # Likewise while drafting with a drafter asked only once chosen (a draft model, a head): its full
+        # plan's decision is held until step _held[1] (see _hold).
+        # (decision, last step, the limit and the history's length it was planned at)
+        self._held: tuple[Decision, int, int, int] | None = None
         self.start(drafters, draft_len=draft_len, draft_len_limit=draft_len_limit, tree_nodes_limit=tree_nodes_limit)
 
     def start(self, drafters: Sequence[Drafter], *, draft_len: int | None = None,
@@ -243,6 +252,7 @@ class Controller:
         self.draft_len_limit = draft_len_limit
         self.tree_nodes_limit = tree_nodes_limit
         self._off_until = 0
+        self._held = None
         # Each generation earns its own probe budget: a reply never pays for a probe with what earlier
         # replies saved, so none slows a reply (or its first token) beyond the bound.
         self.stats.probe_budget_ms = 0.0
@@ -501,6 +511,9 @@ class Controller:
             prefix, probe_at = self._off_reason
             return self._decide(Decision(None, 0, 1.0, t0, 1.0,
                                          f"{prefix}; probing again in {probe_at - self._step} steps"), t0)
+        held = self._held_decision(history, limit)
+        if held is not None:
+            return self._decide(held, t0)
         lookup_ms = self._look_up(history, limit)
 
         options: list[_Option] = []
@@ -538,6 +551,7 @@ class Controller:
         if probe is not None:
             return self._decide(probe, t0)
         if choice is not None:
+            self._hold(choice, limit, len(history))
             return self._decide(choice, t0)
         if best is None:
             return self._decide(Decision(None, 0, 1.0, t0, 1.0, "plain: no drafter has a proposal",
@@ -553,6 +567,41 @@ class Controller:
             self._off_until = self._step + min(self.replan_every, nxt)
             self._off_reason = (prefix, self._step + nxt)
         return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {again}", proposal_ms=lookup_ms), t0)
+
+    def _hold(self, choice: Decision, limit: int, length: int) -> None:
+        """Keep ``choice`` for the next steps (``_held_decision``) when nothing changes it faster than the
+        estimates drift: it drafts with a drafter asked only once chosen, no lookup was asked for this
+        plan (a lookup's proposal is new every step), and no other drafter's probe falls due sooner.
+
+        Why: a full plan prices every length and tree a drafter could draft (72 trees and 31 chains
+        for a draft model), more Python than a plain step's own on a fast device, and its inputs (the
+        drafters' acceptance estimates, the costs) move by a few percent a step. A held plan is redone
+        after ``hold_steps`` steps, and at once when the most a step may draft changed (the tokens
+        left, the room), the drafter has fallen far behind (its catch-up was not priced) or the
+        history is not the one the held steps grew (another text: its depth was not priced)."""
+        self._held = None
+        if self._asked or choice.chosen is None or choice.proposal is not None or self.hold_steps <= 1:
+            return
+        steps = self.hold_steps
+        for name, state in self._states.items():
+            if name in self._members and self._members[name] is not choice.chosen:
+                steps = min(steps, max(0, state.wait - (self._step - state.last_seen)))
+        if steps > 1:
+            self._held = (choice, self._step + steps, limit, length)
+
+    def _held_decision(self, history: Sequence[int], limit: int) -> Decision | None:
+        """The held plan's decision for this step (see ``_hold``), or None: plan in full."""
+        if self._held is None:
+            return None
+        decision, until, planned_at, length = self._held
+        behind = decision.chosen.behind(history) if decision.chosen is not None else 0
+        grown = len(history) - length  # at most what the held steps emit, unless the text moved on without us
+        if (self._step >= until or limit != planned_at or behind > HELD_BEHIND_MAX
+                or not 0 <= grown <= self.hold_steps * (1 + decision.draft_len)):
+            self._held = None
+            return None
+        return Decision(decision.chosen, decision.draft_len, decision.expected_tokens, decision.expected_ms,
+                        decision.speedup, decision.reason, behind=behind, tree_nodes=decision.tree_nodes)
 
     def _first_token_waits(self, behind: int) -> bool:
         """Whether a drafter ``behind`` tokens behind is left out of this step: a reply's first token never
@@ -606,7 +655,7 @@ class Controller:
     def _decide(self, decision: Decision, t0: float, *, forced: bool = False) -> Decision:
         planning_ms = (self.clock() - self._plan_started) * 1e3 - decision.proposal_ms + self._observe_ms
         self._observe_ms = 0.0
-        decision = dataclasses.replace(decision, planning_ms=max(0.0, planning_ms))
+        decision = decision.with_planning(max(0.0, planning_ms))
         self._pending = (decision, t0)
         if not forced or not self.stats.last_reason:
             self.stats.last_reason = decision.reason

@@ -207,7 +207,8 @@ def tree_step(ctl: Controller, walk: tuple[tuple[int, int], ...], accepted: int)
 def test_siblings_kept_teach_the_controller_that_trees_pay() -> None:
     """The root's second child kept, step after step: the siblings' rate rises and so does a tree's E;
     the chain's rate at depth 1 learns a rejection each time (the first child's test is the chain's)."""
-    ctl = teach_all(tree_controller(GPU), rate=0.5)
+    # Planned afresh every step (hold_steps=1): this is about what the estimates price, not when a plan is redone.
+    ctl = teach_all(tree_controller(GPU, hold_steps=1), rate=0.5)
     state = ctl._states["dflash"]
     before_sibling = state.siblings.rate(0)
     before = plan(ctl).expected_tokens
