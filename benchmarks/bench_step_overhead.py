@@ -1,0 +1,236 @@
+"""What the engine costs a step beyond its decodes: localspec against a raw loop of the same llama.cpp calls.
+
+On a GPU a decode takes a few milliseconds, so every host millisecond between decodes shows in the
+speed. On a CPU the same host work can be seen with a tiny model, where a decode takes 0.2-0.4 ms: this
+benchmark runs unchanged on both (``--gpu-layers``), one process, greedy, the same model object, and
+alternates five loops round by round so that drift hits each alike:
+
+  raw plain       decode one token, wait for it, read its row, argmax on the host, feed it back
+  plain           localspec's Engine, plain decoding (no drafter)
+  ngram-none      localspec with its n-gram drafter and the controller, on a text where the lookup finds
+                  nothing to copy (every step plain: what asking a lookup every step costs)
+  raw self k=4    the target drafting for itself on a second context (every draft kept): a catch-up
+                  decode and four one-token draft decodes, one 5-row verification with every row's
+                  argmax, the rejected tail cut from both caches
+  self k=4        localspec with the same model file as its draft model, draft length fixed at 4
+
+The raw loops are the anchor: nothing of localspec's runs in them (they call llama-cpp-python's
+bindings directly, on contexts made with the same options as the engine's: threads, flash attention,
+the weights' repacking). The printed ratios are tokens per second against the raw loop doing the same
+work, medians over the rounds, and the extra microseconds localspec spends per step. Issue #39's goals
+on the CPU proxy (one thread): plain >= 0.95x raw, ngram-none >= 0.93x raw plain, self k=4 >= 0.90x raw.
+
+    python benchmarks/bench_step_overhead.py MODEL.gguf [--tokens 512] [--rounds 9] [--threads 1]
+                                             [--gpu-layers N] [--json OUT.json]
+
+Without a model it writes benchmarks/gpu/make_models.py's tiny random target to a temporary folder
+(its successor map walks a long cycle, so the n-gram lookup finds nothing to copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPT = ("The history of the lighthouse begins in the ancient world, where fires were lit on hills "
+          "to guide ships home at night")
+GOALS = {"plain": 0.95, "ngram-none": 0.93, "self k=4": 0.90}
+
+
+def tiny_model(folder: Path) -> Path:
+    """make_models.py's tiny random target (written once per folder)."""
+    path = folder / "target-tiny.gguf"
+    if not path.is_file():
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "make_models.py"), str(folder), "--tiny",
+                        "--only", "target"], check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+class RawLoops:
+    """The anchor: greedy loops of raw llama.cpp calls on contexts of their own over ``model``'s weights."""
+
+    def __init__(self, model: Any, n_ctx: int, n_threads: int, flash_attn: bool | None) -> None:
+        import llama_cpp as L
+        import numpy as np
+
+        self.L, self.np = L, np
+        self.n_vocab = model.n_vocab
+        self.contexts = []
+        for _ in range(2):  # the target's, and the self-draft's
+            params = L.llama_context_default_params()
+            params.n_ctx = n_ctx
+            params.n_batch = 512
+            params.n_threads = params.n_threads_batch = n_threads
+            params.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
+                                      L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else
+                                      L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+            params.no_perf = True
+            ctx = L.llama_init_from_model(model._model, params)
+            assert ctx, "cannot create a raw context"
+            self.contexts.append(ctx)
+        self.batch = L.llama_batch_init(512, 0, 1)
+
+    def decode(self, ctx: Any, tokens: list[int], pos0: int, all_rows: bool) -> None:
+        b = self.batch
+        b.n_tokens = len(tokens)
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = all_rows or i == len(tokens) - 1
+        assert self.L.llama_decode(ctx, b) == 0
+        self.L.llama_synchronize(ctx)
+
+    def argmax(self, ctx: Any, row: int) -> int:
+        return int(self.np.ctypeslib.as_array(self.L.llama_get_logits_ith(ctx, row), shape=(self.n_vocab,)).argmax())
+
+    def clear(self, ctx: Any) -> None:
+        self.L.llama_memory_clear(self.L.llama_get_memory(ctx), True)
+
+    def plain(self, prompt: list[int], n: int) -> tuple[int, int]:
+        """(tokens, steps) of greedy plain decoding after ``prompt``."""
+        ctx = self.contexts[0]
+        self.clear(ctx)
+        self.decode(ctx, prompt[:-1], 0, False)
+        tok, pos = prompt[-1], len(prompt) - 1
+        for _ in range(n):
+            self.decode(ctx, [tok], pos, False)
+            tok = self.argmax(ctx, 0)
+            pos += 1
+        return n, n
+
+    def self_draft(self, prompt: list[int], n: int, k: int = 4) -> tuple[int, int]:
+        """(tokens, steps) of greedy speculative decoding with the model drafting for itself."""
+        target, draft = self.contexts
+        mem_t, mem_d = self.L.llama_get_memory(target), self.L.llama_get_memory(draft)
+        self.clear(target)
+        self.clear(draft)
+        history = list(prompt)
+        self.decode(target, history[:-1], 0, False)
+        synced = 0  # tokens of history the draft's cache holds
+        out = steps = 0
+        while out < n:
+            last = len(history) - 1  # the unfed token's position
+            self.decode(draft, history[synced:], synced, False)
+            drafts = [self.argmax(draft, len(history) - synced - 1)]
+            for i in range(1, k):
+                self.decode(draft, [drafts[-1]], last + i, False)
+                drafts.append(self.argmax(draft, 0))
+            self.decode(target, [history[-1], *drafts], last, True)
+            choices = [self.argmax(target, i) for i in range(k + 1)]
+            kept = 0
+            while kept < k and drafts[kept] == choices[kept]:
+                kept += 1
+            history += [*drafts[:kept], choices[kept]]
+            self.L.llama_memory_seq_rm(mem_t, 0, len(history) - 1, -1)
+            synced = min(last + k, len(history) - 1)
+            self.L.llama_memory_seq_rm(mem_d, 0, synced, -1)
+            out += kept + 1
+            steps += 1
+        return out, steps
+
+    def close(self) -> None:
+        self.L.llama_batch_free(self.batch)
+        for ctx in self.contexts:
+            self.L.llama_free(ctx)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", type=Path, help="a GGUF (default: a tiny random target, written here)")
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--gpu-layers", type=int, default=-1, help="layers to offload (-1: all, on a GPU build)")
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--json", type=Path, help="write the results here as JSON")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("LOCALSPEC_NO_HISTORY", "1")
+
+    from localspec.backend import Model
+    from localspec.drafting.specs import DrafterSpec
+    from localspec.engine import Engine, GenerateOptions
+
+    path = args.model or tiny_model(Path(tempfile.gettempdir()) / "localspec-bench-tiny")
+    n = args.tokens
+    target = Model(path, n_gpu_layers=args.gpu_layers)
+    draft = Model(path, n_gpu_layers=args.gpu_layers)
+    common = dict(n_ctx=args.ctx, n_threads=args.threads, personal_history=False)
+    plain = Engine(target, **common)
+    ngram = Engine(target, specs=[DrafterSpec("ngram")], **common)
+    selfd = Engine(target, draft=draft, **common)
+    raw = RawLoops(target, args.ctx, args.threads, plain.ctx.flash_attn)
+    prompt = plain.tokenize(PROMPT)
+
+    def engine_loop(engine: Engine, opts: GenerateOptions) -> Callable[[], tuple[int, int, Any]]:
+        def run() -> tuple[int, int, Any]:
+            done = engine.generate(prompt, opts).run()
+            return len(done.tokens), done.stats.steps, done.stats
+        return run
+
+    loops: dict[str, Callable[[], tuple[int, int, Any]]] = {
+        "raw plain": lambda: (*raw.plain(prompt, n), None),
+        "plain": engine_loop(plain, GenerateOptions(max_tokens=n, speculative=False)),
+        "ngram-none": engine_loop(ngram, GenerateOptions(max_tokens=n)),
+        "raw self k=4": lambda: (*raw.self_draft(prompt, n), None),
+        "self k=4": engine_loop(selfd, GenerateOptions(max_tokens=n, draft_len=4)),
+    }
+    for run in loops.values():  # warm-up: buffers, the controller's cost measurement, caches
+        run()
+    seconds: dict[str, list[float]] = {name: [] for name in loops}
+    cpu: dict[str, list[float]] = {name: [] for name in loops}
+    tokens: dict[str, int] = {}
+    steps: dict[str, int] = {}
+    stats: dict[str, Any] = {}
+    for _ in range(args.rounds):
+        for name, run in loops.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            tokens[name], steps[name], stats[name] = run()
+            seconds[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.thread_time() - c0)
+    raw.close()
+
+    tps = {name: tokens[name] / statistics.median(s) for name, s in seconds.items()}
+    # This thread's CPU time: blind to a GPU's work, but on a CPU (one thread) blind to other processes too.
+    cpu_tps = {name: tokens[name] / statistics.median(s) for name, s in cpu.items()}
+    anchor = {"plain": "raw plain", "ngram-none": "raw plain", "self k=4": "raw self k=4"}
+    rows = []
+    for name, ref in anchor.items():
+        # localspec's extra time per step: its time for the run, less the raw loop's for as many tokens
+        per_token_raw = 1.0 / tps[ref]
+        extra_us = (tokens[name] / tps[name] - tokens[name] * per_token_raw) / max(1, steps[name]) * 1e6
+        s = stats[name]
+        rows.append({"loop": name, "anchor": ref, "ratio": tps[name] / tps[ref], "goal": GOALS[name],
+                     "cpu_ratio": cpu_tps[name] / cpu_tps[ref],
+                     "extra_us_per_step": extra_us, "steps": steps[name], "tokens": tokens[name],
+                     "drafted": s.drafted if s else 0, "accepted": s.accepted if s else 0,
+                     "split_ms": {"draft": s.draft_ms, "verify": s.verify_ms, "python": s.python_ms} if s else None})
+    print(f"{path.name}: {n} tokens, {args.rounds} rounds, {args.threads} thread(s), gpu layers {args.gpu_layers}")
+    for name in loops:
+        print(f"  {name:13} {tps[name]:9.1f} tok/s (median; {steps[name]} steps)")
+    for row in rows:
+        print(f"  {row['loop']:13} {row['ratio']:.3f}x {row['anchor']:13} ({row['extra_us_per_step']:+.0f} us a step; "
+              f"goal >= {row['goal']:.2f}x; by this thread's CPU time {row['cpu_ratio']:.3f}x; "
+              f"drafted {row['drafted']}, kept {row['accepted']})")
+    if args.json:
+        args.json.write_text(json.dumps({"model": str(path), "tokens": n, "rounds": args.rounds,
+                                         "threads": args.threads, "gpu_layers": args.gpu_layers,
+                                         "tokens_per_s": tps, "seconds": seconds, "cpu_seconds": cpu,
+                                         "rows": rows}, indent=1))
+    return 0  # (the engines share one target Model: the process's exit frees them)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
