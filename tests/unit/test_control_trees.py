@@ -248,3 +248,21 @@ def test_chained_mtp_heads_pay_for_every_nodes_draft_region() -> None:
     assert one.tree_draft_ms("mtp", 4, 10) == pytest.approx(one.draft_ms("mtp", 4) + 3 * (1.4 - 1.0) + 6 * TREE_NODE_MS)
     assert two.tree_draft_ms_at("mtp", 4, [0, 3, 6]) == pytest.approx([two.tree_draft_ms("mtp", 4, 4 + m)
                                                                       for m in (0, 3, 6)])
+
+
+# --- a held plan ---------------------------------------------------------------------------------
+def test_a_draft_models_plan_is_held_until_its_inputs_change() -> None:
+    """A draft model's full plan is held for a few steps (Controller._hold): an estimate that moved is
+    not priced until the hold ends, while a change in what a step may draft ends it at once."""
+    def fresh(hold: int) -> Controller:
+        return teach_all(tree_controller(GPU, draft=CPU, hold_steps=hold), rate=0.9)
+
+    held, replanned = fresh(8), fresh(1)
+    first = plan(held)
+    assert first.chosen is not None and first.draft_len > 1 and plan(replanned).draft_len == first.draft_len
+    for ctl in (held, replanned):
+        teach(ctl, "dflash", [0.05] * 64)  # the drafter turned bad since the plan
+    again = plan(held)
+    assert (again.chosen, again.draft_len, again.reason) == (first.chosen, first.draft_len, first.reason)
+    assert plan(replanned).draft_len != first.draft_len  # planned afresh, it sees the change at once
+    assert plan(held, max_k=2).draft_len <= 1  # a smaller limit is not the one the held plan was made for
