@@ -19,26 +19,24 @@ def test_utf8_stream_holds_partial_characters():
 
 @given(st.text(), st.lists(st.integers(min_value=1, max_value=5), max_size=50))
 def test_utf8_stream_reassembles_any_split(text, cuts):
-    data = text.encode()
+    assert streamed(text.encode(), cuts) == text
+
+
+def streamed(data: bytes, cuts: list[int]) -> str:
+    """``data`` pushed through a Utf8Stream in pieces of the sizes ``cuts`` (the rest last), then flushed."""
     s, pos, out = Utf8Stream(), 0, []
     for c in cuts:
         out.append(s.push(data[pos:pos + c]))
         pos += c
     out.append(s.push(data[pos:]))
     out.append(s.flush())
-    assert "".join(out) == text
+    return "".join(out)
 
 
 @given(st.binary(max_size=40), st.lists(st.integers(min_value=1, max_value=5), max_size=20))
 def test_utf8_stream_decodes_any_bytes_as_one_decode_would(data, cuts):
     """Invalid bytes too, split anywhere (whole pieces take a shortcut past the incremental decoder)."""
-    s, pos, out = Utf8Stream(), 0, []
-    for c in cuts:
-        out.append(s.push(data[pos:pos + c]))
-        pos += c
-    out.append(s.push(data[pos:]))
-    out.append(s.flush())
-    assert "".join(out) == data.decode("utf-8", errors="replace")
+    assert streamed(data, cuts) == data.decode("utf-8", errors="replace")
 
 
 def test_stop_matcher_holds_possible_prefix_then_releases():
