@@ -29,13 +29,6 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def target(smollm2_path):
-    model = Model(smollm2_path)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
 def plain_engine(target):
     return Engine(target, n_ctx=1024)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from localspec.acceptance import ROOT
-from localspec.backend import Context, Model, batch_invariant
+from localspec.backend import Context, batch_invariant
 from localspec.drafting.base import DrafterBase, TreeProposal
 from localspec.drafting.specs import parse_draft
 from localspec.drafting.tree import CandidateTree
@@ -37,13 +37,6 @@ PROMPTS = [
     "import numpy as np\n\n# Compute the mean of each column of a matrix\n",
 ]
 TOKENS = 96
-
-
-@pytest.fixture(scope="module")
-def target(smollm2_path):
-    model = Model(smollm2_path)
-    yield model
-    model.close()
 
 
 @pytest.fixture(scope="module")

@@ -207,15 +207,6 @@ PROMPTS = [REPETITIVE, CODE, "<ul>\n<li>One</li>\n<li>Two</li>\n<li>Three</li>\n
 
 
 @pytest.fixture(scope="module")
-def target(smollm2_path):
-    from localspec.backend import Model
-
-    model = Model(smollm2_path)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
 def la_engine(target):
     from localspec.drafting.specs import DrafterSpec
     from localspec.engine import Engine

@@ -41,11 +41,6 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def target(smollm2_path):
-    return Model(smollm2_path)
-
-
-@pytest.fixture(scope="module")
 def references(target):
     return [plain_greedy(target, target.tokenize(p), 96) for p in PROMPTS]
 

@@ -64,13 +64,6 @@ class AsyncDevice:
 
 
 @pytest.fixture(scope="module")
-def target(smollm2_path):
-    model = Model(smollm2_path)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
 def engines(target, smollm2_q4_0_path):
     plain = Engine(target, n_ctx=512, personal_history=False)
     draft = Engine(target, draft=Model(smollm2_q4_0_path), n_ctx=512, personal_history=False)
