@@ -134,19 +134,19 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
         drafter.accepted(history, n_acc)
     t2 = time.perf_counter()
     return StepEvent(
-        index,
-        (proposal.drafter or drafter.name) if drafted and drafter is not None else None,
-        drafted,
-        n_acc,
-        len(tokens),
-        proposal_ms + (t1 - t0) * 1e3,
-        verify_s * 1e3,
-        ((t2 - t1) - verify_s) * 1e3 + planning_ms,
-        verified,
-        reason,
-        tokens,
-        batch,
-        walk,
+        index=index,
+        drafter=(proposal.drafter or drafter.name) if drafted and drafter is not None else None,
+        drafted=drafted,
+        accepted=n_acc,
+        emitted=len(tokens),
+        draft_ms=proposal_ms + (t1 - t0) * 1e3,
+        verify_ms=verify_s * 1e3,
+        python_ms=((t2 - t1) - verify_s) * 1e3 + planning_ms,
+        verified=verified,
+        decision=reason,
+        tokens=tokens,
+        batch_tokens=batch,
+        walk=walk,
     )
 
 

@@ -143,8 +143,20 @@ class _OwnedContext:
     _ctx: Any
     _batch: Any
 
+    model: Model
+    _rows: RowViews | None = None
+
     def _free_batch(self) -> None:
         llama_cpp.llama_batch_free(self._batch)
+
+    def _logits_row(self, row: int, missing: Callable[[], str]) -> np.ndarray:
+        """The logits of batch row ``row`` of the last decode (``missing``: the error where there are none)."""
+        if self._rows is None:
+            self._rows = logits_rows(self.model.n_vocab)
+        view = self._rows(self._ctx, row)
+        if view is None:
+            raise RuntimeError(missing())
+        return view
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -237,7 +249,7 @@ class Context(_OwnedContext):
         self._custom_rows = 0
         self._iota = np.arange(n_batch, dtype=np.int32)
         self._n_vocab = model.n_vocab
-        self._logits = logits_rows(model.n_vocab)
+        self._rows = logits_rows(model.n_vocab)
         self.tokens: list[int] = []
         # Seconds of decoding since construction, each decode timed until the device finished it
         # (``synchronized_decode``): lets callers split a step into time in llama.cpp and time in Python.
@@ -340,10 +352,7 @@ class Context(_OwnedContext):
 
     def logits(self, row: int) -> np.ndarray:
         """Logits of batch row ``row`` from the last decode: a read-only float32 view."""
-        view = self._logits(self._ctx, row)
-        if view is None:
-            raise RuntimeError(f"no logits were requested for row {row}")
-        return view
+        return self._logits_row(row, lambda: f"no logits were requested for row {row}")
 
     # --- hidden rows for an MTP head -----------------------------------------
     def enable_hidden_rows(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import llama_cpp
@@ -15,9 +15,7 @@ from localspec.backend.context import (
     _flash_attention,
     _float_view,
     _OwnedContext,
-    RowViews,
     _set_threads,
-    logits_rows,
     synchronized_decode,
 )
 from localspec.backend.model import Model
@@ -49,17 +47,6 @@ class _ExtBatchContext(_OwnedContext):
 
     def _free_batch(self) -> None:
         llama_cpp.llama_batch_ext_free(self._batch)
-
-    _rows: RowViews | None = None
-
-    def _logits_row(self, row: int, missing: Callable[[], str]) -> np.ndarray:
-        """The logits of batch row ``row`` of the last decode (``missing``: the error where there are none)."""
-        if self._rows is None:
-            self._rows = logits_rows(self.model.n_vocab)
-        view = self._rows(self._ctx, row)
-        if view is None:
-            raise RuntimeError(missing())
-        return view
 
 
 class _CachedDraftContext(_ExtBatchContext):

@@ -53,7 +53,7 @@ class AsyncDevice:
 
     def reads_wait(self, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
         """A row read of ``ctx`` waits for the device first, as llama_get_logits_ith does."""
-        rows = ctx._logits
+        rows = ctx._rows
         real = rows._address
 
         def address(c: Any, row: int) -> int:
