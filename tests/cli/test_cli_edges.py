@@ -263,7 +263,9 @@ def test_threads_beyond_the_cpus_warns(smollm2_path: Path) -> None:
 # --- --draft-p-min, once --p-min beside --min-p (issue 10 §4) --------------------------------------
 def test_draft_p_min_reaches_the_drafter_and_p_min_still_works(smollm2_path: Path, smollm2_q4_0_path: Path) -> None:
     common = ["generate", str(smollm2_path), "--draft", str(smollm2_q4_0_path), "--draft-max", "8",
-              "-p", "Write a long story about a dragon.", "--max-tokens", "40", "--json"]
+              # a text to continue, not an instruction: on an AVX-512 CPU SmolLM2 answers "Write a long story
+              # about a dragon." with its end token at once, and nothing is drafted with or without the flag
+              "-p", "Once upon a time, in a land far away, there lived a dragon", "--max-tokens", "40", "--json"]
     runs = {flag: localspec(*common, *flag) for flag in
             [(), ("--draft-p-min", "0.9"), ("--p-min", "0.9")]}
     for proc in runs.values():
