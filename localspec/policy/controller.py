@@ -82,7 +82,8 @@ slower than plain (they beat it by the margin, or are plain):
 
     time <= T0 N + sum(probe excess) <= T0 N (1 + probe_share) + one probe's estimation error,
 
-so speed >= 1 / 1.025 = 0.976 x plain for probe_share = 0.025, plain as the
+so speed >= 1 / 1.025 = 0.976 x plain for probe_share = 0.025 (over a reply that emits at least
+``PROBE_ADVANCE_TOKENS`` or all it was allowed; see below), plain as the
 controller runs it: its planning comes on top (0.3-0.5 ms a step on a 2-core
 CPU while a lookup is asked every step, about 2% of a small model's step; while
 speculation is off and nothing is asked, the full plan runs every
@@ -93,6 +94,18 @@ the budget covers them: in a short reply, never, so nothing is decoded with
 it at all. Where drafting is nearly free (a GPU), forgetting returns an
 unused drafter's estimate to the prior, which is enough to try it again as
 an ordinary step.
+
+A draft model's catch-up grows with every token it does not see, faster than
+the budget grows on a GPU (H200, 8B target: 0.16 ms a token against 0.09), so
+a draft model judged late was never probed at all. Two rules fix that: a
+probe may draw the reply's *advance* (the budget of its first
+``PROBE_ADVANCE_TOKENS`` tokens, at most those it may emit; repaid before
+its steps add to the budget) when the drafter's estimates say it would pay
+once in step, so it is probed while its catch-up is the prompt alone; and a
+probe that paid a catch-up goes on for ``PROBE_BURST`` steps while the draft
+is in step (each costs only its drafting and wider verification) and is
+judged on all of them, by acceptance per position reached, against beating
+plain at any length up to the probe's.
 """
 
 from __future__ import annotations
@@ -134,6 +147,15 @@ HELD_BEHIND_MAX = 8
 LOOKUP_SURPRISE = 2.0
 # A lookup whose estimate is past ``lookup_share`` is still asked (and timed) every this many steps.
 LOOKUP_RETIME = 8
+# A probe that paid a draft model's catch-up goes on for this many steps while the draft is in step
+# (each costs only its drafting and its wider verification): one short probe is a coin toss at
+# alpha 0.7, and a drafter judged on it falls behind again and is not probed for a long time.
+PROBE_BURST = 8
+# Each reply is advanced the probe budget of its first tokens (at most this many of those it may
+# emit; repaid by what its steps earn before they add to it), so a draft model can be probed while
+# its catch-up is the prompt alone, not hundreds of tokens later when it would cost more than the
+# budget could ever cover.
+PROBE_ADVANCE_TOKENS = 512
 
 
 @dataclass
@@ -146,6 +168,13 @@ class _DrafterState(DrafterEstimates):
     wait: int = 0           # unobserved steps before the next probe
     lookups: int = 0        # lookups since the drafter was reset (the first one indexes the prompt)
     asked_at: int = -(1 << 30)  # step of the last lookup asked before planning
+    # A probe of a drafter that had to catch up goes on for PROBE_BURST steps (see _probe), judged as one.
+    burst: int = 0          # probe steps still to come in the current burst
+    burst_kept: int = 0     # tokens its steps so far kept
+    burst_expected: float = 0.0  # tokens the estimates expected them to keep
+    burst_reached: int = 0  # positions they reached (drafted up to the first rejection)
+    burst_steps: int = 0
+    burst_len: int = 0      # the length its steps drafted
 
 
 @dataclass(frozen=True)
@@ -256,6 +285,9 @@ class Controller:
         # Each generation earns its own probe budget: a reply never pays for a probe with what earlier
         # replies saved, so none slows a reply (or its first token) beyond the bound.
         self.stats.probe_budget_ms = 0.0
+        self._advance_due = True  # the reply's advance is set at its first plan (see PROBE_ADVANCE_TOKENS)
+        self._advance = 0.0  # the advance a probe may still draw on
+        self._owed = 0.0  # what the advance drawn still owes the budget
         self._pending = None
         self._observe_ms = 0.0  # the last generation's last observe is not this one's first step's
         self._asked = {}
@@ -507,6 +539,9 @@ class Controller:
         self._asked = {}
         if limit <= 0 or not self._members:
             return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"plain: {why or 'no drafter'}"), t0, forced=True)
+        if self._advance_due:
+            self._advance_due = False
+            self._advance = self.probe_share * t0 * min(remaining, PROBE_ADVANCE_TOKENS)
         if self._step < self._off_until:
             prefix, probe_at = self._off_reason
             return self._decide(Decision(None, 0, 1.0, t0, 1.0,
@@ -618,6 +653,12 @@ class Controller:
                t0: float) -> Decision | None:
         """A probe of the longest-unobserved drafter not asked beforehand (nor ``chosen``) that is due
         and whose worst-case excess over plain, its catch-up included, the budget covers."""
+        bursting = [name for name, d in self._members.items()
+                    if self._states[name].burst > 0 and name not in self._asked and d is not chosen]
+        for name in bursting:  # a burst goes on while its drafter is in step and the budget covers it
+            decision = self._burst_step(history, limit, name, lookup_ms, t0)
+            if decision is not None:
+                return decision
         due = [(self._step - self._states[name].last_seen, name) for name, d in self._members.items()
                if name not in self._asked and d is not chosen
                and self._step - self._states[name].last_seen >= self._states[name].wait]
@@ -629,6 +670,10 @@ class Controller:
             if self._first_token_waits(behind):
                 continue
             tokens, ms = self.evaluate(name, k, behind=behind)
+            if self.stats.probe_budget_ms < ms - t0 <= self.stats.probe_budget_ms + self._advance \
+                    and self._pays_in_step(name, limit, t0):
+                self.stats.probe_budget_ms += self._advance  # drawn: the steps to come repay it first
+                self._owed, self._advance = self._owed + self._advance, 0.0
             if self.stats.probe_budget_ms >= ms - t0:  # worst case: the probe emits one token
                 catch_up = f", catching up {behind} tokens" if behind > 2 else ""
                 return Decision(drafter, k, tokens, ms, tokens / ms * t0,
@@ -636,6 +681,46 @@ class Controller:
                                 f"expected {tokens / ms * t0:.2f}× plain", probe=True, proposal_ms=lookup_ms,
                                 behind=behind)
         return None
+
+    def _pays_in_step(self, name: str, limit: int, t0: float) -> bool:
+        """Whether ``name`` would draft by its estimates once in step (no catch-up): only then may a
+        probe draw on the reply's advance, the catch-up being all that stands between it and drafting."""
+        return any(tokens / ms * t0 >= 1.0
+                   for tokens, ms in (self.evaluate(name, k) for k in range(1, min(limit, TREE_DEPTH_MAX) + 1)))
+
+    def _burst_step(self, history: Sequence[int], limit: int, name: str, lookup_ms: float,
+                    t0: float) -> Decision | None:
+        """The next step of ``name``'s probe burst, or None (the burst judged as it stands) when its
+        drafter fell behind or the budget no longer covers the step's worst case."""
+        drafter, state = self._members[name], self._states[name]
+        k = limit if self.draft_len is not None else min(self.probe_len, limit)
+        behind = drafter.behind(history)
+        tokens, ms = self.evaluate(name, k, behind=behind)
+        if behind > 2 or self.stats.probe_budget_ms < ms - t0:
+            state.burst = 0
+            self._judge_probe(name)
+            return None
+        return Decision(drafter, k, tokens, ms, tokens / ms * t0,
+                        f"probe {name} k={k}: burst, {state.burst} steps to go, "
+                        f"expected {tokens / ms * t0:.2f}× plain", probe=True, proposal_ms=lookup_ms,
+                        behind=behind)
+
+    def _judge_probe(self, name: str) -> None:
+        """A probe's (or a burst's) verdict. Success: it kept more than the estimates expected (a
+        drafter gone good beats a stale low estimate; a useless one never does), and acceptance as good
+        as its could pay at all. A drafter that is often right but too costly to win (a draft model as
+        slow as the target) fails like a useless one, so its probes thin out."""
+        state = self._states[name]
+        if not state.burst_reached:
+            return
+        steps = state.burst_steps
+        rate = state.burst_kept / state.burst_reached  # conditional acceptance per position reached
+        if state.burst_kept > state.burst_expected - steps and self._could_win(name, rate, state.burst_len):
+            self.stats.probe_successes += 1
+            state.wait = self.min_wait
+        else:
+            state.wait = min(2 * state.wait, self.max_wait)
+        state.burst_kept, state.burst_expected, state.burst_reached, state.burst_steps = 0, 0.0, 0, 0
 
     def _next_probe_in(self, history: Sequence[int], limit: int, t0: float) -> int | None:
         """Steps until the next probe could start (by wait and budget), for the reason text."""
@@ -757,18 +842,22 @@ class Controller:
             stats.probes += 1
             stats.probe_budget_ms -= step.step_ms - t0 * n_tokens
             state = self._states[name]
-            # Success: the probe kept more than the estimate expects (a drafter gone good beats a
-            # stale low estimate; a useless one never does), and acceptance as good as the probe's
-            # could pay at all. A drafter that is often right but too costly to win (a draft model
-            # as slow as the target) fails like a useless one, so its probes thin out.
-            rate = step.accepted / decision.draft_len
-            if step.accepted > decision.expected_tokens - 1.0 and self._could_win(name, rate, decision.draft_len):
-                stats.probe_successes += 1
-                state.wait = self.min_wait
-            else:
-                state.wait = min(2 * state.wait, self.max_wait)
+            state.burst_kept += step.accepted
+            state.burst_expected += decision.expected_tokens - 1.0
+            state.burst_reached += min(decision.draft_len, step.accepted + 1)
+            state.burst_steps += 1
+            state.burst_len = decision.draft_len
+            if state.burst > 0:
+                state.burst -= 1
+            elif decision.behind > 2 and self.draft_len is None:
+                state.burst = PROBE_BURST - 1  # it paid a catch-up: go on while the draft is in step
+            if state.burst == 0:
+                self._judge_probe(name)
             return
-        stats.probe_budget_ms += self.probe_share * t0 * n_tokens
+        earned = self.probe_share * t0 * n_tokens
+        repaid = min(self._owed, earned)
+        self._owed -= repaid
+        stats.probe_budget_ms += earned - repaid
         if name is None:
             stats.plain_steps += 1
         else:
@@ -781,11 +870,13 @@ class Controller:
             stats.measured_plain_ms += n_tokens * t0
 
     def _could_win(self, name: str, alpha: float, draft_len: int) -> bool:
-        """Whether a ``draft_len``-token draft by ``name``, accepted at ``alpha`` per position, would beat
-        plain by the margin at the estimated costs, once caught up (judging a probe at its own length: a
-        3-token probe that was fully accepted says little about 15-token drafts)."""
-        speedup = expected_tokens_per_step(alpha, draft_len) / self.step_ms(name, draft_len) * self.costs.plain_ms()
-        return speedup >= 1.0 + self.margin
+        """Whether a draft of at most ``draft_len`` tokens by ``name``, accepted at ``alpha`` per position,
+        would beat plain at the estimated costs, once caught up (judging a probe at its own length at most:
+        a 3-token probe that was fully accepted says little about 15-token drafts; one that kept few may
+        still pay at 1). Not by the margin: this decides how soon it is probed again, not whether it drafts."""
+        t0 = self.costs.plain_ms()
+        return any(expected_tokens_per_step(alpha, k) / self.step_ms(name, k) * t0 >= 1.0
+                   for k in range(1, draft_len + 1))
 
     def observe_unused(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
                        deferred: bool = False, evidence: Evidence | None = None, known: int = 0) -> None:
