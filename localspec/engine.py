@@ -439,6 +439,11 @@ class Engine:
     def chat_tokens(self, messages: Sequence[Message | Mapping[str, str]]) -> list[int]:
         """Messages rendered with the model's own template, then tokenized (special tokens parsed)."""
         self.check_open()
+        listed = isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping))
+        messages = list(messages) if listed else []
+        if not listed or not all(isinstance(m, (Message, Mapping)) for m in messages):
+            raise InvalidOptionError("messages must be a list of messages, e.g. [{\"role\": \"user\", \"content\": "
+                                     "\"Hi\"}]", param="messages")
         bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
         eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
         text = render_chat(self.target.chat_template(), messages, bos_token=bos, eos_token=eos,
@@ -487,13 +492,14 @@ class Engine:
     def make_drafters(self, sampler: Sampler, opts: GenerateOptions) -> list[Drafter]:
         """The drafters ``opts`` asks for (all configured ones by default; none for plain decoding)."""
         self.check_open()
-        if not opts.speculative or opts.draft_len == 0 or not self._factories:
+        if not opts.speculative or opts.draft_len == 0:
             return []
         wanted = opts.drafter.split(",") if opts.drafter else list(self._factories)
         unknown = [n for n in wanted if n not in self._factories]
-        if unknown:
+        if unknown:  # an engine without drafters too: asking for one is never silently plain decoding
             raise InvalidOptionError(
-                f"unknown drafter {unknown[0]!r}; this engine has: {', '.join(self._factories) or 'none'}"
+                f"unknown drafter {unknown[0]!r}; this engine has: {', '.join(self._factories) or 'none'} "
+                "(drafters are chosen when the engine is loaded: load(..., draft=...))", param="drafter"
             )
         return [self._factories[n](sampler, opts) for n in wanted]
 

@@ -258,3 +258,17 @@ def test_load_takes_model_free_drafters_by_name_as_the_cli_does(smollm2_path, tm
         localspec.load(smollm2_path, draft=f"rest:{tmp_path}", n_ctx=256, n_gpu_layers=0)
     with pytest.raises(InvalidOptionError, match="draft is empty"):
         localspec.load(smollm2_path, draft="", n_ctx=256, n_gpu_layers=0)
+
+
+def test_a_drafter_the_engine_lacks_and_messages_that_are_no_list_are_refused(engine):
+    """Found trying the API carelessly (issue 41): GenerateOptions(drafter="ngram") on an engine loaded without
+    drafters decoded plainly without a word; chat_tokens("hello") ended in Python's own ValueError."""
+    with pytest.raises(InvalidOptionError, match="unknown drafter 'ngram'; this engine has: none") as caught:
+        engine.generate(A, GenerateOptions(max_tokens=2, drafter="ngram")).run()
+    assert caught.value.param == "drafter"
+    assert engine.generate(A, GenerateOptions(max_tokens=2, drafter="ngram", speculative=False)).run().tokens
+    for bad in ("hello", None, {"role": "user", "content": "Hi"}, ["hello"]):
+        with pytest.raises(InvalidOptionError) as caught:
+            engine.chat_tokens(bad)  # type: ignore[arg-type]
+        assert caught.value.param == "messages"
+    assert engine.chat_tokens([{"role": "user", "content": "Hi"}])
