@@ -2,29 +2,62 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from localspec.drafting.specs import NO_DRAFTER, DrafterSpec, parse_draft
 from localspec.engine import Engine, GenerateOptions
 from localspec.errors import InvalidOptionError
 from localspec.events import DoneEvent, GenerationStats
 from localspec.sampling import SamplingParams
+from localspec.validation import check_load_options
 
 
-def load(target: str | Path, draft: str | Path | None = None, *, n_ctx: int = 4096,
-         n_threads: int | None = None, n_gpu_layers: int = -1, offline: bool = False) -> Engine:
-    """Load a target (and a draft model sharing its vocabulary), checked from GGUF metadata first.
+def load(target: str | Path, draft: str | Path | None = None, *, n_ctx: int | None = 4096,
+         n_threads: int | None = None, n_gpu_layers: int | None = -1, offline: bool = False) -> Engine:
+    """Load a target (and its drafters), checked from GGUF metadata first.
 
-    ``target`` and ``draft``: a GGUF path, or a name or alias from ``localspec models``, resolved
-    through the registry as the command line does (a copy on disk is used; one that is not is
-    downloaded, unless ``offline``). ``n_gpu_layers``: -1 offloads every layer, 0 none.
+    ``target``: a GGUF path, or a name or alias from ``localspec models``, resolved through the
+    registry as the command line does (a copy on disk is used; one that is not is downloaded, unless
+    ``offline``). ``draft`` takes what ``--draft`` takes: a draft model sharing the target's vocabulary
+    (a path, name or alias), the model-free ``ngram``, ``lookahead``, ``rest:STORE``, the target's own
+    ``mtp`` layers, or several of them comma-separated ("ngram,qwen3-0.6b"); a ``Path`` is always a
+    model file. ``n_ctx``: tokens (at least 16); ``n_threads``: at least 1 (None: every CPU);
+    ``n_gpu_layers``: -1 offloads every layer, 0 none. None is the default for each. Wrong types and values raise
+    ``InvalidOptionError`` naming the parameter, as the command line refuses them.
     """
+    check_load_options(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+    n_ctx = 4096 if n_ctx is None else n_ctx
+    n_gpu_layers = -1 if n_gpu_layers is None else n_gpu_layers
+    if not isinstance(offline, bool):
+        raise InvalidOptionError(f"offline must be True or False, not {offline!r}", param="offline")
     target_path = model_file(target, "target", offline=offline)
-    draft_path = model_file(draft, "draft", offline=offline) if draft is not None else None
-    return Engine.load(target_path, draft_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                       draft_n_gpu_layers=n_gpu_layers)
+    draft_path, specs = drafters(draft, offline=offline)
+    return Engine.load(target_path, draft_path, specs=specs, n_ctx=n_ctx, n_threads=n_threads,
+                       n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=n_gpu_layers)
+
+
+def drafters(draft: object, *, offline: bool = False) -> tuple[Path | None, list[DrafterSpec]]:
+    """``load``'s ``draft`` as the draft model's file (None: none) and the model-free drafters."""
+    if draft is None or isinstance(draft, Path):
+        return draft, []
+    if not isinstance(draft, (str, os.PathLike)):
+        raise InvalidOptionError(f"draft must be a draft model's GGUF path or name, or a drafter such as "
+                                 f"\"ngram\" (str or Path), not {type(draft).__name__}", param="draft")
+    text = os.fspath(draft)
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidOptionError("draft is empty; pass None for no drafter, or a draft model or a drafter such "
+                                 "as \"ngram\"", param="draft")
+    if text.strip().lower() in NO_DRAFTER:
+        return None, []
+    specs = parse_draft(text)
+    model = next((s for s in specs if s.kind == "model"), None)
+    path = model_file(model.arg, "draft", offline=offline) if model is not None else None
+    return path, [s for s in specs if s.kind != "model"]
 
 
 def model_file(model: object, param: str, *, offline: bool = False) -> Path:
@@ -57,13 +90,20 @@ def options(*, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, 
             p_min: float = 0.0, speculative: bool = True) -> GenerateOptions:
     """GenerateOptions from flat keyword arguments.
 
-    ``stop``: one stop string, or a sequence of them. ``draft_len=None`` (the default, as in
+    ``stop``: one stop string, a sequence of them, or None (none). Raises ``InvalidOptionError``
+    naming the first option of a wrong type or out of range. ``draft_len=None`` (the default, as in
     ``GenerateOptions``) lets the controller choose the draft length each step; an int fixes it (0: plain).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)  # one string is one stop string
-    return GenerateOptions(max_tokens=max_tokens, sampling=sampling, stop=stops, draft_len=draft_len,
-                           p_min=p_min, speculative=speculative)
+    # One string is one stop string and None is none; GenerateOptions.validate refuses the rest by name.
+    opts = GenerateOptions(max_tokens=max_tokens, sampling=sampling, stop=stop,  # type: ignore[arg-type]
+                           draft_len=draft_len, p_min=p_min, speculative=speculative)
+    opts.validate()
+    return opts
+
+
+OPTIONS = tuple(inspect.signature(options).parameters)
+"""The keywords ``complete`` takes beside the engine and the prompt."""
 
 
 def complete(engine: Engine, prompt: str | Sequence[int], **kw: Any) -> Completion:
@@ -73,6 +113,15 @@ def complete(engine: Engine, prompt: str | Sequence[int], **kw: Any) -> Completi
     engine take turns (each waits for the other thread's generation to end); called while this thread
     iterates an unfinished generation of the same engine, it raises ``EngineStateError``.
     """
+    unknown = next((k for k in kw if k not in OPTIONS), None)
+    if unknown is not None:
+        close = difflib.get_close_matches(unknown, OPTIONS, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise InvalidOptionError(f"{unknown} is not an option of complete(); {hint}it takes {', '.join(OPTIONS)}",
+                                 param=unknown)
+    if not isinstance(engine, Engine):
+        raise InvalidOptionError(f"engine must be an Engine from localspec.load(), not {type(engine).__name__}",
+                                 param="engine")
     done: DoneEvent | None = None
     for event in engine.generate(prompt, options(**kw), wait=True):
         if isinstance(event, DoneEvent):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -27,10 +28,42 @@ def build_parser() -> argparse.ArgumentParser:
         prog="localspec",
         description="Exact speculative decoding for local GGUF models on llama.cpp.",
     )
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print localspec's version (and llama-cpp-python's) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"localspec.commands.{name}").register(sub)
     return parser
+
+
+def version_line() -> str:
+    """``localspec 0.1.0 (llama-cpp-python 0.3.16)``, read from the installed packages' metadata (no
+    llama.cpp is loaded)."""
+    from importlib import metadata
+
+    from localspec import __version__
+
+    try:
+        llama = f" (llama-cpp-python {metadata.version('llama_cpp_python')})"
+    except metadata.PackageNotFoundError:
+        llama = " (llama-cpp-python not installed)"
+    return f"localspec {__version__}{llama}"
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, but an unknown option is refused by the subcommand it was given to, so its
+    line points to that command's --help (and names the option it most likely meant)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        owner = sub.choices.get(args.command) if sub is not None and args.command else None
+        owner = owner or parser
+        known = [o for a in owner._actions for o in a.option_strings]
+        unknown = next((e.split("=", 1)[0] for e in extra if e.startswith("-")), "")
+        close = difflib.get_close_matches(unknown, known, n=1) if unknown else []
+        hint = f"; did you mean {close[0]}?" if close else ""
+        owner.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # text. What was meant for stderr is dropped instead.
         sys.stderr = open(os.devnull, "w")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

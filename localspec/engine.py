@@ -9,7 +9,7 @@ statistics, so a caller interrupted midway can still report them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +48,7 @@ from localspec.models.split import DeviceSplit
 from localspec.policy.controller import DRAFT_LEN_MAX, Controller
 from localspec.policy.costs import CostModel
 from localspec.sampling import Sampler, SamplingParams
+from localspec.validation import check_load_options, is_int, is_real, out_of_range
 
 
 @dataclass(frozen=True)
@@ -71,24 +72,39 @@ class GenerateOptions:
 
     def __post_init__(self) -> None:
         # One stop string given alone is that string, not its characters.
-        if isinstance(self.stop, str):
+        # None is no stop string (as OpenAI's API takes it); anything else not iterable is left for validate.
+        if self.stop is None:
+            object.__setattr__(self, "stop", ())
+        elif isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        elif not isinstance(self.stop, tuple):
+        elif not isinstance(self.stop, tuple) and isinstance(self.stop, Iterable):
             object.__setattr__(self, "stop", tuple(self.stop))
 
     def validate(self) -> None:
+        """Raise ``InvalidOptionError`` naming the first option of a wrong type or out of range."""
+        if not isinstance(self.sampling, SamplingParams):
+            raise InvalidOptionError(f"sampling must be a SamplingParams, not {type(self.sampling).__name__}",
+                                     param="sampling")
         self.sampling.validate()
+        if not isinstance(self.stop, tuple):
+            raise InvalidOptionError(f"stop must be a string or a list of strings, not {type(self.stop).__name__}",
+                                     param="stop")
         bad = next((s for s in self.stop if not isinstance(s, str) or not s), None)
         if bad is not None:
             raise InvalidOptionError(f"stop {bad!r} is not a stop string: give non-empty text", param="stop")
-        if self.max_tokens < 1:
-            raise InvalidOptionError(f"max_tokens {self.max_tokens} is out of range: it must be at least 1",
-                                     param="max_tokens")
-        if self.draft_len is not None and not 0 <= self.draft_len <= DRAFT_LEN_MAX:
-            raise InvalidOptionError(
-                f"draft_len {self.draft_len} is out of range: it must be in 0..{DRAFT_LEN_MAX}", param="draft_len")
-        if not 0.0 <= self.p_min < 1.0:
-            raise InvalidOptionError(f"p_min {self.p_min} is out of range: it must be in [0, 1)", param="p_min")
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
+            raise out_of_range("max_tokens", self.max_tokens, "an integer >= 1", "e.g. 256")
+        if self.draft_len is not None and (not is_int(self.draft_len) or not 0 <= self.draft_len <= DRAFT_LEN_MAX):
+            raise out_of_range("draft_len", self.draft_len, f"an integer in 0..{DRAFT_LEN_MAX}",
+                               "or None to let the controller choose each step")
+        if not is_real(self.p_min) or not 0.0 <= self.p_min < 1.0:
+            raise out_of_range("p_min", self.p_min, "in [0, 1)", "0 switches it off")
+        if not isinstance(self.speculative, bool):
+            raise InvalidOptionError(f"speculative must be True or False, not {self.speculative!r}",
+                                     param="speculative")
+        if self.drafter is not None and not isinstance(self.drafter, str):
+            raise InvalidOptionError(f"drafter must be a drafter's name (str) or None, not "
+                                     f"{type(self.drafter).__name__}", param="drafter")
 
 
 class _Claim:
@@ -131,6 +147,8 @@ TREE_SEQUENCES = 32
 BUSY = ("one generation at a time: finish or cancel the first (another thread is still generating with this "
         "engine; localspec.complete waits its turn)")
 CLOSED = "the engine is closed; load the model again to generate"
+OWN_UNFINISHED = ("this thread has an unfinished generation of this engine; iterate it to its end or call its "
+                  "cancel() before localspec.complete (which would otherwise wait for it forever)")
 
 
 class Engine:
@@ -157,8 +175,7 @@ class Engine:
     def __init__(self, target: Model, *, draft: Model | None = None, specs: Sequence[DrafterSpec] = (),
                  n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
                  personal_history: bool = True) -> None:
-        if n_ctx < 16:
-            raise InvalidOptionError(f"n_ctx {n_ctx} is too small: use at least 16 tokens", param="n_ctx")
+        check_load_options(n_ctx=n_ctx, n_threads=n_threads)
         self._closed = False
         self._turn = threading.Condition()  # guards _active: the one unfinished generation
         self._active: Generation | _Claim | None = None
@@ -387,6 +404,8 @@ class Engine:
         """
         from localspec.models.gguf_info import read_info
 
+        check_load_options(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+        check_load_options(n_gpu_layers=draft_n_gpu_layers)
         target_info = read_info(target)
         draft_info = read_info(draft) if draft is not None else None
         pairing.check_files(target_info, draft_info, specs)
@@ -420,6 +439,11 @@ class Engine:
     def chat_tokens(self, messages: Sequence[Message | Mapping[str, str]]) -> list[int]:
         """Messages rendered with the model's own template, then tokenized (special tokens parsed)."""
         self.check_open()
+        listed = isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping))
+        messages = list(messages) if listed else []
+        if not listed or not all(isinstance(m, (Message, Mapping)) for m in messages):
+            raise InvalidOptionError("messages must be a list of messages, e.g. [{\"role\": \"user\", \"content\": "
+                                     "\"Hi\"}]", param="messages")
         bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
         eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
         text = render_chat(self.target.chat_template(), messages, bos_token=bos, eos_token=eos,
@@ -468,13 +492,14 @@ class Engine:
     def make_drafters(self, sampler: Sampler, opts: GenerateOptions) -> list[Drafter]:
         """The drafters ``opts`` asks for (all configured ones by default; none for plain decoding)."""
         self.check_open()
-        if not opts.speculative or opts.draft_len == 0 or not self._factories:
+        if not opts.speculative or opts.draft_len == 0:
             return []
         wanted = opts.drafter.split(",") if opts.drafter else list(self._factories)
         unknown = [n for n in wanted if n not in self._factories]
-        if unknown:
+        if unknown:  # an engine without drafters too: asking for one is never silently plain decoding
             raise InvalidOptionError(
-                f"unknown drafter {unknown[0]!r}; this engine has: {', '.join(self._factories) or 'none'}"
+                f"unknown drafter {unknown[0]!r}; this engine has: {', '.join(self._factories) or 'none'} "
+                "(drafters are chosen when the engine is loaded: load(..., draft=...))", param="drafter"
             )
         return [self._factories[n](sampler, opts) for n in wanted]
 
@@ -484,10 +509,16 @@ class Engine:
 
         One at a time: this thread's own unfinished generation of this engine ends here (it
         raises ``SUPERSEDED`` if iterated again); another thread's raises ``BUSY``, or with
-        ``wait`` is waited for.
+        ``wait`` is waited for. With ``wait``, this thread's own unfinished generation raises
+        ``OWN_UNFINISHED`` instead (waiting for it would never end, and ending it is not asked).
         """
         self.check_open()
-        opts = opts or GenerateOptions()
+        if opts is None:
+            opts = GenerateOptions()
+        elif not isinstance(opts, GenerateOptions):
+            raise InvalidOptionError(f"opts must be a GenerateOptions, not {type(opts).__name__}; build one with "
+                                     "GenerateOptions(max_tokens=...) or localspec.api.options(max_tokens=...)",
+                                     param="opts")
         opts.validate()
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else self.check_tokens(prompt)
         if not tokens:
@@ -505,6 +536,8 @@ class Engine:
                     self.check_open()  # closed while waiting
                     self._active = claim
                     break
+                if active.owner == claim.owner and wait and isinstance(active, Generation):
+                    raise EngineStateError(OWN_UNFINISHED)
                 if active.owner != claim.owner:
                     if not wait:
                         raise EngineStateError(BUSY)

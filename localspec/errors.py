@@ -37,11 +37,12 @@ class InvalidOptionError(LocalspecError):
         self.param = param
 
     def named(self, name: str) -> str:
-        """The message with its leading parameter name replaced by ``name`` (a flag, a JSON field)."""
+        """The message with its parameter name replaced by ``name`` (a flag, a JSON field) where it names
+        the parameter: at the start, and in "PARAM must be" (the rule that follows)."""
         text = str(self)
         if self.param and text.startswith(self.param + " "):
-            return name + text[len(self.param):]
-        return text
+            text = name + text[len(self.param):]
+        return text.replace(f": {self.param} must be ", f": {name} must be ") if self.param else text
 
 
 class ModelFileError(LocalspecError):

@@ -16,12 +16,11 @@ Logits are treated as read-only; they may be a view on llama.cpp memory.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.errors import InvalidOptionError
+from localspec.validation import is_int as _is_int, is_real as _is_real, out_of_range as _out_of_range
 
 # Below this many candidates the nucleus is found with a plain sort; above it, with a
 # histogram (see _nucleus).
@@ -100,21 +99,6 @@ class SamplingParams:
                 "an integer in [0, 2**63)",
                 "pass a value such as 42, or leave it out for a fresh random seed",
             )
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _out_of_range(param: str, value: object, rule: str, advice: str) -> InvalidOptionError:
-    problem = "is out of range" if _is_real(value) else "is not a number"
-    if rule.startswith("an integer") and _is_real(value) and not _is_int(value):
-        problem = "is not an integer"
-    return InvalidOptionError(f"{param} {value} {problem}: {param} must be {rule}; {advice}", param=param)
 
 
 def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

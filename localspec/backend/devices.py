@@ -27,7 +27,7 @@ from typing import Callable, NoReturn, Sequence
 from localspec.backend.build import ensure_init, native_library
 from localspec.errors import RemoteDeviceError
 from localspec.models.split import Device, parse_endpoints  # noqa: F401  (the backend's face)
-from localspec.llama_facts import RPC_CMD_HELLO, RPC_CONN_CAPS_SIZE, RPC_PROTO_VERSION
+from localspec.llama_facts import RPC_CMD_HELLO, RPC_CONN_CAPS_SIZE, RPC_DEFAULT_PORT, RPC_PROTO_VERSION
 
 PROBE_TIMEOUT_S = 5.0
 """How long a probe waits for a connection and for the handshake's answer."""
@@ -55,7 +55,12 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, int, in
     with sock:
         try:
             sock.sendall(bytes([RPC_CMD_HELLO]) + struct.pack("<Q", RPC_CONN_CAPS_SIZE) + bytes(RPC_CONN_CAPS_SIZE))
-            answer = _receive(sock, 8 + 4 + RPC_CONN_CAPS_SIZE)
+            head = _receive(sock, 8)
+            size = struct.unpack("<Q", head)[0]
+            if size != 4 + RPC_CONN_CAPS_SIZE:  # not a reply of ggml's RPC: say what answered instead
+                raise RemoteDeviceError(f"{endpoint} is no rpc-server: {_what_answered(head)}; check the port "
+                                        f"(rpc-server listens on {RPC_DEFAULT_PORT} unless told otherwise)")
+            answer = head + _receive(sock, 4 + RPC_CONN_CAPS_SIZE)
         except socket.timeout:
             raise RemoteDeviceError(f"RPC server {endpoint} accepted the connection but did not answer the "
                                     f"handshake within {timeout:g} s: an rpc-server serves one client at a "
@@ -63,16 +68,23 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, int, in
         except OSError as err:
             raise RemoteDeviceError(f"RPC server {endpoint} closed the connection during the handshake "
                                     f"({err.strerror or err}): is it an rpc-server?") from None
-    size, version = struct.unpack("<Q", answer[:8])[0], tuple(answer[8:11])
-    if size != 4 + RPC_CONN_CAPS_SIZE:
-        raise RemoteDeviceError(f"RPC server {endpoint} answered the handshake with {size} bytes, not "
-                                f"{4 + RPC_CONN_CAPS_SIZE}: it is no rpc-server of this protocol")
+    version = tuple(answer[8:11])
     major, minor, _ = RPC_PROTO_VERSION
     if version[0] != major or version[1] > minor:
         raise RemoteDeviceError(f"RPC server {endpoint} speaks RPC protocol {'.'.join(map(str, version))}, this "
                                 f"llama.cpp {'.'.join(map(str, RPC_PROTO_VERSION))}: build its rpc-server from "
                                 "the same llama.cpp as llama-cpp-python's (docs/rpc.md)")
     return version  # type: ignore[return-value]
+
+
+def _what_answered(head: bytes) -> str:
+    """What a peer that is no rpc-server answered a handshake with: a protocol named by its first bytes
+    (HTTP, SSH, ...), else the bytes themselves (a size of 10**18 bytes would say nothing)."""
+    if head.startswith(b"HTTP/"):
+        return "a web server (HTTP) answered"
+    if head.startswith(b"SSH-"):
+        return "an SSH server answered"
+    return f"it answered {head!r}, not ggml's RPC handshake"
 
 
 def _receive(sock: socket.socket, n: int) -> bytes:

@@ -139,11 +139,9 @@ def generate_options(args: argparse.Namespace):
 
 def check_engine_options(args: argparse.Namespace) -> None:
     """Options a user can get wrong, each refused in one line before any model is touched."""
-    ctx = parse_ctx(args.ctx)
-    if ctx is not None and ctx < 16:
-        raise InvalidOptionError(f"--ctx {ctx} is too small: use at least 16 tokens")
-    if args.threads is not None and args.threads < 1:
-        raise InvalidOptionError(f"--threads {args.threads} is out of range: use at least 1")
+    from localspec.validation import check_load_options
+
+    check_load_options(n_ctx=parse_ctx(args.ctx), n_threads=args.threads, n_gpu_layers=args.gpu_layers)
     p_min = getattr(args, "p_min", 0.0)
     if not 0.0 <= p_min < 1.0:  # NaN fails too
         raise InvalidOptionError(f"--draft-p-min {p_min} is out of range: it must be in [0, 1)")
@@ -159,12 +157,13 @@ def check_engine_options(args: argparse.Namespace) -> None:
         value = getattr(args, name, 0.0)
         if isinstance(value, float) and math.isnan(value):
             raise InvalidOptionError(f"--{name.replace('_', '-')} must be a number, not NaN")
-    if args.gpu_layers is not None and args.gpu_layers < -1:
-        raise InvalidOptionError(f"--gpu-layers {args.gpu_layers} is out of range: use -1 (all layers), 0 (none) "
-                                 "or a number of layers")
-    if args.vram is not None:
-        parse_sizes(args.vram, "--vram")
-    if getattr(args, "rpc", None):
+    if args.vram is not None and len(parse_sizes(args.vram, "--vram")) > 1:
+        from localspec import backend
+
+        if not backend.gpu_offload_supported():  # one line, not a warning and then an error about 0 GPUs
+            raise InvalidOptionError(f"--vram {args.vram} gives one size per GPU, but this llama.cpp build runs on "
+                                     "the CPU only and sees no GPU (see `localspec doctor`); leave --vram out")
+    if getattr(args, "rpc", None) is not None:  # "" too: an empty --rpc is refused, not ignored
         from localspec.backend import parse_endpoints
 
         parse_endpoints(args.rpc)
@@ -183,7 +182,7 @@ def check_engine_options(args: argparse.Namespace) -> None:
 FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
          "max_tokens": "--max-tokens", "draft_len": "--draft-max", "p_min": "--draft-p-min", "n_ctx": "--ctx",
          "rounds": "--rounds", "stop": "--stop", "rpc": "--rpc", "gpus": "--gpus", "draft_gpu": "--draft-gpu",
-         "split_mode": "--split-mode"}
+         "split_mode": "--split-mode", "n_threads": "--threads", "n_gpu_layers": "--gpu-layers"}
 
 
 def flag_message(err: Exception) -> str:
@@ -430,12 +429,20 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
     resolves (an unknown name fails with the nearest names) and a ``rest:STORE`` file exists."""
     from localspec.drafting.specs import parse_draft
 
+    if text is not None and not text.strip():  # --draft "" (an unset shell variable): said, not ignored
+        raise InvalidOptionError("--draft is empty: name a drafter (ngram, lookahead, rest:STORE or a draft model "
+                                 "from `localspec models`), give off for plain decoding, or leave --draft out")
     if text is not None and text.strip().lower() in (OFF, "none"):
         return DraftRefs(None, [])
     specs = parse_draft(text)
     model = next((s for s in specs if s.kind == "model"), None)
     for spec in specs:
-        if spec.kind == "rest" and not os.path.isfile(Path(spec.arg or "").expanduser()):
+        store = Path(spec.arg or "").expanduser()
+        if spec.kind == "rest" and os.path.isdir(store):
+            from localspec.drafting.suffix_array import not_a_store
+
+            raise not_a_store(store)
+        if spec.kind == "rest" and not os.path.isfile(store):
             raise StoreError(f"REST store not found: {shown(spec.arg or '', quote='')}; "
                              "build one with `localspec index`")
     ref = None

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         path = None
     from localspec.models.split import parse_endpoints  # pure: loads no llama.cpp
 
-    endpoints = parse_endpoints(args.rpc) if args.rpc else ()
+    endpoints = parse_endpoints(args.rpc) if args.rpc is not None else ()  # "" is refused, not ignored
     result = doctor.selftest(path, endpoints)
     test = result.records.get("selftest")
     failure = result.failure()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from localspec.commands.common import (
     MODEL_REF_HELP,
@@ -11,6 +12,7 @@ from localspec.commands.common import (
     parse_ctx,
     parse_size,
     parse_sizes,
+    resolve_draft_refs,
     resolve_name,
 )
 from localspec.errors import InvalidOptionError
@@ -31,8 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("target", metavar="TARGET", help="target model: " + MODEL_REF_HELP)
     p.add_argument("--draft", metavar="DRAFT", default=None,
-                   help="draft model sharing the target's vocabulary: "
-                        + MODEL_REF_HELP)
+                   help="draft model sharing the target's vocabulary: " + MODEL_REF_HELP + "; drafters "
+                        "that need no model (ngram, lookahead, rest:STORE) are accepted as --draft takes them "
+                        "and add nothing to the plan")
     p.add_argument("--vram", metavar="SIZE[,SIZE]", default="24GiB",
                    help="GPU memory, e.g. 24GiB, 24G, 24000MB or 24 (GiB), or one size per GPU, e.g. "
                         "24GiB,24GiB (the target is then spread over them); default 24GiB")
@@ -69,10 +72,10 @@ def _devices(args: argparse.Namespace) -> list[Device] | None:
     """The devices to plan over: the RPC servers' (asked through llama.cpp) and one GPU per --vram size;
     None for one GPU and no server (the one-card plan)."""
     sizes = parse_sizes(args.vram, "--vram")
-    if len(sizes) == 1 and not args.rpc and args.draft_gpu is None:
+    if len(sizes) == 1 and args.rpc is None and args.draft_gpu is None:
         return None
     remote: list[Device] = []
-    if args.rpc:
+    if args.rpc is not None:
         from localspec.backend import parse_endpoints, rpc_devices
 
         remote = rpc_devices(parse_endpoints(args.rpc))
@@ -86,7 +89,13 @@ def run(args: argparse.Namespace) -> int:
     n_ctx = parse_ctx(args.ctx)
     # Both names are checked before either header is fetched.
     target_ref = resolve_name(args.target)
-    draft_ref = resolve_name(args.draft) if args.draft else None
+    drafts = resolve_draft_refs(args.draft) if args.draft is not None else None
+    draft_ref = drafts.model if drafts is not None else None
+    if drafts is not None and drafts.specs:
+        names = ", ".join(spec.kind for spec in drafts.specs)
+        whose = "the target's and the draft model's" if draft_ref is not None else "the target's alone"
+        print(f"localspec: --draft {names}: no draft model to place; the plan is {whose}",
+              file=sys.stderr)
     target = read_info(model_header(target_ref, offline=args.offline))
     draft = read_info(model_header(draft_ref, offline=args.offline)) if draft_ref is not None else None
     if draft is not None:

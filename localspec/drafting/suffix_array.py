@@ -171,7 +171,22 @@ def fingerprint_difference(found: str, expected: str) -> str:
 
 
 def _rebuild(path: Path) -> str:
+    """The fix for a store of ours that cannot be used: build it again onto its own path."""
     return f"rebuild it with `localspec index PATH... --model MODEL -o {path}`"
+
+
+BUILD = "build one from text files with `localspec index PATH... --model MODEL -o NOTES.lsstore`"
+"""The fix for a path that holds no store at all (a model, a folder): a new file, never this path."""
+
+
+def not_a_store(path: Path, head: bytes = b"") -> StoreError:
+    """A path that is not a store, said for what it is (a folder, a GGUF model): the fix writes a new
+    store elsewhere, never over it."""
+    if path.is_dir():
+        return StoreError(f"{path} is a folder, not a store; build a store from its text files with "
+                          f"`localspec index {path} --model MODEL -o NOTES.lsstore`")
+    what = "a GGUF model, not a localspec store" if head[:4] == b"GGUF" else "not a localspec store"
+    return StoreError(f"{path} is {what} (bad magic); {BUILD}")
 
 
 def open_store(path: str | os.PathLike[str], expected_fingerprint: str | None, *,
@@ -187,6 +202,8 @@ def open_store(path: str | os.PathLike[str], expected_fingerprint: str | None, *
     ``Store.verify``.
     """
     path = Path(path)
+    if path.is_dir():
+        raise not_a_store(path)
     try:
         f = open(path, "rb")
     except OSError as err:
@@ -195,7 +212,7 @@ def open_store(path: str | os.PathLike[str], expected_fingerprint: str | None, *
         file_size = os.fstat(f.fileno()).st_size
         raw = f.read(_PRELUDE.size)
         if len(raw) < _PRELUDE.size or raw[:8] != MAGIC:
-            raise StoreError(f"{path} is not a localspec store (bad magic); {_rebuild(path)}")
+            raise not_a_store(path, raw)
         _, version, header_len, crc = _PRELUDE.unpack(raw)
         if version != FORMAT_VERSION:
             raise StoreError(

@@ -35,6 +35,7 @@ from localspec.models.memory import (
     state_snapshots,
 )
 from localspec.models.split import Device, draft_device, target_shares
+from localspec.validation import MIN_CTX
 
 DEFAULT_VRAM = 24 * GIB
 
@@ -212,8 +213,8 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None = None, vram_bytes: int = DEFA
     if kv_type.lower() not in ("f32", "f16", "bf16") and not flash_attn:
         # src/llama-context.cpp refuses a quantized V cache with flash attention disabled.
         raise InvalidOptionError(f"a {kv_type} KV cache needs flash attention; use an f16 cache or enable it")
-    if n_ctx is not None and n_ctx < 16:
-        raise InvalidOptionError(f"context of {n_ctx} tokens is too small; use at least 16")
+    if n_ctx is not None and n_ctx < MIN_CTX:
+        raise InvalidOptionError(f"context of {n_ctx} tokens is too small; use at least {MIN_CTX}")
     if reserve_bytes < 0 or vram_bytes <= reserve_bytes:
         raise InvalidOptionError(f"{gib(vram_bytes)} of VRAM leaves nothing after the {gib(reserve_bytes)} "
                                  "reserve; give the card's full memory size, e.g. --vram 24GiB")

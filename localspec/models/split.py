@@ -58,8 +58,16 @@ class DeviceSplit:
 def parse_endpoints(text: str) -> tuple[str, ...]:
     """``host:port[,host:port]`` as endpoints; a bare host takes rpc-server's default port.
     Raises InvalidOptionError (param ``rpc``) for anything else."""
+    if not text.strip():
+        raise InvalidOptionError("rpc is empty: name the rpc-server machines as host:port (e.g. "
+                                 "192.168.1.20:50052), or leave the option out", param="rpc")
     out = []
     for part in (p.strip() for p in text.split(",")):
+        if re.fullmatch(r"\[[0-9A-Fa-f:.%\w]*\](?::\d{1,5})?", part):
+            # ggml's RPC client splits an endpoint at its first colon and resolves IPv4 names only.
+            raise InvalidOptionError(f"rpc {part!r} is an IPv6 address, which llama.cpp's RPC client cannot reach "
+                                     "(it takes IPv4 host:port only); use the machine's IPv4 address or a host name "
+                                     "that resolves to one", param="rpc")
         m = re.fullmatch(r"([A-Za-z0-9.\-_]+)(?::(\d{1,5}))?", part)
         port = int(m.group(2)) if m and m.group(2) else RPC_DEFAULT_PORT
         if not m or not 0 < port < 65536:

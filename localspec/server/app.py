@@ -25,13 +25,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from localspec.errors import InvalidOptionError, LocalspecError
+from localspec.errors import InvalidOptionError, LocalspecError, shown
 from localspec.server import responses
 from localspec.server.metrics import CONTENT_TYPE, ServerMetrics
-from localspec.server.middleware import KeyGate, RequestLog, error_response
+from localspec.server.middleware import CLIENT_CLOSED, CLIENT_LEFT, KeyGate, RequestLog, error_response
 from localspec.server.schema import Request, RequestError, matches_model, parse_chat, parse_completion
 from localspec.server.slot import Busy, EngineSlot
-from localspec.server.stream import EventStream, stream_chunks, whole_reply
+from localspec.server.stream import ClientGone, EventStream, stream_chunks, whole_reply
 
 if TYPE_CHECKING:
     from localspec.engine import Engine, GenerateOptions
@@ -89,6 +89,7 @@ def create_app(slot: EngineSlot, metrics: ServerMetrics, model: ServedModel, *, 
         exception_handlers={HTTPException: _http_error},  # type: ignore[dict-item]
         lifespan=lifespan,
     )
+    app.router.redirect_slashes = False  # RequestLog serves a known path's trailing slash; others are 404
     gated: ASGIApp = KeyGate(app, api_key) if api_key else app
     return RequestLog(gated, metrics)
 
@@ -107,8 +108,9 @@ def _answers_errors(endpoint: Endpoint) -> Endpoint:
             return await endpoint(self, request)
         except RequestError as err:
             return error_response(err)
-        except ClientDisconnect:  # it left while sending its body: nobody hears the answer
-            return Response(status_code=400)
+        except (ClientDisconnect, ClientGone):  # it left (while sending its body, or waiting): nobody hears this
+            request.scope[CLIENT_LEFT] = True
+            return Response(status_code=CLIENT_CLOSED)
         except Busy as err:
             return error_response(RequestError(str(err), status=503, code="server_busy", kind="server_error"),
                                   headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -166,8 +168,9 @@ class _Routes:
 
     def _check_model(self, name: str | None) -> None:
         if not matches_model(name, self._model.names):
-            raise RequestError(f"unknown model {name!r}; this server serves {self._model.id!r} "
-                               f"(also accepted: {', '.join(repr(a) for a in self._model.aliases) or 'none'})",
+            quoted = [shown(a, quote=chr(34)) for a in self._model.aliases]
+            raise RequestError(f"unknown model {shown(name or '', quote=chr(34))}; this server serves "
+                               f"{shown(self._model.id, quote=chr(34))} (also accepted: {', '.join(quoted) or 'none'})",
                                status=404, param="model", code="model_not_found")
 
     async def _generate(self, parsed: Request, request: HttpRequest) -> Response:

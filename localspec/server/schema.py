@@ -10,6 +10,7 @@ as unknown, so that no client believes a field took effect when it did not. Ever
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -179,7 +180,7 @@ def _check_fields(body: Any, endpoint: str) -> dict[str, Any]:
                 raise RequestError(f"{name} {_show(value)} is not supported: {why}", param=name,
                                    code="unsupported_parameter")
             continue
-        raise RequestError(f"unknown field {shown(str(name))}; see docs/server.md for the fields this server takes",
+        raise RequestError(f"unknown field {_show(str(name))}; see docs/server.md for the fields this server takes",
                            param=str(name), code="unknown_parameter")
     return body
 
@@ -243,10 +244,10 @@ def _message(value: Any, where: str) -> Message:
     if not isinstance(role, str):
         raise _wrong_type(f"{where}.role", role, "a string")
     if role == "tool" or role == "function":
-        raise RequestError(f"{where}.role {role!r} is not supported: {_NO_TOOLS}", param=f"{where}.role",
+        raise RequestError(f"{where}.role {_show(role)} is not supported: {_NO_TOOLS}", param=f"{where}.role",
                            code="unsupported_value")
     if role not in _ROLES:
-        raise RequestError(f"{where}.role {shown(role)} is not a role; use system, user or assistant",
+        raise RequestError(f"{where}.role {_show(role)} is not a role; use system, user or assistant",
                            param=f"{where}.role", code="invalid_value")
     for key, item in value.items():
         if key in ("role", "content", "name"):  # name: who spoke; templates do not render it
@@ -348,10 +349,10 @@ def parse_extension(value: Any, drafters: Sequence[str]) -> tuple[bool, str | No
     for part in parts:
         if part not in singles:
             have = ", ".join(singles) if singles else "none (start it with --draft, e.g. --draft ngram)"
-            raise RequestError(f"unknown drafter {shown(part)}; this server has: {have}; or off for plain decoding",
+            raise RequestError(f"unknown drafter {_show(part)}; this server has: {have}; or off for plain decoding",
                                param="localspec.draft", code="invalid_value")
     if len(set(parts)) < len(parts):
-        raise RequestError(f"localspec.draft {shown(name)} names a drafter twice", param="localspec.draft",
+        raise RequestError(f"localspec.draft {_show(name)} names a drafter twice", param="localspec.draft",
                            code="invalid_value")
     return True, ",".join(parts)
 
@@ -417,9 +418,9 @@ def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
-        return f"the number {value!r}"
+        return f"the number {_show(value)}"
     if isinstance(value, str):
-        return f"the string {shown(value, 40)}"
+        return f"the string {_show(value)}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
@@ -428,8 +429,8 @@ def _json_type(value: Any) -> str:
 
 
 def _show(value: Any) -> str:
-    """A value for a one-line message, short."""
+    """A value for a one-line message, short, as JSON writes it (the client sent JSON, not Python)."""
     if isinstance(value, str):
-        return shown(value, 40)
-    text = repr(value)
+        return shown(value, 40, quote='"')
+    text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 60 else text[:60] + "…"

@@ -71,7 +71,10 @@ class EngineSlot:
         """
         if self._closing:
             raise Busy("the server is stopping")
-        if (self._lock.locked() or self._waiting) and self._waiting >= self.queue:
+        # A generation already cancelled (its client left) ends within one step: one more request may
+        # wait for it whatever the line's length, so that a client who hung up and asks again is served.
+        room = self.queue + (1 if self._current is not None and self._current.ending else 0)
+        if (self._lock.locked() or self._waiting) and self._waiting >= room:
             raise Busy(f"the model is busy and its line of {self.queue} waiting request(s) is full; retry shortly")
         self._waiting += 1
         try:
@@ -121,6 +124,7 @@ class Run:
         self._queue: asyncio.Queue[Event | _End] = asyncio.Queue()
         self._task: asyncio.Future[None] | None = None
         self._released = False
+        self.ending = False  # cancelled: it stops within one step
 
     async def __aenter__(self) -> "Run":
         return self
@@ -130,6 +134,7 @@ class Run:
 
     def cancel(self) -> None:
         """Ask the generation to stop after its current step (any thread may call this)."""
+        self.ending = True
         self.generation.cancel()
 
     async def events(self) -> AsyncIterator[Event]:
@@ -141,6 +146,11 @@ class Run:
         while True:
             item = await self._queue.get()
             if isinstance(item, _End):
+                # Free the engine before the reader answers: the done callback above runs a loop turn
+                # later, after a reply already sent, and a client's next request found the engine
+                # taken (a 503 with --queue 0). _End is the worker's last act, so this wait is short.
+                await asyncio.shield(self._task)
+                self._release()
                 if item.error is not None:
                     raise item.error
                 return

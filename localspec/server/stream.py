@@ -16,10 +16,15 @@ from starlette.types import Receive, Scope, Send
 
 from localspec.events import DoneEvent, StepEvent, TokenEvent
 from localspec.server import responses
+from localspec.server.middleware import CLIENT_LEFT
 from localspec.server.schema import Request, RequestError
 from localspec.server.slot import Busy, Run
 
 log = logging.getLogger("localspec.server")
+
+
+class ClientGone(Exception):
+    """The client hung up before its whole reply was ready (the generation was cancelled for it)."""
 
 
 async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: Receive) -> Response:
@@ -36,6 +41,8 @@ async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: R
             watch.cancel()
     assert done is not None, "a generation always ends with a DoneEvent"
     if done.finish_reason == "cancelled":  # the client is gone, or the server is stopping
+        if watch.done() and not watch.cancelled():
+            raise ClientGone()
         raise Busy("the server is stopping")
     cached = run.generation.cached_tokens
     return JSONResponse(responses.body(reply, done.text, responses.FINISH_REASONS[done.finish_reason],
@@ -112,6 +119,7 @@ class EventStream(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = asyncio.ensure_future(wait_for_disconnect(receive))
         watch.add_done_callback(lambda task: task.cancelled() or self.on_disconnect())
+        whole = refused = False
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for data in self.chunks:
@@ -120,9 +128,13 @@ class EventStream(Response):
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             else:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+                whole = True
         except OSError:  # servers of ASGI 2.4 raise on a send to a closed connection
+            refused = True
             self.on_disconnect()
         finally:
+            if not whole and (refused or (watch.done() and not watch.cancelled())):
+                scope[CLIENT_LEFT] = True  # counted as a client that hung up, not as a 200 (middleware)
             watch.cancel()
             await self.chunks.aclose()  # type: ignore[attr-defined]  (an async generator)
             self.on_close()

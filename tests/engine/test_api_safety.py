@@ -206,3 +206,69 @@ def test_a_generation_given_up_after_an_error_in_the_callers_loop_frees_the_engi
     t.start()
     t.join(timeout=120)
     assert results == [alone_b]
+
+
+def test_complete_inside_this_threads_unfinished_generation_raises_as_documented(engine):
+    """Issue 41: complete() ended this thread's unfinished generation and ran, where its docstring says it
+    raises (waiting would never end, and ending the caller's generation was not asked)."""
+    plain = GenerateOptions(max_tokens=12, speculative=False)
+    alone_a = engine.generate(A, plain).run().text
+    first = engine.generate(A, plain)
+    next(first)
+    with pytest.raises(EngineStateError, match="this thread has an unfinished generation"):
+        localspec.complete(engine, B, max_tokens=4)
+    assert first.run().text == alone_a  # untouched: it goes on to its own end
+    assert localspec.complete(engine, B, max_tokens=4).finish_reason in ("length", "stop")
+    cancelled = engine.generate(A, plain)
+    next(cancelled)
+    cancelled.cancel()  # what the message advises
+    assert localspec.complete(engine, B, max_tokens=4).finish_reason in ("length", "stop")
+
+
+def test_options_of_a_wrong_type_are_refused_by_name(engine):
+    with pytest.raises(InvalidOptionError) as caught:
+        engine.generate(A, {"max_tokens": 2})  # type: ignore[arg-type]
+    assert caught.value.param == "opts" and "GenerateOptions" in str(caught.value)
+    for kw, param in (({"max_tokens": "4"}, "max_tokens"), ({"stop": 3}, "stop"), ({"max_token": 4}, "max_token")):
+        with pytest.raises(InvalidOptionError) as caught:
+            localspec.complete(engine, A, **kw)
+        assert caught.value.param == param, str(caught.value)
+    with pytest.raises(InvalidOptionError, match="did you mean max_tokens"):
+        localspec.complete(engine, A, max_token=4)
+    assert localspec.complete(engine, A, max_tokens=3, stop=None).finish_reason in ("length", "stop")
+    # Nothing above took the engine.
+    assert localspec.complete(engine, B, max_tokens=3).finish_reason in ("length", "stop")
+
+
+def test_load_takes_model_free_drafters_by_name_as_the_cli_does(smollm2_path, tmp_path):
+    """Issue 41: load(draft="ngram") said "unknown model"."""
+    eng = localspec.load(smollm2_path, draft="ngram", n_ctx=256, n_gpu_layers=0, n_threads=1)
+    try:
+        assert eng.drafter_names() == ["ngram"]
+        done = localspec.complete(eng, "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,", max_tokens=12, draft_len=3)
+        assert done.stats.drafted > 0
+    finally:
+        eng.close()
+    eng = localspec.load(smollm2_path, draft="off", n_ctx=256, n_gpu_layers=0, n_threads=1)
+    try:
+        assert eng.drafter_names() == []
+    finally:
+        eng.close()
+    with pytest.raises(LocalspecError, match="is a folder, not a store"):
+        localspec.load(smollm2_path, draft=f"rest:{tmp_path}", n_ctx=256, n_gpu_layers=0)
+    with pytest.raises(InvalidOptionError, match="draft is empty"):
+        localspec.load(smollm2_path, draft="", n_ctx=256, n_gpu_layers=0)
+
+
+def test_a_drafter_the_engine_lacks_and_messages_that_are_no_list_are_refused(engine):
+    """Found trying the API carelessly (issue 41): GenerateOptions(drafter="ngram") on an engine loaded without
+    drafters decoded plainly without a word; chat_tokens("hello") ended in Python's own ValueError."""
+    with pytest.raises(InvalidOptionError, match="unknown drafter 'ngram'; this engine has: none") as caught:
+        engine.generate(A, GenerateOptions(max_tokens=2, drafter="ngram")).run()
+    assert caught.value.param == "drafter"
+    assert engine.generate(A, GenerateOptions(max_tokens=2, drafter="ngram", speculative=False)).run().tokens
+    for bad in ("hello", None, {"role": "user", "content": "Hi"}, ["hello"]):
+        with pytest.raises(InvalidOptionError) as caught:
+            engine.chat_tokens(bad)  # type: ignore[arg-type]
+        assert caught.value.param == "messages"
+    assert engine.chat_tokens([{"role": "user", "content": "Hi"}])

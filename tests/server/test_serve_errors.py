@@ -4,6 +4,7 @@ the field named, and never a traceback in a response or on the server's console.
 from __future__ import annotations
 
 import socket
+import time
 
 import openai
 import pytest
@@ -108,11 +109,55 @@ def test_the_api_key_is_required(server: Served) -> None:
         server.client(api_key="sk-wrong").models.list()
 
 
+def test_the_key_scheme_is_case_insensitive_and_spaces_are_allowed(server: Served) -> None:
+    """RFC 7235: the scheme is case-insensitive, and clients (curl scripts) send extra spaces."""
+    for header in (f"bearer {server.api_key}", f"BEARER {server.api_key}", f"Bearer  {server.api_key}",
+                   f"Bearer {server.api_key} ", f"Bearer\t{server.api_key}"):
+        assert server.request("GET", "/v1/models", key=None, headers={"Authorization": header}).status == 200, header
+    for header in (f"Basic {server.api_key}", f"Bearer{server.api_key}", server.api_key or "", "Bearer",
+                   f"Bearer {server.api_key}x", f"Bearer x{server.api_key}"):
+        assert server.request("GET", "/v1/models", key=None, headers={"Authorization": header}).status == 401, header
+
+
 def test_unknown_routes_and_methods(server: Served) -> None:
     assert_error(server.request("GET", "/v1/chat/completions"), 405, code="method_not_allowed")
     assert_error(server.request("POST", "/v1/embeddings", {"input": "x"}), 404, code="not_found")
     # A path that looks like a file is a route like any other: nothing is read from disk.
     assert_error(server.request("GET", "/../../etc/passwd"), 404, code="not_found")
+
+
+def test_a_trailing_slash_is_the_same_route(server: Served) -> None:
+    """Issue 41: POST /v1/chat/completions/ got a bare 307 (a redirect not every client follows with its body)."""
+    answer = server.request("POST", "/v1/chat/completions/", {"messages": HELLO, "max_tokens": 2})
+    assert answer.status == 200 and answer.json()["object"] == "chat.completion", answer.body
+    assert server.request("GET", "/v1/models/").json()["data"][0]["id"] == server.model_id
+    assert_error(server.request("POST", "/v1/embeddings/", {"input": "x"}), 404, code="not_found")
+    assert_error(server.request("GET", "/v1/chat/completions/"), 405, code="method_not_allowed")
+
+
+def test_a_client_that_hangs_up_is_counted_apart(server: Served) -> None:
+    """Issue 41: a client that hung up was counted as a 503 (waiting for a whole reply) or a 400 (sending
+    its body); it is neither the server's refusal nor the client's mistake."""
+    from served import metric, wait_until
+
+    endpoint = "/v1/chat/completions"
+    before = {code: metric(server, "llamacpp:requests_total", endpoint=endpoint, code=code)
+              for code in ("400", "499", "503")}
+    body = ('{"messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 900, '
+            '"temperature": 0}').encode()
+    head = (f"POST {endpoint} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {server.api_key}\r\n").encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:  # waits for a whole reply
+        sock.sendall(head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(1.0)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:  # leaves mid-body
+        sock.sendall(head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+        time.sleep(0.5)
+    assert wait_until(lambda: metric(server, "llamacpp:requests_total", endpoint=endpoint, code="499")
+                      == before["499"] + 2), server.stderr()[-2000:]
+    for code in ("400", "503"):
+        assert metric(server, "llamacpp:requests_total", endpoint=endpoint, code=code) == before[code]
+    assert f"POST {endpoint} 499" in server.stderr()
 
 
 def test_no_traceback_reached_the_console(server: Served) -> None:

@@ -146,3 +146,22 @@ def test_a_client_that_leaves_cancels_its_generation(server: Served) -> None:
                       == cancelled + 1)
     # The 800-token generation stopped within a step or so of the client leaving.
     assert metric(server, "llamacpp:tokens_predicted_total") - predicted < 4 + 100
+
+
+def test_a_client_asking_one_after_another_is_never_busy_even_with_no_line(smollm2_path) -> None:
+    """Issue 41: with --queue 0, 16 of 40 strictly sequential requests got 503 server_busy (the engine was
+    freed in a callback that ran after the reply was sent). Whole replies and streams, each asked only
+    once the last answer is read."""
+    from served import start_server, stop_server
+
+    served = start_server(str(smollm2_path), "--draft", "ngram", "--ctx", "512", "--gpu-layers", "0",
+                          "--queue", "0")
+    try:
+        statuses = []
+        for n in range(40):
+            outcome = one_request(served, "stream" if n % 3 == 0 else "whole", n)
+            statuses.append(outcome.status)
+            check(outcome)
+        assert statuses == [200] * 40, statuses
+    finally:
+        stop_server(served)

@@ -549,7 +549,8 @@ def test_validate_names_the_option_the_value_and_the_range(field: str, value: ob
         params.validate()
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith(f"{field} {value} ")
+    shown = repr(value) if isinstance(value, str) else value  # a string quoted: 'hot', '4' (not 4)
+    assert message.startswith(f"{field} {shown} ")
     assert "must be" in message and "; pass" in message
     assert info.value.param == field  # the core names its parameter; the CLI renames it (--temp, --top-k)
 

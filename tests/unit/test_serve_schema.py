@@ -96,6 +96,23 @@ def test_features_this_server_lacks_are_refused(field: str, value: object) -> No
     assert "not supported" in str(err)
 
 
+@pytest.mark.parametrize("field,value,quoted", [
+    ("logprobs", True, "logprobs true "), ("tools", [{"type": "function"}], 'tools [{"type": "function"}] '),
+    ("tool_choice", "auto", 'tool_choice "auto" '), ("n", None, None), ("temperature", "hot", 'the string "hot"'),
+    ("messages", [{"role": "tool", "content": "x"}], 'role "tool" '), ("stream", None, None),
+    ("messages", [{"role": "robot", "content": "x"}], 'role "robot" '), ("top_k", 2.5, "the number 2.5"),
+])
+def test_values_are_quoted_as_the_client_wrote_them_in_json(field: str, value: object, quoted: str | None) -> None:
+    """Issue 41: the messages quoted Python's reprs (logprobs True, tools [{'type': ...) of what was JSON."""
+    body = {"messages": HELLO, field: value}
+    if quoted is None:
+        parse_chat(body)
+        return
+    with pytest.raises(RequestError) as caught:
+        parse_chat(body, drafters=DRAFTERS)
+    assert quoted in str(caught.value) and "'" not in str(caught.value), str(caught.value)
+
+
 @pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "}"), ("best_of", 3), ("logprobs", 0)])
 def test_completion_only_features_are_refused(field: str, value: object) -> None:
     refused(parse_completion, {"prompt": "x", field: value}, field, code="unsupported_parameter")

@@ -146,3 +146,42 @@ def test_stop_cancels_the_running_generation_and_refuses_the_rest() -> None:
         slot.shutdown()
 
     asyncio.run(go())
+
+
+def test_a_client_asking_one_request_after_another_is_never_busy() -> None:
+    """Issue 41: with no line (--queue 0) a strictly sequential client got 503s: the engine was freed in
+    a callback that ran after the reply had gone out, so the next request found it still taken."""
+    async def go() -> None:
+        slot = EngineSlot(object(), queue=0)  # type: ignore[arg-type]
+        for _ in range(40):
+            run = await slot.open(prepare(FakeGeneration(tokens=2, step_s=0.0)))
+            assert (await read_all(run))[-1].finish_reason == "length"  # type: ignore[union-attr]
+            assert not slot.generating  # free the moment the reader has the last event
+        slot.shutdown()
+
+    asyncio.run(go())
+
+
+def test_a_client_that_hung_up_and_asks_again_waits_for_its_cancelled_generation() -> None:
+    """With no line, the request after a hang-up waits the one step the cancelled generation takes;
+    a third request is still refused."""
+    async def go() -> None:
+        slot = EngineSlot(object(), queue=0)  # type: ignore[arg-type]
+        long = FakeGeneration(tokens=10_000, step_s=0.05)
+        run = await slot.open(prepare(long))
+        async for event in run.events():
+            if isinstance(event, TokenEvent):
+                break
+        with pytest.raises(Busy):  # still wanted by its reader: no room
+            await slot.open(prepare(FakeGeneration()))
+        run.close()  # the client hung up: cancelled, ends within a step
+        again = asyncio.ensure_future(slot.open(prepare(FakeGeneration())))
+        await asyncio.sleep(0)
+        with pytest.raises(Busy):
+            await slot.open(prepare(FakeGeneration()))
+        nxt = await asyncio.wait_for(again, 5)
+        assert long.finished.is_set()
+        assert (await read_all(nxt))[-1].finish_reason == "length"  # type: ignore[union-attr]
+        slot.shutdown()
+
+    asyncio.run(go())
