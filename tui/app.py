@@ -23,6 +23,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
+from textual.geometry import Size
 from textual.worker import get_current_worker
 
 from localspec.backend import gpu_offload_supported
@@ -218,11 +219,14 @@ class LocalspecApp(App[int]):
             self.action_measure_plain()
 
     def on_resize(self, event: events.Resize) -> None:
-        self._fit_layout()
+        # ``self.size`` still holds the old size here (the app passes the new one to its screen on a
+        # timer): fold for the size in the event, before the screen lays out at it. Laying out first put
+        # the 46-column dashboard beside a chat of width 0, which Rich cannot draw.
+        self._fit_layout(event.size)
 
-    def _fit_layout(self) -> None:
+    def _fit_layout(self, size: Size | None = None) -> None:
         """Fold the dashboard on a narrow screen and the header on a short one (ctrl+b overrides the first)."""
-        width, height = self.size
+        width, height = size if size is not None else self.size
         narrow = width < NARROW_COLUMNS
         show_dashboard = narrow == self.dashboard_asked  # wide: shown unless hidden; narrow: hidden unless asked
         dashboard = self.query_one(Dashboard)

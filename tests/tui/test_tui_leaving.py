@@ -131,6 +131,32 @@ def test_leaving_mid_reply_saves_the_partial_reply(engine: Engine, tmp_path: Pat
         assert app.exit_signal is None and app.return_code == 0
 
 
+def test_resizing_mid_reply_from_120_to_40_and_60_columns_keeps_the_app_and_the_reply(
+        engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rich once raised 'range() arg 3 must not be zero' drawing the message box at width 0."""
+    shown = ""
+
+    async def go() -> LocalspecApp:
+        nonlocal shown
+        app = make_app(engine, tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            shown = await in_the_middle_of_a_reply(pilot, app, monkeypatch)
+            for width in (40, 60, 120, 40):
+                await pilot.resize_terminal(width, 40)
+                await pilot.pause()
+                assert app.is_running and app.reply_running
+                assert app.query_one(Dashboard).display is (width >= 80)
+                view = list(app.query(ReplyView))[-1]
+                assert view.region.width > 0 and view.text.startswith(shown)
+            await pilot.press("ctrl+q")
+            await wait_until(pilot, lambda: not app.is_running, what="the app to end")
+        return app
+
+    app = asyncio.run(go())
+    assert app.return_code == 0
+    assert_saved_mid_reply(tmp_path, app.session.id, shown)
+
+
 def test_an_exception_in_the_app_still_saves_the_partial_reply(engine: Engine, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug in the UI ends the app (Textual shows the traceback), but not before the chat is saved."""
