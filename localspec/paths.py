@@ -62,7 +62,9 @@ def output_path(path: str | os.PathLike[str], *, name: str | None = None) -> Pat
     try:
         real = Path(os.path.realpath(given))
         try:
-            info: os.stat_result | None = os.stat(real)
+            # The path as given, the kernel's way: /dev/stdout (a link through /proc) names what the
+            # descriptor is (a pipe, a terminal, a file) where realpath yields "pipe:[123]".
+            info: os.stat_result | None = os.stat(given)
         except FileNotFoundError:
             info = None
     except OSError as err:  # a symlink loop, a name too long
@@ -71,6 +73,12 @@ def output_path(path: str | os.PathLike[str], *, name: str | None = None) -> Pat
         what = _kind(info.st_mode)
         fix = "name a file inside it" if stat.S_ISDIR(info.st_mode) else "name a regular file instead"
         raise OutputPathError(f"{shown_as} is {what}, not a regular file; {fix}")
+    if info is not None:
+        for fd, stream in ((1, "standard output"), (2, "standard error")):
+            with contextlib.suppress(OSError):
+                if os.path.samestat(info, os.fstat(fd)):
+                    raise OutputPathError(f"{shown_as} is the file {stream} goes to (the results would be "
+                                          "lost); name a file of its own")
     folder = real.parent
     if not folder.is_dir():
         raise OutputPathError(f"{shown_as}: the folder {folder} does not exist; create it first")

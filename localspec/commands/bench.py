@@ -161,9 +161,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+CHART_HEAD_BYTES = 4096
+"""How much of an existing ``--chart`` file is read to tell whether it is a chart of ours."""
+
+
 def chart_path(path: Path | None) -> Path | None:
-    """The file ``--chart`` writes (through a symlink), refused in one line when it cannot take one."""
+    """The file ``--chart`` writes (through a symlink), refused in one line when it cannot take one: a
+    path that is no regular file (``paths.output_path``), a name that does not end in .svg (the chart is
+    SVG; a .png holding SVG opens nowhere), or a file that exists and is not a chart of ours (a model, a
+    store: replaced with no word before), unless it is empty."""
+    from localspec.bench.report import is_our_chart
     from localspec.errors import shown
     from localspec.paths import output_path
 
-    return None if path is None else output_path(path, name=f"--chart {shown(str(path), 120, quote='')}")
+    if path is None:
+        return None
+    name = f"--chart {shown(str(path), 120, quote='')}"
+    real = output_path(path, name=name)
+    if path.suffix.lower() != ".svg":
+        raise InvalidOptionError(f"{name}: the chart is an SVG image; name the file FILE.svg "
+                                 "(a browser opens it, and converters make a PNG of it)")
+    if real.exists():  # a regular file by now: reading its head cannot block
+        try:
+            with open(real, "rb") as f:
+                head = f.read(CHART_HEAD_BYTES)
+        except OSError as err:
+            raise OutputPathError(f"{name} cannot be read: {err.strerror or err}") from None
+        if head and not is_our_chart(head):
+            raise OutputPathError(f"{name} exists and is not a chart written by localspec bench; "
+                                  "choose another name or delete it first")
+    return real
