@@ -391,6 +391,12 @@ class Engine:
         draft_info = read_info(draft) if draft is not None else None
         pairing.check_files(target_info, draft_info, specs)
         use_mtp = any(s.kind == MTP for s in specs)
+        # Before anything is allocated: a context too large for this machine is refused in one line.
+        from localspec.models.context_fit import check_machine_fits
+
+        check_machine_fits(target_info, draft_info, n_ctx, n_gpu_layers=n_gpu_layers,
+                           draft_n_gpu_layers=draft_n_gpu_layers, mtp=use_mtp,
+                           devices_named=split is not None or draft_split is not None)
         target_model = Model(target, n_gpu_layers=n_gpu_layers, load_mtp=use_mtp, split=split)
         draft_model = None
         try:

@@ -316,3 +316,13 @@ def test_a_draft_of_another_family_is_refused_before_any_download(command: list[
                      "(Qwen3 and SmolLM2 in `localspec models`), so no token could be accepted; use --draft "
                      "ngram, which needs no model"], proc.stderr  # no SmolLM2 smaller than 135M is registered
     assert not empty_hf.exists()  # nothing was fetched, not even a header
+
+
+def test_an_absurd_ctx_is_refused_before_anything_is_allocated(smollm2_path: Path) -> None:
+    """Issue 41: --ctx 999999999999 grew the process to 14 GB over 50 s before std::bad_alloc came back."""
+    proc = localspec("generate", str(smollm2_path), "--ctx", "999999999999", "--prompt", "hi", timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("localspec: error: --ctx 999999999999 is too large: the KV cache and compute "
+                               "buffers of "), lines[0]
+    assert "of system RAM" in lines[0] and "the largest context that fits is " in lines[0]
