@@ -370,6 +370,11 @@ class Engine:
         finally:
             scratch.close()
 
+    @property
+    def measuring_in_background(self) -> bool:
+        """True while the background measurement (``costs_pending``) is still running; never starts one."""
+        return self._measurer is not None and self._measurer.is_alive()
+
     def _wait_for_measurer(self) -> None:
         if self._measurer is not None:
             self._measurer.join()

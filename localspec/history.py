@@ -117,12 +117,15 @@ class Session:
         """Make the turns alternate again after a reply was lost; the unanswered message, if one was.
 
         A reply is saved on every way out of the app, but a killed process (SIGKILL, power loss)
-        or an older localspec can leave a user turn without its reply. User turns in a row are
+        or an older localspec can leave a user turn without its reply (or with an empty one, marked
+        cancelled or interrupted, which is dropped). User turns in a row are
         merged into one (a blank line between them: the model answered them together); a final
         user turn is taken out and returned, so that the app can offer it again in the input box.
         """
         merged: list[SessionMessage] = []
         for m in self.messages:
+            if m.role == "assistant" and not m.content and m.finish_reason in ("cancelled", "interrupted"):
+                continue  # an empty reply an older version saved when stopped while reading the prompt
             if merged and m.role == "user" and merged[-1].role == "user":
                 merged[-1] = SessionMessage("user", f"{merged[-1].content}\n\n{m.content}")
             else:
