@@ -219,19 +219,23 @@ def test_sigterm_while_reading_the_prompt_saves_no_empty_reply_and_resume_offers
 
 def test_esc_while_reading_the_prompt_puts_the_message_back(engine: Engine, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another prompt than the test before's: the engine reuses a cached prefix, and a remainder shorter
+    # than one batch is read without progress.
+    prompt = "Shorten" + LONG_PROMPT.removeprefix("Summarise")
+
     async def go() -> None:
         app = make_app(engine, tmp_path, max_tokens=8)
         async with app.run_test(size=SIZE) as pilot:
             release = threading.Event()
             held_in_the_prompt(app, monkeypatch, release)
-            await send(pilot, LONG_PROMPT)
+            await send(pilot, prompt)
             await wait_until(pilot, lambda: "reading the prompt" in app.query_one(StatusLine).activity,
                              what="the prompt's first batch")
             await pilot.press("escape")
             release.set()
             await wait_until(pilot, lambda: not app.reply_running, what="the reply to stop")
             await pilot.pause()
-            assert app.query_one("#prompt", MessageBox).value == LONG_PROMPT
+            assert app.query_one("#prompt", MessageBox).value == prompt
             assert not list(app.query(ReplyView)) and not list(app.query(UserMessage))
             assert not (tmp_path / f"{app.session.id}.json").exists()  # a chat with no messages is no file
 
