@@ -92,12 +92,43 @@ def output_path(path: str | os.PathLike[str], *, name: str | None = None) -> Pat
     return real
 
 
+def remove_stale_temp_files(path: Path) -> list[Path]:
+    """Remove the temp files ``atomic_write`` left beside ``path`` in processes that are gone (killed
+    mid-write: ``.NAME.<pid>.<random>.tmp`` with no process ``pid``); the ones removed. A temp file of a
+    live process, or one not named so (an older localspec's, someone else's), is left alone."""
+    removed = []
+    prefix = f".{path.name}."
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path.parent):
+            name = entry.name
+            if not (name.startswith(prefix) and name.endswith(".tmp")):
+                continue
+            pid = name[len(prefix):].split(".", 1)[0]
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644) -> Iterator[BinaryIO]:
     """Write ``path`` all or nothing: a temp file in the same folder, fsync, rename.
 
     If the block raises (or the process dies), the previous file is untouched
-    and the temp file is removed (or left as an ignorable ``.name.*.tmp``).
+    and the temp file is removed (or, if the process is killed, left as ``.name.<pid>.*.tmp``, which
+    the next write to ``path`` removes: ``remove_stale_temp_files``).
     A symlink is written through (its target replaced, the link kept); a path that is
     not a regular file (a FIFO, a device) is refused with ``OutputPathError``, never replaced.
     """
@@ -107,7 +138,8 @@ def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644) -> Iterator
         mode_now = os.stat(path).st_mode
         if not stat.S_ISREG(mode_now):
             raise OutputPathError(f"{path} is {_kind(mode_now)}, not a regular file; it was left as it is")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temp_files(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh
