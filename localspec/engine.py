@@ -23,7 +23,7 @@ from localspec.backend import (
     Model,
     MtpContext,
 )
-from localspec.chat import Message, render_chat
+from localspec.chat import Message, content_spans, render_chat
 from localspec.drafting.assistant import AssistantDrafter
 from localspec.drafting.base import Drafter
 from localspec.drafting.dflash import DFLASH, DFlashDrafter, drafter_name
@@ -429,7 +429,8 @@ class Engine:
         return self.target.tokenize(text, add_special=True, parse_special=False)
 
     def chat_tokens(self, messages: Sequence[Message | Mapping[str, str]]) -> list[int]:
-        """Messages rendered with the model's own template, then tokenized (special tokens parsed)."""
+        """Messages rendered with the model's own template, then tokenized: the template's markers as control
+        tokens, each message's content as text (a message that spells `<|im_end|>` cannot end its turn)."""
         self.check_open()
         bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
         eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
@@ -437,7 +438,18 @@ class Engine:
                            model_name=self.target.name)
         # The template may already begin with BOS; never add a second one.
         add_bos = not (bos and text.startswith(bos))
-        return self.target.tokenize(text, add_special=add_bos, parse_special=True)
+        tokenize = self.target.tokenize
+        # Only the template's own markers are control tokens: content that spells one (`<|im_end|>`
+        # typed in a message) stays text. Content without any is tokenized with the template as before.
+        contents = [m.content if isinstance(m, Message) else str(m.get("content", "")) for m in messages]
+        if any(tokenize(c, add_special=False, parse_special=True) != tokenize(c, add_special=False)
+               for c in contents):
+            pieces = content_spans(self.target.chat_template(), messages, text, bos_token=bos, eos_token=eos,
+                                   model_name=self.target.name)
+            if pieces is not None:
+                return [t for i, (piece, content) in enumerate(pieces)
+                        for t in tokenize(piece, add_special=add_bos and i == 0, parse_special=not content)]
+        return tokenize(text, add_special=add_bos, parse_special=True)
 
     # --- generation --------------------------------------------------------
     def drafter_names(self) -> list[str]:
