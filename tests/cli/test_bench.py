@@ -329,3 +329,12 @@ def test_chart_to_dev_stdout_is_refused_before_the_run(smollm2_path, tmp_path, s
     needle = "the file standard output goes to" if stdout == "file" else "is a FIFO"
     assert lines[0].startswith("localspec: error: --chart /dev/stdout") and needle in lines[0], lines[0]
     assert "measuring" not in proc.stderr
+
+
+def test_an_empty_chart_name_is_refused_as_empty(tmp_path):
+    """`--chart ""` was refused as "--chart . is a folder"."""
+    from localspec.commands.bench import chart_path
+
+    for empty in ("", "  "):
+        with pytest.raises(InvalidOptionError, match="--chart is empty; name the file to write"):
+            chart_path(empty)
