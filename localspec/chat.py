@@ -59,3 +59,36 @@ def render_chat(template: str | None, messages: Iterable[Message | Mapping[str, 
         )
     except TemplateError as err:
         raise UnsupportedModelError(f"the chat template of {model_name} failed: {err}") from None
+
+
+_OPEN, _CLOSE = "\U0010fffd", "\U0010fffe"
+"""Around a sentinel that stands for a message's content while the template renders (noncharacters:
+no user text holds them, and no template treats them specially)."""
+
+
+def content_spans(template: str | None, messages: Iterable[Message | Mapping[str, str]], rendered: str, *,
+                  bos_token: str = "", eos_token: str = "", add_generation_prompt: bool = True,
+                  model_name: str = "the model") -> list[tuple[str, bool]] | None:
+    """``rendered`` (``render_chat`` of the same arguments) cut into (text, is_content) pieces in order:
+    the template's own text, whose special-token markers are control tokens, and each message's
+    content, which is text whatever it holds, so a message cannot forge a role boundary by typing
+    ``<|im_end|>``. The template is rendered again with a sentinel per content; None when that does
+    not give back ``rendered`` with the contents put in (a template that rewrites content: the caller
+    tokenizes ``rendered`` whole, as before)."""
+    msgs = [m.as_dict() if isinstance(m, Message) else dict(m) for m in messages]
+    stand_ins = [dict(m, content=f"{_OPEN}{i}{_CLOSE}") if isinstance(m.get("content"), str) else m
+                 for i, m in enumerate(msgs)]
+    skeleton = render_chat(template, stand_ins, bos_token=bos_token, eos_token=eos_token,
+                           add_generation_prompt=add_generation_prompt, model_name=model_name)
+    pieces: list[tuple[str, bool]] = []
+    rest = skeleton
+    while _OPEN in rest:
+        before, _, after = rest.partition(_OPEN)
+        index, closed, rest = after.partition(_CLOSE)
+        if not closed or not index.isdigit() or int(index) >= len(msgs):
+            return None
+        pieces.extend([(before, False), (msgs[int(index)]["content"], True)])
+    pieces.append((rest, False))
+    if "".join(text for text, _ in pieces) != rendered:
+        return None
+    return [(text, content) for text, content in pieces if text]

@@ -23,7 +23,7 @@ from localspec.backend import (
     Model,
     MtpContext,
 )
-from localspec.chat import Message, render_chat
+from localspec.chat import Message, content_spans, render_chat
 from localspec.drafting.assistant import AssistantDrafter
 from localspec.drafting.base import Drafter
 from localspec.drafting.dflash import DFLASH, DFlashDrafter, drafter_name
@@ -387,6 +387,11 @@ class Engine:
         finally:
             scratch.close()
 
+    @property
+    def measuring_in_background(self) -> bool:
+        """True while the background measurement (``costs_pending``) is still running; never starts one."""
+        return self._measurer is not None and self._measurer.is_alive()
+
     def _wait_for_measurer(self) -> None:
         if self._measurer is not None:
             self._measurer.join()
@@ -410,6 +415,12 @@ class Engine:
         draft_info = read_info(draft) if draft is not None else None
         pairing.check_files(target_info, draft_info, specs)
         use_mtp = any(s.kind == MTP for s in specs)
+        # Before anything is allocated: a context too large for this machine is refused in one line.
+        from localspec.models.context_fit import check_machine_fits
+
+        check_machine_fits(target_info, draft_info, n_ctx, n_gpu_layers=n_gpu_layers,
+                           draft_n_gpu_layers=draft_n_gpu_layers, mtp=use_mtp,
+                           devices_named=split is not None or draft_split is not None)
         target_model = Model(target, n_gpu_layers=n_gpu_layers, load_mtp=use_mtp, split=split)
         draft_model = None
         try:
@@ -437,7 +448,8 @@ class Engine:
         return self.target.tokenize(text, add_special=True, parse_special=False)
 
     def chat_tokens(self, messages: Sequence[Message | Mapping[str, str]]) -> list[int]:
-        """Messages rendered with the model's own template, then tokenized (special tokens parsed)."""
+        """Messages rendered with the model's own template, then tokenized: the template's markers as control
+        tokens, each message's content as text (a message that spells `<|im_end|>` cannot end its turn)."""
         self.check_open()
         listed = isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping))
         messages = list(messages) if listed else []
@@ -450,7 +462,18 @@ class Engine:
                            model_name=self.target.name)
         # The template may already begin with BOS; never add a second one.
         add_bos = not (bos and text.startswith(bos))
-        return self.target.tokenize(text, add_special=add_bos, parse_special=True)
+        tokenize = self.target.tokenize
+        # Only the template's own markers are control tokens: content that spells one (`<|im_end|>`
+        # typed in a message) stays text. Content without any is tokenized with the template as before.
+        contents = [m.content if isinstance(m, Message) else str(m.get("content", "")) for m in messages]
+        if any(tokenize(c, add_special=False, parse_special=True) != tokenize(c, add_special=False)
+               for c in contents):
+            pieces = content_spans(self.target.chat_template(), messages, text, bos_token=bos, eos_token=eos,
+                                   model_name=self.target.name)
+            if pieces is not None:
+                return [t for i, (piece, content) in enumerate(pieces)
+                        for t in tokenize(piece, add_special=add_bos and i == 0, parse_special=not content)]
+        return tokenize(text, add_special=add_bos, parse_special=True)
 
     # --- generation --------------------------------------------------------
     def drafter_names(self) -> list[str]:

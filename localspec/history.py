@@ -117,12 +117,15 @@ class Session:
         """Make the turns alternate again after a reply was lost; the unanswered message, if one was.
 
         A reply is saved on every way out of the app, but a killed process (SIGKILL, power loss)
-        or an older localspec can leave a user turn without its reply. User turns in a row are
+        or an older localspec can leave a user turn without its reply (or with an empty one, marked
+        cancelled or interrupted, which is dropped). User turns in a row are
         merged into one (a blank line between them: the model answered them together); a final
         user turn is taken out and returned, so that the app can offer it again in the input box.
         """
         merged: list[SessionMessage] = []
         for m in self.messages:
+            if m.role == "assistant" and not m.content and m.finish_reason in ("cancelled", "interrupted"):
+                continue  # an empty reply an older version saved when stopped while reading the prompt
             if merged and m.role == "user" and merged[-1].role == "user":
                 merged[-1] = SessionMessage("user", f"{merged[-1].content}\n\n{m.content}")
             else:
@@ -180,6 +183,18 @@ def session_path(session_id: str, directory: Path | None = None) -> Path:
     return (directory or sessions_dir()) / f"{session_id}.json"
 
 
+def _unusable_folder(folder: Path, err: OSError) -> str:
+    """One line for a chat history folder that cannot take a file."""
+    why = err.strerror or str(err)
+    for part in (folder, *folder.parents):  # a file where a folder should be: name it
+        if part.exists() or part.is_symlink():
+            if not part.is_dir():
+                why = f"{part} is a file, not a folder"
+            break
+    return (f"cannot keep the chat history in {folder}: {why}; make it a folder you can write, "
+            "or set LOCALSPEC_DATA_DIR to one")
+
+
 class SessionLock:
     """One app's hold on a session: ``<id>.lock`` beside its file, locked with ``flock`` and holding
     the holder's pid (for the message). Two apps on one chat would each save their own list of turns,
@@ -198,9 +213,15 @@ class SessionLock:
     def acquire(cls, session_id: str, directory: Path | None = None) -> "SessionLock":
         """Hold ``session_id``; SessionError (one line, naming the other process) when another holds it."""
         path = session_path(session_id, directory).with_suffix(".lock")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # LOCALSPEC_DATA_DIR a file, or not writable; `sessions` a file
+            raise SessionError(_unusable_folder(path.parent, err)) from None
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as err:
+                raise SessionError(_unusable_folder(path.parent, err)) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

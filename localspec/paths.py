@@ -62,7 +62,9 @@ def output_path(path: str | os.PathLike[str], *, name: str | None = None) -> Pat
     try:
         real = Path(os.path.realpath(given))
         try:
-            info: os.stat_result | None = os.stat(real)
+            # The path as given, the kernel's way: /dev/stdout (a link through /proc) names what the
+            # descriptor is (a pipe, a terminal, a file) where realpath yields "pipe:[123]".
+            info: os.stat_result | None = os.stat(given)
         except FileNotFoundError:
             info = None
     except OSError as err:  # a symlink loop, a name too long
@@ -71,6 +73,12 @@ def output_path(path: str | os.PathLike[str], *, name: str | None = None) -> Pat
         what = _kind(info.st_mode)
         fix = "name a file inside it" if stat.S_ISDIR(info.st_mode) else "name a regular file instead"
         raise OutputPathError(f"{shown_as} is {what}, not a regular file; {fix}")
+    if info is not None:
+        for fd, stream in ((1, "standard output"), (2, "standard error")):
+            with contextlib.suppress(OSError):
+                if os.path.samestat(info, os.fstat(fd)):
+                    raise OutputPathError(f"{shown_as} is the file {stream} goes to (the results would be "
+                                          "lost); name a file of its own")
     folder = real.parent
     if not folder.is_dir():
         raise OutputPathError(f"{shown_as}: the folder {folder} does not exist; create it first")
@@ -84,12 +92,43 @@ def output_path(path: str | os.PathLike[str], *, name: str | None = None) -> Pat
     return real
 
 
+def remove_stale_temp_files(path: Path) -> list[Path]:
+    """Remove the temp files ``atomic_write`` left beside ``path`` in processes that are gone (killed
+    mid-write: ``.NAME.<pid>.<random>.tmp`` with no process ``pid``); the ones removed. A temp file of a
+    live process, or one not named so (an older localspec's, someone else's), is left alone."""
+    removed = []
+    prefix = f".{path.name}."
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path.parent):
+            name = entry.name
+            if not (name.startswith(prefix) and name.endswith(".tmp")):
+                continue
+            pid = name[len(prefix):].split(".", 1)[0]
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644) -> Iterator[BinaryIO]:
     """Write ``path`` all or nothing: a temp file in the same folder, fsync, rename.
 
     If the block raises (or the process dies), the previous file is untouched
-    and the temp file is removed (or left as an ignorable ``.name.*.tmp``).
+    and the temp file is removed (or, if the process is killed, left as ``.name.<pid>.*.tmp``, which
+    the next write to ``path`` removes: ``remove_stale_temp_files``).
     A symlink is written through (its target replaced, the link kept); a path that is
     not a regular file (a FIFO, a device) is refused with ``OutputPathError``, never replaced.
     """
@@ -99,7 +138,8 @@ def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644) -> Iterator
         mode_now = os.stat(path).st_mode
         if not stat.S_ISREG(mode_now):
             raise OutputPathError(f"{path} is {_kind(mode_now)}, not a regular file; it was left as it is")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temp_files(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh

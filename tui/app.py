@@ -23,6 +23,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Static
+from textual.geometry import Size
 from textual.worker import get_current_worker
 
 from localspec.backend import gpu_offload_supported
@@ -218,11 +219,14 @@ class LocalspecApp(App[int]):
             self.action_measure_plain()
 
     def on_resize(self, event: events.Resize) -> None:
-        self._fit_layout()
+        # ``self.size`` still holds the old size here (the app passes the new one to its screen on a
+        # timer): fold for the size in the event, before the screen lays out at it. Laying out first put
+        # the 46-column dashboard beside a chat of width 0, which Rich cannot draw.
+        self._fit_layout(event.size)
 
-    def _fit_layout(self) -> None:
+    def _fit_layout(self, size: Size | None = None) -> None:
         """Fold the dashboard on a narrow screen and the header on a short one (ctrl+b overrides the first)."""
-        width, height = self.size
+        width, height = size if size is not None else self.size
         narrow = width < NARROW_COLUMNS
         show_dashboard = narrow == self.dashboard_asked  # wide: shown unless hidden; narrow: hidden unless asked
         dashboard = self.query_one(Dashboard)
@@ -417,6 +421,18 @@ class LocalspecApp(App[int]):
         if message.reply_id != self._reply_id or self._reply_view is None:
             return
         done = message.done
+        if done.finish_reason == "cancelled" and not done.text:
+            # Stopped before its first word (still reading the prompt): no reply to save. Leaving, the
+            # message stays the chat's last turn (--resume offers it again); after Esc it goes back into
+            # the input box, as after a failure.
+            if self._shutting_down.is_set():
+                self._recorded_id = self._reply_id
+                return
+            self._take_back_turn()
+            self._status().error = ""
+            self.notify("stopped before the first word; your message is back in the input", timeout=6)
+            self._end_reply("ready · stopped")
+            return
         self.last_done = done
         self._reply_view.finish(done.finish_reason)
         self.query_one(Dashboard).show_stats(done.stats)
@@ -431,8 +447,13 @@ class LocalspecApp(App[int]):
         if not message.ends_reply:  # a ReplyFinished with the partial text follows
             self._error(message.error)
             return
-        # Nothing was generated: the turn is taken back into the input box (and out of the
-        # history and the next prompt), so it can be shortened or sent in a new chat.
+        self._take_back_turn()
+        self._error(f"{message.error} (your message is back in the input; ctrl+n starts a new chat)")
+        self._end_reply("ready")
+
+    def _take_back_turn(self) -> None:
+        """Nothing was generated: the turn is taken back into the input box (and out of the
+        history and the next prompt), so it can be sent again, shortened or sent in a new chat."""
         last = self.session.messages[-1] if self.session.messages else None
         if last is not None and last.role == "user":
             self.session.messages.pop()
@@ -442,8 +463,6 @@ class LocalspecApp(App[int]):
         for view in (self._user_view, self._reply_view):
             if view is not None:
                 view.remove()
-        self._error(f"{message.error} (your message is back in the input; ctrl+n starts a new chat)")
-        self._end_reply("ready")
 
     def _end_reply(self, activity: str) -> None:
         self.reply_running = False

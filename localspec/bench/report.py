@@ -72,6 +72,18 @@ def _verdict_words(s: Summary) -> str:
     return s.verdict
 
 
+CHART_MARK = 'data-generator="localspec bench"'
+"""Marks an SVG as a chart of ours: ``--chart`` replaces only such a file (or an empty one)."""
+CHART_TITLE = "tokens/s relative to plain decoding"
+"""In every chart's title, those written before ``CHART_MARK`` included."""
+
+
+def is_our_chart(head: bytes) -> bool:
+    """Whether a file beginning with ``head`` (its first KiB or more) is a chart ``chart_svg`` wrote."""
+    text = head.decode("utf-8", errors="replace")
+    return text.startswith("<svg") and (CHART_MARK in text or CHART_TITLE in text)
+
+
 def chart_svg(result: BenchResult) -> str:
     """A bar chart (SVG) of each configuration's median ratio to plain per task, with min–max whiskers."""
     configs = [c.label for c in result.configs if c.label != PLAIN.label]
@@ -87,9 +99,9 @@ def chart_svg(result: BenchResult) -> str:
     def y(v: float) -> float:
         return top + height - v * scale
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 90}" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" {CHART_MARK} width="{width}" height="{top + height + 90}" '
            f'font-family="sans-serif" font-size="11">',
-           f'<text x="{left}" y="20" font-size="14">{_esc(result.model)}: tokens/s relative to plain decoding '
+           f'<text x="{left}" y="20" font-size="14">{_esc(result.model)}: {CHART_TITLE} '
            f'(median, min–max over {result.rounds} round(s))</text>']
     for v in [x / 2 for x in range(0, int(peak * 1.1 * 2) + 1)]:
         out.append(f'<line x1="{left}" x2="{left + len(tasks) * group_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" '

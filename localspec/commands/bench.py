@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="feed prompts as they are (default: one user turn in the chat template, or a "
                         "Question:/Answer: frame for a model without one)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON on stdout")
-    p.add_argument("--chart", type=Path, default=None, metavar="FILE.svg",
+    p.add_argument("--chart", default=None, metavar="FILE.svg",
                    help="also write a bar chart of the ratios (SVG, opens in any browser)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
@@ -161,9 +161,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def chart_path(path: Path | None) -> Path | None:
-    """The file ``--chart`` writes (through a symlink), refused in one line when it cannot take one."""
+CHART_HEAD_BYTES = 4096
+"""How much of an existing ``--chart`` file is read to tell whether it is a chart of ours."""
+
+
+def chart_path(given: str | Path | None) -> Path | None:
+    """The file ``--chart`` writes (through a symlink), refused in one line when it cannot take one: a
+    path that is no regular file (``paths.output_path``), a name that does not end in .svg (the chart is
+    SVG; a .png holding SVG opens nowhere), or a file that exists and is not a chart of ours (a model, a
+    store: replaced with no word before), unless it is empty."""
+    from localspec.bench.report import is_our_chart
     from localspec.errors import shown
     from localspec.paths import output_path
 
-    return None if path is None else output_path(path, name=f"--chart {shown(str(path), 120, quote='')}")
+    if given is None:
+        return None
+    if not str(given).strip():  # Path("") is ".", which would be refused as a folder
+        raise InvalidOptionError("--chart is empty; name the file to write, e.g. --chart bench.svg")
+    path = Path(given)
+    name = f"--chart {shown(str(path), 120, quote='')}"
+    real = output_path(path, name=name)
+    if path.suffix.lower() != ".svg":
+        raise InvalidOptionError(f"{name}: the chart is an SVG image; name the file FILE.svg "
+                                 "(a browser opens it, and converters make a PNG of it)")
+    if real.exists():  # a regular file by now: reading its head cannot block
+        try:
+            with open(real, "rb") as f:
+                head = f.read(CHART_HEAD_BYTES)
+        except OSError as err:
+            raise OutputPathError(f"{name} cannot be read: {err.strerror or err}") from None
+        if head and not is_our_chart(head):
+            raise OutputPathError(f"{name} exists and is not a chart written by localspec bench; "
+                                  "choose another name or delete it first")
+    return real

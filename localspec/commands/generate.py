@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -137,11 +138,23 @@ def run(args: argparse.Namespace) -> int:
     watched = sys.stderr is not None and sys.stderr.isatty()
     engine.measure_in_background = opts.draft_len is None and watched
     try:
-        return _generate(args, engine, tokens, opts)
-    finally:
+        code = _generate(args, engine, tokens, opts)
+    except BaseException:
         # A background measurement still decoding must stop before the interpreter frees the model
         # under it (a SIGTERM'd reply exited with SIGSEGV otherwise).
         engine.close()
+        raise
+    if engine.measuring_in_background:
+        # The reply is out; waiting for the measurement to stop held a one-shot command several seconds
+        # past it. Abandon it instead: end the process here, before the interpreter could free the models
+        # under the measuring thread. What it measured is not kept; a later run measures again (the app,
+        # `bench` and a script's `generate` measure to the end).
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
+        os._exit(code)
+    engine.close()
+    return code
 
 
 def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opts: "GenerateOptions") -> int:

@@ -49,7 +49,11 @@ def run(args: argparse.Namespace) -> int:
     for text in args.names:
         resolved = resolve_name(text, registry)
         if resolved.spec is None:
-            # A path is already local: there is nothing to pull, only to confirm.
+            # A path is already local: there is nothing to pull, only to confirm that it is a whole GGUF
+            # (read_info: the header parsed, and the file as long as its tensors need; no weights read).
+            from localspec.models.gguf_info import read_info
+
+            read_info(resolved.path)
             print(resolved.path)
             continue
         spec = resolved.spec

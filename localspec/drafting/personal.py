@@ -219,7 +219,13 @@ class PersonalStore:
         except OSError:
             shutil.copyfile(self.path, aside)
         good = [buf[off - RECORD_HEAD : off + 4 * n] for off, n in scan.records]
-        write_atomically(self.path, [self._header_bytes(), *good])
+        try:
+            write_atomically(self.path, [self._header_bytes(), *good])
+        except OSError:
+            # Not repaired: the original is still whole under its own name, so the copy kept aside would
+            # be a leftover no message names. It goes; the next run tries the repair again.
+            aside.unlink(missing_ok=True)
+            raise
         self._warn(f"personal history {self.path} was damaged: skipped {scan.damaged_bytes:,} bytes, kept its "
                    f"{len(good)} good records; the damaged file is kept as {aside.name}")
         return self._read_locked()

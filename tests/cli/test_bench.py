@@ -281,3 +281,60 @@ def test_a_chart_that_fails_after_the_run_comes_after_the_results(smollm2_path, 
     assert "localspec bench ·" in out and "extraction" in out  # the table was printed first
     assert err.strip() == (f"localspec: error: --chart {tmp_path / 'c.svg'}: the chart could not be written "
                            "(No space left on device); the results above are complete")
+
+
+def test_a_chart_never_replaces_a_file_that_is_not_a_chart_of_ours(smollm2_path, tmp_path):
+    """Issue 41: --chart MODEL.gguf (or a REST store) was replaced by an SVG with no word; --chart x.png got SVG."""
+    model = tmp_path / "model.svg"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+    store = tmp_path / "notes.svg"
+    store.write_text("<svg><text>a drawing of the user's own</text></svg>")
+    for chart, needle in ((model, "is not a chart written by localspec bench"),
+                          (store, "is not a chart written by localspec bench"),
+                          (tmp_path / "x.png", "name the file FILE.svg")):
+        before = chart.read_bytes() if chart.exists() else None
+        proc = localspec("bench", str(smollm2_path), "--draft", "ngram", "--chart", str(chart), timeout=60)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith(f"localspec: error: --chart {chart}") and needle in lines[0], lines[0]
+        assert "measuring" not in proc.stderr  # refused before anything was measured
+        assert (chart.read_bytes() if chart.exists() else None) == before
+
+
+def test_a_chart_of_ours_or_an_empty_file_may_be_replaced(tmp_path):
+    from localspec.commands.bench import chart_path
+
+    old = tmp_path / "old.svg"  # a chart from before the mark: known by its title
+    old.write_text('<svg xmlns="http://www.w3.org/2000/svg" width="9" height="9" font-family="sans-serif">\n'
+                   '<text x="60" y="20">m: tokens/s relative to plain decoding (median)</text></svg>')
+    new = tmp_path / "new.svg"
+    new.write_text(chart_svg(fake_result()))
+    empty = tmp_path / "empty.SVG"
+    empty.touch()
+    for path in (old, new, empty, tmp_path / "fresh.svg"):
+        assert chart_path(path) == path
+
+
+@pytest.mark.parametrize("stdout", ["file", "pipe"])
+def test_chart_to_dev_stdout_is_refused_before_the_run(smollm2_path, tmp_path, stdout):
+    """--chart /dev/stdout mixed the chart into the table (stdout a file) or failed after the run (a pipe)."""
+    out = tmp_path / "table.txt"
+    with open(out, "wb") as f:
+        proc = subprocess.run([sys.executable, "-m", "localspec", "bench", str(smollm2_path), "--draft", "ngram",
+                               "--chart", "/dev/stdout"], stdout=f if stdout == "file" else subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=60,
+                              env={**os.environ, "LOCALSPEC_NO_HISTORY": "1"})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    needle = "the file standard output goes to" if stdout == "file" else "is a FIFO"
+    assert lines[0].startswith("localspec: error: --chart /dev/stdout") and needle in lines[0], lines[0]
+    assert "measuring" not in proc.stderr
+
+
+def test_an_empty_chart_name_is_refused_as_empty(tmp_path):
+    """`--chart ""` was refused as "--chart . is a folder"."""
+    from localspec.commands.bench import chart_path
+
+    for empty in ("", "  "):
+        with pytest.raises(InvalidOptionError, match="--chart is empty; name the file to write"):
+            chart_path(empty)

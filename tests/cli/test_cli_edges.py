@@ -316,3 +316,39 @@ def test_a_draft_of_another_family_is_refused_before_any_download(command: list[
                      "(Qwen3 and SmolLM2 in `localspec models`), so no token could be accepted; use --draft "
                      "ngram, which needs no model"], proc.stderr  # no SmolLM2 smaller than 135M is registered
     assert not empty_hf.exists()  # nothing was fetched, not even a header
+
+
+def test_an_absurd_ctx_is_refused_before_anything_is_allocated(smollm2_path: Path) -> None:
+    """Issue 41: --ctx 999999999999 grew the process to 14 GB over 50 s before std::bad_alloc came back."""
+    proc = localspec("generate", str(smollm2_path), "--ctx", "999999999999", "--prompt", "hi", timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("localspec: error: --ctx 999999999999 is too large: the KV cache and compute "
+                               "buffers of "), lines[0]
+    assert "of system RAM" in lines[0] and "the largest context that fits is " in lines[0]
+
+
+def test_a_one_shot_generate_does_not_wait_for_the_background_measurement(smollm2_path: Path,
+                                                                          smollm2_q4_0_path: Path,
+                                                                          tmp_path: Path) -> None:
+    """Issue 41: the first `generate` with a draft on an empty cost cache was held at its end by the
+    measurement in the background. Here the measurement never ends: the reply must still come back, whole."""
+    prelude = "\n".join([
+        "import sys, threading",
+        "import localspec.policy.measure as measure",
+        "sys.stderr.isatty = lambda: True  # watched: the measurement runs in the background",
+        "def never_ends(*args, **kwargs):",
+        "    threading.Event().wait()",
+        "measure.load_or_measure = never_ends",
+        "import localspec.cli as cli",
+        "sys.exit(cli.main(sys.argv[1:]))",
+    ])
+    proc = subprocess.run([sys.executable, "-c", prelude, "generate", str(smollm2_path), "--draft",
+                           str(smollm2_q4_0_path), "--prompt", "Count to five.", "--max-tokens", "8",
+                           "--threads", "1", "--json"],
+                          capture_output=True, text=True, timeout=240,
+                          env={**ENV, "LOCALSPEC_CACHE_DIR": str(tmp_path / "cache"), "LOCALSPEC_NO_HISTORY": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "measuring this machine's decode costs" in proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["finish_reason"] in ("length", "stop") and result["text"]

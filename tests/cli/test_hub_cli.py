@@ -212,3 +212,21 @@ def test_a_copy_cut_short_is_found_by_its_header_when_the_registry_knows_no_size
     listed = json.loads(run_localspec(["models", "--json"], cli_env(tmp_path)).stdout)
     record = next(r for r in listed if r["name"] == "smol-target")
     assert record["on_disk"] is False and "truncated" in record["problem"]
+
+
+def test_pull_of_a_path_checks_that_it_is_a_whole_gguf(tmp_path: Path, smollm2_path: Path) -> None:
+    """Issue 41: `pull` of a truncated or non-GGUF path exited 0 and printed it as sound."""
+    from cli import one_error_line
+    from cli import localspec as run
+
+    truncated = tmp_path / "cut.gguf"
+    with open(smollm2_path, "rb") as f:
+        truncated.write_bytes(f.read(3_000_000))
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello, not a model\n")
+    for path, needle in ((truncated, "is truncated"), (text, "is not a GGUF model file")):
+        proc = run("pull", str(path), timeout=60)
+        assert proc.stdout == ""
+        assert needle in one_error_line(proc) and str(path) in one_error_line(proc)
+    sound = run("pull", str(smollm2_path), timeout=60)
+    assert sound.returncode == 0 and sound.stdout.strip() == str(smollm2_path), sound.stderr

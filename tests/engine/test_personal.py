@@ -289,6 +289,26 @@ def test_damage_that_cannot_be_repaired_keeps_the_good_records(data_dir: Path, c
     assert path.read_bytes() == bytes(damaged)  # left exactly as it was
 
 
+def test_a_repair_that_cannot_be_written_leaves_no_copy_aside(data_dir: Path, capsys, monkeypatch) -> None:
+    """Issue 41: a failed repair left a .corrupt-* link that its message did not name."""
+    from localspec.drafting import personal
+
+    path, original = _five_records()
+    damaged = bytearray(original)
+    damaged[_record_span(original, 0)[0] + 20] ^= 1
+    path.write_bytes(bytes(damaged))
+
+    def full_disk(path, parts):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(personal, "write_atomically", full_disk)
+    store = PersonalStore.open(FP)
+    [warning] = _warnings(capsys.readouterr().err)
+    assert "could not be repaired (No space left on device)" in warning
+    assert _seeds(store) == [2, 3, 4, 5] and not store.saving
+    assert path.read_bytes() == bytes(damaged) and list(path.parent.glob("*.corrupt-*")) == []
+
+
 def test_an_unwritable_folder_is_a_clear_error(data_dir: Path) -> None:
     store = PersonalStore.open(FP)
     data_dir.mkdir()

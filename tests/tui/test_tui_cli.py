@@ -59,6 +59,28 @@ def test_resume_errors_are_one_line(cli, capsys: pytest.CaptureFixture[str], tmp
     assert "corrupt" in line and str(sessions / f"{good.id}.json") in line
 
 
+@pytest.mark.parametrize("layout", ["data is a file", "sessions is a file", "data under a file"])
+def test_an_unusable_data_folder_is_one_line(cli, capsys: pytest.CaptureFixture[str], tmp_path: Path,  # type: ignore[no-untyped-def]
+                                            monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """Issue 41: history.SessionLock.acquire ended `localspec run` with a traceback."""
+    data = tmp_path / "data"
+    if layout == "data is a file":
+        data.write_text("x")
+        blamed = data
+    elif layout == "sessions is a file":
+        data.mkdir()
+        (data / "sessions").write_text("x")
+        blamed = data / "sessions"
+    else:
+        (tmp_path / "file").write_text("x")
+        monkeypatch.setenv("LOCALSPEC_DATA_DIR", str(tmp_path / "file" / "data"))
+        blamed = tmp_path / "file"
+    assert cli(["run", "/no/such/model.gguf"]) == 2
+    line = one_error_line(capsys)
+    assert "cannot keep the chat history in" in line and f"{blamed} is a file, not a folder" in line, line
+    assert "LOCALSPEC_DATA_DIR" in line
+
+
 def test_default_model_is_the_bundled_smollm2_with_ngram(smollm2_path: Path, tmp_path: Path) -> None:
     from localspec.drafting.specs import DrafterSpec
 

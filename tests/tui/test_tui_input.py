@@ -131,6 +131,29 @@ def test_a_narrow_window_folds_the_dashboard_and_ctrl_b_brings_it_back(tmp_path:
     asyncio.run(go())
 
 
+def test_shrinking_a_running_app_folds_the_dashboard_and_widening_brings_it_back(tmp_path: Path) -> None:
+    """From 120 columns to 40 and 60 and back (Rich once failed drawing the message box at width 0, and the
+    dashboard never folded after the start, leaving a 14-column chat at 60)."""
+    async def go() -> None:
+        app = make(tmp_path)
+        async with app.run_test(size=(120, 30)) as pilot:
+            await pilot.pause()
+            for width, height in ((40, 30), (60, 30), (40, 10), (120, 30), (60, 24), (20, 5)):
+                await pilot.resize_terminal(width, height)
+                await pilot.pause()
+                dashboard, box = app.query_one(Dashboard), app.query_one("#prompt")
+                assert app.is_running
+                assert dashboard.display is (width >= 80), (width, height)
+                assert box.region.width == (width if width < 80 else width - 46), (width, box.region)
+            # the app still takes a message at the size it ended on
+            box.value = "still here"
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.sent == ["still here"]
+
+    asyncio.run(go())
+
+
 def test_a_wide_window_keeps_the_dashboard_beside_the_chat(tmp_path: Path) -> None:
     async def go() -> None:
         app = make(tmp_path)

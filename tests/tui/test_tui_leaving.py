@@ -18,7 +18,7 @@ import pytest
 
 from localspec.engine import Engine, GenerateOptions
 from localspec.generation import Generation
-from localspec.events import Event, StepEvent, TokenEvent
+from localspec.events import Event, PrefillEvent, StepEvent, TokenEvent
 from localspec.history import Session, SessionMessage, latest_session, list_sessions, load_session, save_session
 from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard
@@ -129,6 +129,124 @@ def test_leaving_mid_reply_saves_the_partial_reply(engine: Engine, tmp_path: Pat
         assert signal.getsignal(sig) == signal.SIG_DFL  # given back when the app ended
     else:
         assert app.exit_signal is None and app.return_code == 0
+
+
+def test_resizing_mid_reply_from_120_to_40_and_60_columns_keeps_the_app_and_the_reply(
+        engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rich once raised 'range() arg 3 must not be zero' drawing the message box at width 0."""
+    shown = ""
+
+    async def go() -> LocalspecApp:
+        nonlocal shown
+        app = make_app(engine, tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            shown = await in_the_middle_of_a_reply(pilot, app, monkeypatch)
+            for width in (40, 60, 120, 40):
+                await pilot.resize_terminal(width, 40)
+                await pilot.pause()
+                assert app.is_running and app.reply_running
+                assert app.query_one(Dashboard).display is (width >= 80)
+                view = list(app.query(ReplyView))[-1]
+                assert view.region.width > 0 and view.text.startswith(shown)
+            await pilot.press("ctrl+q")
+            await wait_until(pilot, lambda: not app.is_running, what="the app to end")
+        return app
+
+    app = asyncio.run(go())
+    assert app.return_code == 0
+    assert_saved_mid_reply(tmp_path, app.session.id, shown)
+
+
+LONG_PROMPT = "Summarise these notes. " + " ".join(f"note {i}: the kettle is blue." for i in range(90))
+"""Longer than one batch (512 tokens) and shorter than the context (1024): read in two batches."""
+
+
+def held_in_the_prompt(app: LocalspecApp, monkeypatch: pytest.MonkeyPatch, release: threading.Event) -> None:
+    """Replies stop after the prompt's first batch until ``release`` is set (the app leaving, or Esc)."""
+    generate = app.engine.generate
+
+    class Held:
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            self._generation = generate(*args, **kwargs)
+            self._events = self._held()
+
+        def _held(self) -> Iterator[Event]:
+            for event in self._generation:
+                yield event
+                if isinstance(event, PrefillEvent):
+                    assert release.wait(timeout=120), "never released"
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return self
+
+        def __next__(self) -> Event:
+            return next(self._events)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._generation, name)
+
+    monkeypatch.setattr(app.engine, "generate", Held)
+
+
+def test_sigterm_while_reading_the_prompt_saves_no_empty_reply_and_resume_offers_the_message(
+        engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: an empty reply marked cancelled was saved, and --resume did not give the message back."""
+    async def go() -> LocalspecApp:
+        app = make_app(engine, tmp_path, max_tokens=8)
+        async with app.run_test(size=SIZE) as pilot:
+            held_in_the_prompt(app, monkeypatch, app._shutting_down)
+            await send(pilot, LONG_PROMPT)
+            await wait_until(pilot, lambda: "reading the prompt" in app.query_one(StatusLine).activity,
+                             what="the prompt's first batch")
+            os.kill(os.getpid(), signal.SIGTERM)
+            await wait_until(pilot, lambda: not app.is_running, what="the app to end")
+        return app
+
+    app = asyncio.run(go())
+    assert app.return_code == 128 + signal.SIGTERM
+    saved = load_session(app.session.id, tmp_path)
+    assert [(m.role, m.content) for m in saved.messages] == [("user", LONG_PROMPT)]
+
+    async def resume() -> None:
+        again = make_app(engine, tmp_path, session=load_session(app.session.id, tmp_path))
+        async with again.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert again.query_one("#prompt", MessageBox).value == LONG_PROMPT
+            assert not list(again.query(UserMessage))
+
+    asyncio.run(resume())
+
+
+def test_esc_while_reading_the_prompt_puts_the_message_back(engine: Engine, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another prompt than the test before's: the engine reuses a cached prefix, and a remainder shorter
+    # than one batch is read without progress.
+    prompt = "Shorten" + LONG_PROMPT.removeprefix("Summarise")
+
+    async def go() -> None:
+        app = make_app(engine, tmp_path, max_tokens=8)
+        async with app.run_test(size=SIZE) as pilot:
+            release = threading.Event()
+            held_in_the_prompt(app, monkeypatch, release)
+            await send(pilot, prompt)
+            await wait_until(pilot, lambda: "reading the prompt" in app.query_one(StatusLine).activity,
+                             what="the prompt's first batch")
+            await pilot.press("escape")
+            release.set()
+            await wait_until(pilot, lambda: not app.reply_running, what="the reply to stop")
+            await pilot.pause()
+            assert app.query_one("#prompt", MessageBox).value == prompt
+            assert not list(app.query(ReplyView)) and not list(app.query(UserMessage))
+            assert not (tmp_path / f"{app.session.id}.json").exists()  # a chat with no messages is no file
+
+    asyncio.run(go())
+
+
+def test_an_empty_stopped_reply_an_older_version_saved_is_dropped_on_resume() -> None:
+    s = Session(messages=[SessionMessage("user", "hi"), SessionMessage("assistant", "hello", "stop"),
+                          SessionMessage("user", "long prompt"), SessionMessage("assistant", "", "cancelled")])
+    assert s.take_unanswered() == "long prompt"
+    assert [(m.role, m.content) for m in s.messages] == [("user", "hi"), ("assistant", "hello")]
 
 
 def test_an_exception_in_the_app_still_saves_the_partial_reply(engine: Engine, tmp_path: Path,

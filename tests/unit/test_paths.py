@@ -75,3 +75,26 @@ def test_missing_and_unwritable_folders_and_files(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(paths.os, "access", lambda p, mode: Path(p) != existing)
     with pytest.raises(OutputPathError, match=r"^-o x is not writable \(permission denied\)"):
         output_path(existing, name="-o x")
+
+
+def test_a_temp_file_a_killed_writer_left_is_removed_by_the_next_write(tmp_path: Path):
+    """Issue 41: a killed `index -o s.lsstore` left a hidden .s.lsstore.*.tmp that nothing removed."""
+    import subprocess
+    import sys
+
+    from localspec.paths import atomic_write
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    store = tmp_path / "s.lsstore"
+    stale = tmp_path / f".s.lsstore.{dead_pid}.k2j4h1.tmp"
+    live = tmp_path / f".s.lsstore.{os.getpid()}.a8b7c6.tmp"  # a write in progress elsewhere in this process
+    foreign = tmp_path / ".s.lsstore.abcdefgh.tmp"  # no pid: an older localspec's, or not ours at all
+    other = tmp_path / f".notes.lsstore.{dead_pid}.k2j4h1.tmp"  # beside another file
+    for p in (stale, live, foreign, other):
+        p.write_bytes(b"half a store")
+    with atomic_write(store) as f:
+        f.write(b"whole")
+    assert store.read_bytes() == b"whole"
+    assert not stale.exists() and live.exists() and foreign.exists() and other.exists()
