@@ -13,11 +13,13 @@ from localspec.commands.common import (
     parse_sizes,
     resolve_name,
 )
+from localspec.drafting.by_text import TEXT_PAIR, TEXT_PAIR_COST
 from localspec.errors import InvalidOptionError
-from localspec.models.gguf_info import check_draft_compatible, read_info
+from localspec.models.gguf_info import read_info
 from localspec.models.memory import CONTEXT_FLOOR, DEFAULT_RESERVE, gib
 from localspec.models.planner import Plan, plan, split_plan
 from localspec.models.split import Device
+from localspec.pairing import pair_kind
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -89,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
     draft_ref = resolve_name(args.draft) if args.draft else None
     target = read_info(model_header(target_ref, offline=args.offline))
     draft = read_info(model_header(draft_ref, offline=args.offline)) if draft_ref is not None else None
-    if draft is not None:
-        check_draft_compatible(target, draft)
+    # The draft shares the target's vocabulary or drafts by text (another tokenizer); else one line refuses it.
+    pair = pair_kind(target, draft) if draft is not None else None
     if devices is None:
         result = plan(target, draft, vram, n_ctx, args.kv_type, reserve,
                       gpu_offload_supported=_gpu_offload_supported())
@@ -103,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
                             draft_at=None if args.draft_gpu is None else remote + args.draft_gpu,
                             gpu_offload_supported=_gpu_offload_supported())
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        print(json.dumps({**result.to_dict(), "pair": pair}, indent=2, default=str))
     else:
         print(format_plan(result))
+        if pair is not None:
+            print(f"pair: {pair}" + (f" ({TEXT_PAIR_COST})" if pair == TEXT_PAIR else ""))
     return 0
 
 

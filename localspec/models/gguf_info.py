@@ -273,7 +273,8 @@ def text_encoding_problem(source: GGUFInfo | HeaderSource) -> str | None:
     vocab = _read_vocab(_origin(info))
     kind = _VOCAB_KINDS.get(vocab.vocab_type, (None,))[0]
     if not vocab.tokens or kind in (None, "NONE"):
-        what = "no tokenizer" if not vocab.tokens or kind == "NONE" else f"a tokenizer of unknown type {vocab.vocab_type!r}"
+        what = ("no tokenizer" if not vocab.tokens or kind == "NONE"
+                else f"a tokenizer of unknown type {vocab.vocab_type!r}")
         return f"its GGUF carries {what}, so its tokenizer cannot be loaded"
     if kind in ("BPE", "RWKV"):
         return None
