@@ -115,7 +115,8 @@ class TextDrafter(DrafterBase):
     # --- proposing ---------------------------------------------------------------------------------
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
         ids = self._draft_ids(history)
-        if not ids or draft_len <= 0:
+        # The draft's tokens may outnumber the target's: where they would overflow its context, draft nothing.
+        if not ids or draft_len <= 0 or len(ids) + self._most_drafted(draft_len) > self.ctx.n_ctx:
             return Proposal((), None, self.name)
         n = self._kept(ids)
         self.ctx.rollback_to(n)
@@ -126,9 +127,8 @@ class TextDrafter(DrafterBase):
     def _draft_text(self, draft_len: int) -> tuple[bytes, bool]:
         """The draft's greedy continuation as bytes, long enough for ``draft_len`` target tokens and one to
         drop; True with it when the draft ended its text."""
-        out = b""
-        # A target token spans at most a few draft tokens in practice; the cap bounds a runaway.
-        for i in range(2 * draft_len + 2):
+        out, most = b"", self._most_drafted(draft_len)
+        for i in range(most):
             logits = self.ctx.logits(-1)
             if self.p_min > 0.0 and top_probability(logits) < self.p_min:
                 return out, False
@@ -138,8 +138,15 @@ class TextDrafter(DrafterBase):
             out += self.draft.piece(tok)
             if len(self._target_tokens(complete_utf8(out))) > draft_len:
                 return out, False
-            self.ctx.append([tok])
+            if i + 1 < most:
+                self.ctx.append([tok])
         return out, False
+
+    @staticmethod
+    def _most_drafted(draft_len: int) -> int:
+        """The most draft tokens one proposal decodes: a target token spans at most a few draft tokens in
+        practice, and the cap bounds a runaway."""
+        return 2 * draft_len + 2
 
     def _target_tokens(self, text: bytes) -> list[int]:
         return self.target.tokenize(text.decode("utf-8"), add_special=False) if text else []

@@ -102,3 +102,20 @@ def test_the_engine_drafts_by_text_with_a_notice(gemma_path, smollm2_path):
         assert done.stats.drafted > 0 and [d.name for d in done.stats.drafters] == ["draft"]
     finally:
         engine.close()
+
+
+def test_a_draft_context_too_small_for_the_text_drafts_nothing(gemma, smollm2):
+    """The draft's tokens may outnumber the target's: where they would overflow its context, the step goes
+    plain instead of failing mid-reply."""
+    dctx = Context(gemma, n_ctx=32, n_threads=1)
+    try:
+        drafter = TextDrafter(dctx, smollm2)
+        # The draft's tokens of the text fit its context (llama.cpp may round n_ctx up); 10 drafted would not.
+        words = (PROMPT + " ") * (dctx.n_ctx // 10)
+        text = next(words[:end] for end in range(len(words)) if len(gemma.tokenize(words[:end])) > dctx.n_ctx - 10)
+        assert len(gemma.tokenize(text)) <= dctx.n_ctx
+        prompt = smollm2.tokenize(text)
+        assert drafter.propose(prompt, 4).tokens == () and dctx.tokens == []
+        assert drafter.propose(prompt[:6], 4).tokens != ()  # a short history drafts
+    finally:
+        dctx.close()
