@@ -92,6 +92,7 @@ def test_a_draft_of_another_tokenizer_drafts_by_text(smollm2_path, gemma_path):
     notices = [ln for ln in proc.stderr.splitlines() if "drafts by text" in ln]
     assert len(notices) == 1 and notices[0].startswith("localspec: draft Gemma 3 270m has another tokenizer")
     assert proc.stdout.strip()
+    assert "; draft model: another tokenizer, drafting by text" in proc.stderr  # the stats name the pair kind
 
 
 def test_prompt_longer_than_context(smollm2_path):
