@@ -19,7 +19,6 @@ from localspec.models.gguf_info import read_info
 from localspec.models.memory import CONTEXT_FLOOR, DEFAULT_RESERVE, gib
 from localspec.models.planner import Plan, plan, split_plan
 from localspec.models.split import Device
-from localspec.pairing import pair_kind
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -92,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
     target = read_info(model_header(target_ref, offline=args.offline))
     draft = read_info(model_header(draft_ref, offline=args.offline)) if draft_ref is not None else None
     # The draft shares the target's vocabulary or drafts by text (another tokenizer); else one line refuses it.
-    pair = pair_kind(target, draft) if draft is not None else None
+    pair = None
+    if draft is not None:
+        from localspec.pairing import pair_kind  # here: the command stays importable without llama.cpp
+
+        pair = pair_kind(target, draft)
     if devices is None:
         result = plan(target, draft, vram, n_ctx, args.kv_type, reserve,
                       gpu_offload_supported=_gpu_offload_supported())

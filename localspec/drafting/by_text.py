@@ -33,10 +33,12 @@ then the rest is decoded (the catch-up ``behind`` reports, which the controller 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from localspec.backend import Context, Model
 from localspec.drafting.base import DrafterBase, Proposal, top_probability
+
+if TYPE_CHECKING:
+    from localspec.backend import Context, Model
 
 TEXT_PAIR = "another tokenizer, drafting by text"
 SAME_VOCAB = "same vocabulary"
