@@ -10,7 +10,7 @@ import pytest
 from greedy import assert_matches_plain, plain_greedy
 from stats import assert_first_two_follow, first_two_joint
 
-from localspec.backend import Context, Model
+from localspec.backend import Context
 from localspec.drafting.by_text import TextDrafter
 from localspec.engine import Engine, GenerateOptions
 from localspec.events import DoneEvent, StepEvent
@@ -22,17 +22,9 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def gemma(gemma_path):
-    model = Model(gemma_path)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    model = Model(smollm2_path)
-    yield model
-    model.close()
+def smollm2(target):
+    """SmolLM2 (the shared ``target`` fixture), named for what it is here: one side of the pair."""
+    return target
 
 
 @pytest.mark.parametrize("direction", ["gemma-target", "smollm2-target"])
