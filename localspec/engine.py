@@ -26,6 +26,7 @@ from localspec.backend import (
 from localspec.chat import Message, content_spans, render_chat
 from localspec.drafting.assistant import AssistantDrafter
 from localspec.drafting.base import Drafter
+from localspec.drafting.by_text import TextDrafter
 from localspec.drafting.dflash import DFLASH, DFlashDrafter, drafter_name
 from localspec.drafting.eagle3 import EAGLE3, Eagle3Drafter
 from localspec.drafting.factory import (
@@ -208,9 +209,15 @@ class Engine:
         # Drafts that grow trees when the controller asks (a DFlash block; EAGLE-3, the MTP head and a draft
         # model with a cache they can branch: one sequence per node they decode).
         model_draft = draft is not None and not (assistant or eagle3 or dflash)
+        # A draft of another tokenizer drafts by text, in its own tokens (drafting/by_text.py): chains only.
+        self.draft_by_text = bool(draft is not None and model_draft and pairing.draft_by_text(target, draft))
+        self.pair_notice = (pairing.text_pair_notice(target.name, draft.name)
+                            if draft is not None and self.draft_by_text else None)
+        """One line for the user when the draft drafts by text (None: it shares the vocabulary, or none)."""
         # The MTP head grows trees, with one NextN layer or chained ones (drafting/mtp.py, mtp_tree.py).
         mtp_trees = any(s.kind == MTP for s in specs)
-        self._draft_trees = dflash or eagle3 or mtp_trees or (model_draft and not recurrent_draft)
+        self._draft_trees = dflash or eagle3 or mtp_trees or (model_draft and not (recurrent_draft
+                                                                                   or self.draft_by_text))
         # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
         branches = bool(model_free) or self._draft_trees
         n_seq = 1 + TREE_SEQUENCES if branches and target.rollback == "cache" else 1
@@ -222,7 +229,7 @@ class Engine:
 
             pairing.check_assistant(read_info(target.path), read_info(draft.path))
             self.assistant_ctx = AssistantContext(draft, self.ctx, n_threads=n_threads)
-        draft_seqs = 2 if recurrent_draft else 1 + TREE_SEQUENCES if n_seq > 1 else 1
+        draft_seqs = 2 if recurrent_draft else 1 + TREE_SEQUENCES if n_seq > 1 and not self.draft_by_text else 1
         self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
                                   n_seq=draft_seqs, n_rs_seq=0 if recurrent_draft else None)
                           if model_draft else None)
@@ -244,7 +251,9 @@ class Engine:
         self._listeners: list[Listener] = []  # the drafters that listen to the target's decodes
         if self.draft_ctx is not None:
             draft_ctx = self.draft_ctx
-            self._factories["draft"] = lambda sampler, opts: ModelDrafter(draft_ctx, sampler, p_min=opts.p_min)
+            self._factories["draft"] = (
+                (lambda sampler, opts: TextDrafter(draft_ctx, target, p_min=opts.p_min)) if self.draft_by_text
+                else (lambda sampler, opts: ModelDrafter(draft_ctx, sampler, p_min=opts.p_min)))
         if self.assistant_ctx is not None:
             assistant_ctx = self.assistant_ctx
             self._factories["draft"] = self._listener(

@@ -15,17 +15,20 @@ from localspec.backend import ASSISTANT_TARGETS, Model, eagle3_unavailable_reaso
 from localspec.drafting.dflash import DFLASH
 from localspec.drafting.eagle3 import EAGLE3
 from localspec.drafting.specs import MTP, DrafterSpec
-from localspec.errors import UnsupportedModelError
-from localspec.models.gguf_info import GGUFInfo, check_draft_compatible
+from localspec.drafting.by_text import SAME_VOCAB, TEXT_PAIR
+from localspec.errors import IncompatibleDraftError, UnsupportedModelError
+from localspec.models.gguf_info import GGUFInfo, check_draft_compatible, text_encoding_problem
 
 _MTP_FIX = "draft with ngram, lookahead or a draft model instead"
 
 
-def check_files(target: GGUFInfo, draft: GGUFInfo | None, specs: Sequence[DrafterSpec]) -> None:
-    """Refuse, from the headers alone, a pair or a drafter that cannot run."""
+def check_files(target: GGUFInfo, draft: GGUFInfo | None, specs: Sequence[DrafterSpec]) -> str | None:
+    """Refuse, from the headers alone, a pair or a drafter that cannot run; the kind of pair that can
+    (``pair_kind``; None: no draft model)."""
     refuse_assistant_as_target(target.label, target.architecture)
+    kind = None
     if draft is not None:
-        check_draft_compatible(target, draft)
+        kind = pair_kind(target, draft)
         if draft.architecture in ASSISTANT_TARGETS:
             check_assistant(target, draft)
         if draft.architecture == EAGLE3:
@@ -36,6 +39,41 @@ def check_files(target: GGUFInfo, draft: GGUFInfo | None, specs: Sequence[Drafte
         _refuse_mtp(target.name, target.architecture, target.n_nextn_layers, target.has_mtp,
                     f"declares {target.n_nextn_layers} MTP layer(s) but this GGUF carries no weights for them "
                     f"(the conversion stripped them); use a GGUF that keeps them, or {_MTP_FIX}")
+    return kind
+
+
+def pair_kind(target: GGUFInfo, draft: GGUFInfo) -> str:
+    """How ``draft`` drafts for ``target``: ``SAME_VOCAB`` (llama.cpp's vocabulary rule holds: token ids
+    are shared) or ``TEXT_PAIR`` (another tokenizer: the draft's text is re-encoded, ``drafting.by_text``).
+
+    A draft that reads the target's layers or cache (an assistant, EAGLE-3, DFlash) must share its
+    vocabulary; so must any draft when either tokenizer cannot encode every text (one line says which).
+    """
+    try:
+        check_draft_compatible(target, draft)
+        return SAME_VOCAB
+    except IncompatibleDraftError:
+        if draft.architecture in ASSISTANT_TARGETS or draft.architecture in (EAGLE3, DFLASH):
+            raise
+    for info, role in ((draft, "draft"), (target, "target")):
+        if problem := text_encoding_problem(info):
+            raise IncompatibleDraftError(
+                f"draft {draft.label} has another vocabulary than target {target.label}, and it cannot draft by "
+                f"text: the {role} {info.label}: {problem}; pick a draft from the target's own family")
+    return TEXT_PAIR
+
+
+def draft_by_text(target: Model, draft: Model) -> bool:
+    """Whether the loaded ``draft`` drafts for ``target`` by text (``pair_kind`` from their headers)."""
+    from localspec.models.gguf_info import read_info
+
+    return pair_kind(read_info(target.path), read_info(draft.path)) == TEXT_PAIR
+
+
+def text_pair_notice(target: str, draft: str) -> str:
+    """The one line that says a draft of another tokenizer drafts by text, and what that costs."""
+    return (f"draft {draft} has another tokenizer than {target}: it drafts by text (its text re-encoded into "
+            f"{target}'s tokens each step); a draft of {target}'s own family accepts more for less")
 
 
 def check_models(target: Model, draft: Model | None, specs: Sequence[DrafterSpec]) -> None:

@@ -584,6 +584,8 @@ def load_engine(args: argparse.Namespace, target_ref: Resolved, drafts: DraftRef
     engine = Engine.load(target, draft, specs=drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
                          n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers,
                          split=settings.split, draft_split=settings.draft_split)
+    if engine.pair_notice:
+        print(f"localspec: {engine.pair_notice}", file=sys.stderr)
     return engine, target
 
 

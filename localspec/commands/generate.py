@@ -51,8 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def format_stats(stats: GenerationStats, finish_reason: str) -> str:
-    """Two human lines: speed and acceptance, then where the time went."""
+def format_stats(stats: GenerationStats, finish_reason: str, pair: str | None = None) -> str:
+    """Two human lines: speed and acceptance, then where the time went. ``pair``: how the draft model
+    drafts, named beside its acceptance when it is not by shared token ids (``drafting.by_text``)."""
     line = (f"{stats.tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_second:.1f} tok/s), "
             f"{stats.steps} steps, finish: {finish_reason}")
     if stats.n_ctx:
@@ -61,7 +62,7 @@ def format_stats(stats: GenerationStats, finish_reason: str) -> str:
         line += (f"; the context of {stats.n_ctx} tokens is full" if finish_reason == "context"
                  else f"; context {used} of {stats.n_ctx} tokens used")
     if stats.drafted:
-        line += "\n" + acceptance_line(stats)
+        line += "\n" + acceptance_line(stats) + (f"; draft model: {pair}" if pair else "")
     c = stats.control
     if c is not None:
         line += (f"\ncontroller: {c.draft_steps} drafting steps (mean draft_len {c.mean_draft_len:.1f}), {c.plain_steps} plain, "
@@ -197,5 +198,8 @@ def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opt
     for warning in gen.warnings:
         print(f"localspec: warning: {warning}", file=sys.stderr)
     if not args.quiet:
-        print(format_stats(done.stats, done.finish_reason), file=sys.stderr)
+        from localspec.drafting.by_text import TEXT_PAIR
+
+        pair = TEXT_PAIR if engine.draft_by_text else None
+        print(format_stats(done.stats, done.finish_reason, pair), file=sys.stderr)
     return code

@@ -15,8 +15,9 @@ from localspec.commands.common import (
     resolve_draft_refs,
     resolve_name,
 )
+from localspec.drafting.by_text import TEXT_PAIR, TEXT_PAIR_COST
 from localspec.errors import InvalidOptionError
-from localspec.models.gguf_info import check_draft_compatible, read_info
+from localspec.models.gguf_info import read_info
 from localspec.models.memory import CONTEXT_FLOOR, DEFAULT_RESERVE, gib
 from localspec.models.planner import Plan, plan, split_plan
 from localspec.models.split import Device
@@ -98,8 +99,12 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     target = read_info(model_header(target_ref, offline=args.offline))
     draft = read_info(model_header(draft_ref, offline=args.offline)) if draft_ref is not None else None
+    # The draft shares the target's vocabulary or drafts by text (another tokenizer); else one line refuses it.
+    pair = None
     if draft is not None:
-        check_draft_compatible(target, draft)
+        from localspec.pairing import pair_kind  # here: the command stays importable without llama.cpp
+
+        pair = pair_kind(target, draft)
     if devices is None:
         result = plan(target, draft, vram, n_ctx, args.kv_type, reserve,
                       gpu_offload_supported=_gpu_offload_supported())
@@ -112,9 +117,11 @@ def run(args: argparse.Namespace) -> int:
                             draft_at=None if args.draft_gpu is None else remote + args.draft_gpu,
                             gpu_offload_supported=_gpu_offload_supported())
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        print(json.dumps({**result.to_dict(), "pair": pair}, indent=2, default=str))
     else:
         print(format_plan(result))
+        if pair is not None:
+            print(f"pair: {pair}" + (f" ({TEXT_PAIR_COST})" if pair == TEXT_PAIR else ""))
     return 0
 
 

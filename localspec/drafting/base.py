@@ -255,7 +255,7 @@ def draft_token(logits: np.ndarray, sampler: Sampler, p_min: float) -> tuple[int
     drafter's top probability is below ``p_min`` (it doubts itself: stop drafting).
     """
     if sampler.params.greedy:
-        if p_min > 0.0 and _top_probability(logits) < p_min:
+        if p_min > 0.0 and top_probability(logits) < p_min:
             return None
         return int(np.argmax(logits)), None
     q = sampler.distribution(logits)
@@ -264,7 +264,8 @@ def draft_token(logits: np.ndarray, sampler: Sampler, p_min: float) -> tuple[int
     return sample(q, sampler.rng), q
 
 
-def _top_probability(logits: np.ndarray) -> float:
+def top_probability(logits: np.ndarray) -> float:
+    """The softmax of ``logits`` at its maximum (0 when nothing is finite)."""
     m = float(logits.max())
     return 1.0 / float(np.exp(logits - m, dtype=np.float64).sum()) if np.isfinite(m) else 0.0
 

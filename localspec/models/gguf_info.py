@@ -259,6 +259,31 @@ def tokenizer_fingerprint(source: HeaderSource) -> str:
     return h.hexdigest()
 
 
+_BYTE_TOKENS = tuple(f"<0x{b:02X}>".encode() for b in range(256))
+
+
+def text_encoding_problem(source: GGUFInfo | HeaderSource) -> str | None:
+    """Why ``source``'s tokenizer cannot encode every text, or None when it can.
+
+    A byte-level BPE vocabulary (``gpt2``, ``gemma4``...) spells any bytes; a SentencePiece or Unigram one
+    does when it carries the 256 byte tokens ``<0x00>``..``<0xFF>`` (byte fallback); WordPiece never does.
+    Drafting by text needs both sides to encode whatever the other writes (``drafting.by_text``).
+    """
+    info = _as_info(source)
+    vocab = _read_vocab(_origin(info))
+    kind = _VOCAB_KINDS.get(vocab.vocab_type, (None,))[0]
+    if not vocab.tokens or kind in (None, "NONE"):
+        what = ("no tokenizer" if not vocab.tokens or kind == "NONE"
+                else f"a tokenizer of unknown type {vocab.vocab_type!r}")
+        return f"its GGUF carries {what}, so its tokenizer cannot be loaded"
+    if kind in ("BPE", "RWKV"):
+        return None
+    if kind in ("SPM", "UGM") and set(_BYTE_TOKENS) <= set(vocab.tokens):
+        return None
+    return (f"its {kind} tokenizer has no byte-level fallback (no <0x00>..<0xFF> tokens), so it cannot encode "
+            "every text")
+
+
 # --- draft compatibility (llama.cpp common/speculative.cpp, common_speculative_are_compatible) ----
 
 _VOCAB_MAX_SIZE_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE

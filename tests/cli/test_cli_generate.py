@@ -84,9 +84,15 @@ def test_truncated_gguf(tmp_path, smollm2_path):
     assert_clean_error(localspec("generate", str(cut), "-p", "x"), "truncated")
 
 
-def test_incompatible_draft(smollm2_path, gemma_path):
-    proc = localspec("generate", str(smollm2_path), "--draft", str(gemma_path), "-p", "x")
-    assert_clean_error(proc, "incompatible")
+def test_a_draft_of_another_tokenizer_drafts_by_text(smollm2_path, gemma_path):
+    """Issue 43: no refusal, one notice line on stderr, the reply on stdout."""
+    proc = localspec("generate", str(smollm2_path), "--draft", str(gemma_path), "-p", "The capital of France is",
+                     "--max-tokens", "8", "--draft-max", "3")
+    assert proc.returncode == 0, proc.stderr
+    notices = [ln for ln in proc.stderr.splitlines() if "drafts by text" in ln]
+    assert len(notices) == 1 and notices[0].startswith("localspec: draft Gemma 3 270m has another tokenizer")
+    assert proc.stdout.strip()
+    assert "; draft model: another tokenizer, drafting by text" in proc.stderr  # the stats name the pair kind
 
 
 def test_prompt_longer_than_context(smollm2_path):

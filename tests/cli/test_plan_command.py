@@ -10,7 +10,6 @@ import pytest
 
 from localspec import cli
 from localspec.commands import plan as plan_command
-from localspec.errors import IncompatibleDraftError
 from localspec.models.gguf_info import read_info
 from localspec.llama_facts import DRAFT_N_UBATCH
 from localspec.models.memory import GIB
@@ -69,10 +68,9 @@ def test_plan_command_splits_over_one_size_per_gpu(smollm2_path: Path, gemma_pat
 def test_plan_command_errors_through_the_cli(smollm2_path: Path, gemma_path: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["plan", str(smollm2_path), "--draft", str(gemma_path)]) == 2
+    assert cli.main(["plan", str(smollm2_path), "--draft", str(tmp_path / "missing.gguf")]) == 2
     captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.startswith("localspec: error: draft gemma-3-270m-q4_k_m is incompatible with target")
+    assert captured.out == "" and "model file not found" in captured.err
     assert cli.main(["plan", str(tmp_path / "missing.gguf")]) == 2
     assert "model file not found" in capsys.readouterr().err
     assert cli.main(["plan", str(smollm2_path), "--vram", "lots"]) == 2
@@ -81,9 +79,13 @@ def test_plan_command_errors_through_the_cli(smollm2_path: Path, gemma_path: Pat
     assert "--ctx 'many' is not a token count" in capsys.readouterr().err
 
 
-def test_plan_command_raises_for_incompatible_pair(smollm2_path: Path, gemma_path: Path) -> None:
-    with pytest.raises(IncompatibleDraftError, match="vocabulary type differs"):
-        run_plan([str(gemma_path), "--draft", str(smollm2_path)])
+def test_plan_command_names_the_pair_kind(smollm2_path: Path, gemma_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A draft of another tokenizer drafts by text (issue 43): the plan counts it and says what it costs."""
+    assert run_plan([str(gemma_path), "--draft", str(smollm2_path)]) == 0
+    assert "\npair: another tokenizer, drafting by text (each step re-encodes" in capsys.readouterr().out
+    assert run_plan([str(smollm2_path), "--draft", str(smollm2_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pair"] == "same vocabulary"
 
 
 def _logged_compute_mib() -> float:

@@ -13,3 +13,11 @@ def target(smollm2_path):
     model = Model(smollm2_path)
     yield model
     model.close()
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    """Gemma 3 270M loaded once a module (262k vocabulary; another tokenizer than SmolLM2's)."""
+    model = Model(gemma_path)
+    yield model
+    model.close()

@@ -28,13 +28,6 @@ TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def gemma(gemma_path):
-    model = Model(gemma_path)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
 def references(gemma):
     return [plain_greedy(gemma, gemma.tokenize(p), TOKENS) for p in PROMPTS]
 

@@ -429,3 +429,42 @@ def test_a_full_size_file_with_flipped_header_bytes_is_corrupt(smollm2_path: Pat
     path.write_bytes(bytes(moved))
     with pytest.raises(ModelFileError, match=r"its tensor table is corrupt \(tensor .* starts at offset"):
         read_info(path)
+
+
+# --- drafting by text: which tokenizers can encode any text (issue 43) -----------------------------------
+BYTES = [f"<0x{b:02X}>" for b in range(256)]
+
+
+def test_a_tokenizer_without_byte_fallback_cannot_draft_by_text(tmp_path, gemma_path, smollm2_path):
+    from localspec.models.gguf_info import text_encoding_problem
+
+    assert text_encoding_problem(gemma_path) is None  # SentencePiece with <0x00>..<0xFF>
+    assert text_encoding_problem(smollm2_path) is None  # byte-level BPE
+    assert text_encoding_problem(write_vocab_gguf(tmp_path / "spm.gguf", VOCAB + BYTES, model="llama")) is None
+    problem = text_encoding_problem(write_vocab_gguf(tmp_path / "nobytes.gguf", VOCAB, model="llama"))
+    assert problem is not None and "no byte-level fallback" in problem
+    assert "no byte-level fallback" in (text_encoding_problem(write_vocab_gguf(tmp_path / "w.gguf", model="bert"))
+                                        or "")
+    problem = text_encoding_problem(write_vocab_gguf(tmp_path / "none.gguf", model="none"))
+    assert problem is not None and "tokenizer cannot be loaded" in problem
+
+
+def test_the_pair_kind_names_drafting_by_text_or_refuses_in_one_line(tmp_path, gemma_path, smollm2_path):
+    from localspec.drafting.by_text import SAME_VOCAB, TEXT_PAIR
+    from localspec.pairing import check_files, pair_kind
+
+    gemma, smollm2 = read_info(gemma_path), read_info(smollm2_path)
+    assert pair_kind(smollm2, smollm2) == SAME_VOCAB
+    assert pair_kind(gemma, smollm2) == TEXT_PAIR and pair_kind(smollm2, gemma) == TEXT_PAIR
+    assert check_files(gemma, smollm2, ()) == TEXT_PAIR and check_files(gemma, None, ()) is None
+    no_bytes = read_info(write_vocab_gguf(tmp_path / "nobytes.gguf", VOCAB, model="llama"))
+    with pytest.raises(IncompatibleDraftError) as err:
+        pair_kind(smollm2, no_bytes)
+    assert str(err.value) == (
+        "draft nobytes has another vocabulary than target SmolLM2-135M-Instruct.Q4_1, and it cannot draft by text: "
+        "the draft nobytes: its SPM tokenizer has no byte-level fallback (no <0x00>..<0xFF> tokens), so it "
+        "cannot encode every text; pick a draft from the target's own family")
+    no_tokenizer = read_info(write_vocab_gguf(tmp_path / "none.gguf", model="none"))
+    with pytest.raises(IncompatibleDraftError, match="the target none: its GGUF carries no tokenizer, so its "
+                                                      "tokenizer cannot be loaded"):
+        pair_kind(no_tokenizer, smollm2)
