@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
-
 import numpy as np
 import pytest
 
@@ -118,11 +116,9 @@ def test_sampled_speculation_under_a_grammar_follows_the_constrained_target(targ
     n0 = len(tctx.tokens)
     sampler = Sampler(SamplingParams(temperature=1.0, seed=11))
     joint = _constrained_joint(tctx, grammar, prompt, sampler)
-    texts = Counter(target.detokenize(pair) for pair in joint)
-    assert all(t.split(",")[0] in ("red", "blue", "green", "yellow", "r", "b", "g", "y", "re", "bl", "gr", "ye",
-                                    "yell", "yel", "gre", "gree", "blu") or t.startswith(("red", "blue", "green",
-                                                                                          "yellow"))
-               for t in texts), texts
+    colours = ("red", "blue", "green", "yellow")
+    replies = [f"{a}, {b}" for a in colours for b in colours]
+    assert len(joint) > 5 and all(any(r.startswith(target.detokenize(pair)) for r in replies) for pair in joint)
     drafter = ModelDrafter(Context(Model(smollm2_q4_0_path), n_ctx=256), sampler)
 
     def restart() -> None:
