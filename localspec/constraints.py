@@ -116,15 +116,6 @@ class GrammarShaper:
             return _masked_for_argmax(state, logits)
         return state.mask(logits)
 
-    def forced(self, history: Sequence[int], path: Sequence[int] = ()) -> int | None:
-        """The one token the grammar allows after ``history`` + ``path``, or None when it allows several
-        (or none). Masks the whole vocabulary: milliseconds."""
-        state = self.state(history, path)
-        if state is None:
-            return None
-        allowed = np.flatnonzero(np.isfinite(state.mask(np.zeros(self.grammar.n_vocab, dtype=np.float32))))
-        return int(allowed[0]) if allowed.size == 1 else None
-
 
 def _masked_for_argmax(state: GrammarState, logits: np.ndarray) -> np.ndarray:
     """``logits`` with the tokens ruled out above the most probable allowed one at ``-inf``: its argmax
