@@ -152,3 +152,37 @@ def test_a_greedy_row_is_masked_only_as_far_as_its_argmax_needs(target):
             break
         history.append(last)
     assert ruled_out > 0, "the grammar never overruled the model: the lazy path was not exercised"
+
+
+@pytest.mark.parametrize("right_first", [True, False])
+def test_a_tree_under_a_grammar_keeps_the_constrained_greedy_path(target, right_first):
+    """Tree verification masks each node's row by the grammar's state along that node's own path: the
+    branch plain constrained greedy takes is kept whole, wherever it sits in the batch (not first: the
+    kept tokens are decoded again, ``_place_rest``, and their rows masked there too)."""
+    from localspec.drafting.base import TreeProposal
+    from localspec.drafting.ngram import NgramDrafter
+    from localspec.drafting.tree import tree_from_branches
+    from localspec.speculative import speculative_step
+
+    grammar = Grammar(target, grammar_text(None, SCHEMA))
+    prompt = target.tokenize(PROMPT)
+    ctx = Context(target, n_ctx=512, n_seq=4)
+    ctx.append(prompt[:-1])
+    n0 = len(ctx.tokens)
+    ref_shaper = GrammarShaper(grammar, len(prompt), greedy=True)
+    history, last = list(prompt), prompt[-1]
+    for _ in range(6):  # plain constrained greedy, one row at a time
+        ctx.append([last])
+        last = int(np.argmax(ref_shaper.shape(ctx.logits(-1), history, ())))
+        history.append(last)
+    reference = history[len(prompt):]
+    ctx.rollback_to(n0)
+    right = reference[:4]
+    wrong = [reference[0], reference[1], target.tokenize("zebra", add_special=False)[-1]]
+    sampler = Sampler(SamplingParams(), GrammarShaper(grammar, len(prompt), greedy=True))
+    branches = [right, wrong] if right_first else [wrong, right]
+    proposal = TreeProposal(tree_from_branches(branches), "test")
+    step = speculative_step(ctx, list(prompt), NgramDrafter(), sampler, 4, proposal)
+    assert list(step.tokens) == reference[:5] and step.accepted == 4
+    ctx.append([step.tokens[-1]])  # the cache holds the kept path: the next row is plain decoding's
+    assert int(np.argmax(ref_shaper.shape(ctx.logits(-1), history[:len(prompt) + 5], ()))) == reference[5]
