@@ -101,7 +101,7 @@ class ModelDrafter(DrafterBase):
         self._sync(history)
         base = len(self.ctx.tokens)  # the position of the root's children
         seq_of: dict[tuple[int, ...], int] = {(): 0}
-        root = tree_q(self.ctx.logits(-1), self.sampler)  # read before any node's decode overwrites it
+        root = tree_q(self.ctx.logits(-1), self.sampler, history)  # read before any node's decode overwrites it
 
         def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
             if list(paths) == [()]:
@@ -115,7 +115,7 @@ class ModelDrafter(DrafterBase):
                 positions.append(at)
                 seqs.append((seq,))
             self.ctx.decode(tokens, positions, seqs, [True] * len(tokens))
-            return [tree_q(self.ctx.logits(i), self.sampler) for i in range(len(tokens))]
+            return [tree_q(self.ctx.logits(i), self.sampler, history, path) for i, path in enumerate(paths)]
 
         try:
             return grow_tree(q_at, max_nodes=nodes, max_depth=draft_len, max_width=self.tree_width,
