@@ -20,6 +20,7 @@ from localspec.backend import (
     Context,
     DFlashContext,
     Eagle3Context,
+    Grammar,
     Model,
     MtpContext,
 )
@@ -43,12 +44,13 @@ from localspec.errors import (
     EngineStateError,
     InvalidOptionError,
 )
+from localspec.constraints import GrammarShaper, grammar_text
 from localspec.generation import Generation
 from localspec.llama_facts import DRAFT_N_UBATCH
 from localspec.models.split import DeviceSplit
 from localspec.policy.controller import DRAFT_LEN_MAX, Controller
 from localspec.policy.costs import CostModel
-from localspec.sampling import Sampler, SamplingParams
+from localspec.sampling import RowShaper, Sampler, SamplingParams
 from localspec.validation import check_load_options, is_int, is_real, out_of_range
 
 
@@ -61,6 +63,11 @@ class GenerateOptions:
     from the measured costs and acceptance, including 0 (plain decoding) when
     drafting would not pay. ``p_min``: a draft model stops drafting where its own
     top probability falls below it.
+
+    ``grammar`` (GBNF text) or ``json_schema`` (a JSON Schema as a mapping or JSON text; True: any
+    JSON object) constrains the output: every row, verified or drafted, is masked by the grammar's state
+    after the tokens before it, so speculation stays exact (``localspec.constraints``). A grammar that
+    cannot finish within ``max_tokens`` ends with ``finish_reason == "length"``.
     """
 
     max_tokens: int = 256
@@ -70,6 +77,8 @@ class GenerateOptions:
     p_min: float = 0.0
     speculative: bool = True
     drafter: str | None = None  # from Engine.drafter_names() (a comma list combines); None: all configured
+    grammar: str | None = None
+    json_schema: object = None
 
     def __post_init__(self) -> None:
         # One stop string given alone is that string, not its characters.
@@ -106,6 +115,7 @@ class GenerateOptions:
         if self.drafter is not None and not isinstance(self.drafter, str):
             raise InvalidOptionError(f"drafter must be a drafter's name (str) or None, not "
                                      f"{type(self.drafter).__name__}", param="drafter")
+        grammar_text(self.grammar, self.json_schema)  # both given, or a schema the converter cannot express
 
 
 class _Claim:
@@ -248,6 +258,7 @@ class Engine:
         self.personal_history = personal_history
         self._model_free_specs = model_free
         self._factories: dict[str, DrafterFactory] = {}
+        self._grammars: dict[str, Grammar] = {}  # compiled grammars by their text (Engine.shaper)
         self._listeners: list[Listener] = []  # the drafters that listen to the target's decodes
         if self.draft_ctx is not None:
             draft_ctx = self.draft_ctx
@@ -520,6 +531,20 @@ class Engine:
             assert costs is not None
             self._controller = Controller(costs, ends_line=self.target.ends_line)
         return self._controller
+
+    def shaper(self, opts: GenerateOptions, start: int) -> RowShaper | None:
+        """What shapes every row of a generation whose history starts ``start`` tokens long: the grammar
+        ``opts`` constrains it by (None: nothing). Compiled grammars are kept by their text (a server
+        answers one schema many times). ``InvalidOptionError`` for a grammar that does not parse."""
+        text = grammar_text(opts.grammar, opts.json_schema)
+        if text is None:
+            return None
+        grammar = self._grammars.get(text)
+        if grammar is None:
+            if len(self._grammars) >= 8:
+                self._grammars.pop(next(iter(self._grammars)))
+            grammar = self._grammars[text] = Grammar(self.target, text)
+        return GrammarShaper(grammar, start, greedy=opts.sampling.greedy)
 
     def make_drafters(self, sampler: Sampler, opts: GenerateOptions) -> list[Drafter]:
         """The drafters ``opts`` asks for (all configured ones by default; none for plain decoding)."""

@@ -132,7 +132,7 @@ class Generation(Iterator[Event]):
         self._superseded = False
         self.prompt = prompt
         self.opts = opts
-        self.sampler = Sampler(opts.sampling)
+        self.sampler = Sampler(opts.sampling, engine.shaper(opts, len(prompt)))
         self.drafters = engine.make_drafters(self.sampler, opts)
         # Costs this machine has not measured yet are measured in the background (where the engine
         # allows it): the reply starts at once, plain, and speculation starts once they are known.

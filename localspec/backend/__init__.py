@@ -23,6 +23,9 @@ bindings and offers what the engine needs and nothing more, one module a job:
   ``Eagle3Context`` (an EAGLE-3 draft: an encoder over the target's tapped layer
   inputs and one decoder block) and ``DFlashContext`` (a DFlash draft: the target's
   features injected into its cache, a block of drafts from one pass);
+* ``grammar``: ``Grammar``, a GBNF grammar compiled by llama.cpp's grammar
+  sampler over a model's vocabulary, its states (mask a row, allow, accept,
+  clone), and ``schema_grammar``, llama.cpp's JSON-schema converter;
 * ``feature_taps``: the layer-input taps an EAGLE-3 draft reads, bound by their
   mangled names like the NextN functions.
 
@@ -54,13 +57,14 @@ from localspec.backend.draft_contexts import (
                                      MtpContext,
 )
 from localspec.backend.devices import local_gpus, on_fatal, parse_endpoints, probe, rpc_devices
+from localspec.backend.grammar import Grammar, GrammarState, schema_grammar
 from localspec.backend.model import Model, model_params, quantize
 from localspec.backend.feature_taps import eagle3_unavailable_reason
 from localspec.backend.nextn import mtp_unavailable_reason
 
 __all__ = [
     "ASSISTANT_TARGETS", "AssistantContext", "Context", "DFlashContext", "DecodeListener",
-    "Eagle3Context", "Model", "MtpContext", "batch_invariant", "cpu_switches",
+    "Eagle3Context", "Grammar", "GrammarState", "Model", "MtpContext", "batch_invariant", "cpu_switches",
     "cpu_flash_attention", "local_gpus", "model_params", "on_fatal", "parse_endpoints", "probe", "rpc_devices", "default_threads", "gpu_devices", "gpu_offload_supported", "library_version",
     "eagle3_unavailable_reason", "mtp_unavailable_reason", "patched", "quantize", "recent_log", "repack_inexact_types",
     "repack_is_exact", "system_info",

@@ -182,7 +182,8 @@ def check_engine_options(args: argparse.Namespace) -> None:
 FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed",
          "max_tokens": "--max-tokens", "draft_len": "--draft-max", "p_min": "--draft-p-min", "n_ctx": "--ctx",
          "rounds": "--rounds", "stop": "--stop", "rpc": "--rpc", "gpus": "--gpus", "draft_gpu": "--draft-gpu",
-         "split_mode": "--split-mode", "n_threads": "--threads", "n_gpu_layers": "--gpu-layers"}
+         "split_mode": "--split-mode", "n_threads": "--threads", "n_gpu_layers": "--gpu-layers",
+         "grammar": "--grammar", "json_schema": "--json-schema"}
 
 
 def flag_message(err: Exception) -> str:

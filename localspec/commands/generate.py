@@ -24,6 +24,7 @@ from localspec.commands.common import (
     stop_on_signals,
     write_out,
 )
+from localspec.errors import InvalidOptionError
 from localspec.events import DoneEvent, GenerationStats, PrefillEvent, TokenEvent
 
 
@@ -47,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="system prompt, before the prompt in the chat template (implies --chat)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, finish_reason, stats")
     p.add_argument("--quiet", "-q", action="store_true", help="no statistics on stderr")
+    p.add_argument("--grammar", default=None, metavar="FILE",
+                   help="constrain the output by the GBNF grammar in FILE (llama.cpp's grammar syntax)")
+    p.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="constrain the output to JSON valid under the JSON Schema in FILE")
     add_sampling_options(p)
     p.set_defaults(func=run)
 
@@ -113,10 +118,33 @@ def context_notice(asked: str | None, used: int) -> str | None:
             f"multiples of 256 tokens")
 
 
+def constrained(opts: "GenerateOptions", args: argparse.Namespace) -> "GenerateOptions":
+    """``opts`` with the grammar or JSON schema the files of ``--grammar`` / ``--json-schema`` hold,
+    checked before any model is touched (whether a grammar parses is the engine's check)."""
+    import dataclasses
+
+    grammar = _read_option_file(args.grammar, "--grammar") if args.grammar is not None else None
+    schema = _read_option_file(args.json_schema, "--json-schema") if args.json_schema is not None else None
+    if grammar is None and schema is None:
+        return opts
+    opts = dataclasses.replace(opts, grammar=grammar, json_schema=schema)
+    opts.validate()  # both given, a schema that is not JSON or that the converter cannot express
+    return opts
+
+
+def _read_option_file(path: str, flag: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise InvalidOptionError(f"{flag} {path}: cannot read it ({why}); give a readable text file") from None
+
+
 def run(args: argparse.Namespace) -> int:
     stop_on_signals()
     check_engine_options(args)
-    opts = generate_options(args)
+    opts = constrained(generate_options(args), args)
     # Every name and the prompt are checked before anything is downloaded.
     target_ref = resolve_ref(args.model)
     drafts = resolve_draft_refs(args.draft)

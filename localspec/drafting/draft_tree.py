@@ -48,11 +48,15 @@ TREE_WIDTH = 3
 """The most children a node of a model drafter's tree may have (the controller chooses how many nodes)."""
 
 
-def tree_q(logits: np.ndarray, sampler: Sampler) -> np.ndarray:
+def tree_q(logits: np.ndarray, sampler: Sampler, history: Sequence[int] = (), path: Sequence[int] = ()) -> np.ndarray:
     """The q a tree's children are grown from: the target's own sampling settings applied to the draft's
     logits (the children are drawn from it), or at temperature 0 the plain softmax (scores only: the
-    children are its most probable tokens, whatever the sampling settings cut)."""
-    logits = np.asarray(logits, dtype=np.float64)
+    children are its most probable tokens, whatever the sampling settings cut). With the sampler's
+    shaper (a grammar), the logits are first shaped as the target's row after ``history`` + ``path``
+    (the node's token path); a row it rules out whole gets no children (q all zero)."""
+    logits = np.asarray(sampler.shaped(logits, history, path), dtype=np.float64)
+    if sampler.shaper is not None and not np.isfinite(logits.max()):
+        return np.zeros(logits.size)
     if sampler.params.greedy:
         e = np.exp(logits - logits.max())
         return e / e.sum()

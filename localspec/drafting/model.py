@@ -88,7 +88,7 @@ class ModelDrafter(DrafterBase):
         if self._branch:
             self.ctx.copy_seq(0, _BRANCH)
         try:
-            return self._draft(draft_len)
+            return self._draft(history, draft_len)
         finally:
             if self._branch:
                 self.ctx.remove_seq(_BRANCH)
@@ -101,7 +101,7 @@ class ModelDrafter(DrafterBase):
         self._sync(history)
         base = len(self.ctx.tokens)  # the position of the root's children
         seq_of: dict[tuple[int, ...], int] = {(): 0}
-        root = tree_q(self.ctx.logits(-1), self.sampler)  # read before any node's decode overwrites it
+        root = tree_q(self.ctx.logits(-1), self.sampler, history)  # read before any node's decode overwrites it
 
         def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
             if list(paths) == [()]:
@@ -115,7 +115,7 @@ class ModelDrafter(DrafterBase):
                 positions.append(at)
                 seqs.append((seq,))
             self.ctx.decode(tokens, positions, seqs, [True] * len(tokens))
-            return [tree_q(self.ctx.logits(i), self.sampler) for i in range(len(tokens))]
+            return [tree_q(self.ctx.logits(i), self.sampler, history, path) for i, path in enumerate(paths)]
 
         try:
             return grow_tree(q_at, max_nodes=nodes, max_depth=draft_len, max_width=self.tree_width,
@@ -124,13 +124,13 @@ class ModelDrafter(DrafterBase):
             for seq in range(1, len(seq_of)):
                 self.ctx.remove_seq(seq)
 
-    def _draft(self, draft_len: int) -> Proposal:
+    def _draft(self, history: Sequence[int], draft_len: int) -> Proposal:
         greedy = self.sampler.params.greedy
         pos = len(self.ctx.tokens)
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(draft_len):
-            picked = draft_token(self.ctx.logits(-1), self.sampler, self.p_min)
+            picked = draft_token(self.ctx.logits(-1), self.sampler, self.p_min, history, tokens)
             if picked is None:
                 break
             tok, q = picked

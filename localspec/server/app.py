@@ -202,8 +202,14 @@ def prepare_for(parsed: Request, base: "GenerateOptions | None" = None) -> Calla
         room = engine.n_ctx - len(tokens)  # no max_tokens: until a stop or the end of the context, as OpenAI does
         opts = dataclasses.replace(base or GenerateOptions(), max_tokens=parsed.max_tokens or room,
                                    sampling=parsed.sampling, stop=parsed.stop, speculative=parsed.speculative,
-                                   drafter=parsed.drafter)
-        return engine.generate(tokens, opts)
+                                   drafter=parsed.drafter, grammar=parsed.grammar, json_schema=parsed.json_schema)
+        try:
+            return engine.generate(tokens, opts)
+        except InvalidOptionError as err:
+            if err.param in ("grammar", "json_schema") and parsed.constraint_param:
+                raise RequestError(err.named(parsed.constraint_param), param=parsed.constraint_param,
+                                   code="invalid_value") from None
+            raise
 
     return prepare
 

@@ -66,13 +66,16 @@ class Request:
     include_usage: bool = False
     drafter: str | None = None
     speculative: bool = True
+    grammar: str | None = None
+    json_schema: Any = None
+    constraint_param: str | None = None  # the field the grammar or schema came from, for its errors
 
 
 # --- the tables -------------------------------------------------------------------------------
 MAPPED_COMMON = ("model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                 "max_tokens", "localspec")
+                 "max_tokens", "localspec", "grammar", "json_schema")
 MAPPED = {
-    "chat": MAPPED_COMMON + ("messages", "max_completion_tokens"),
+    "chat": MAPPED_COMMON + ("messages", "max_completion_tokens", "response_format"),
     "completion": MAPPED_COMMON + ("prompt",),
 }
 
@@ -96,10 +99,6 @@ def _empty(value: Any) -> bool:
     return value is None or value == [] or value == {}
 
 
-def _text_format(value: Any) -> bool:
-    return value is None or value == {"type": "text"}
-
-
 _NO_TOOLS = "tool calling is not supported"
 _NO_LOGPROBS = "log-probabilities are not returned"
 _NO_PENALTIES = "penalties and logit bias are not implemented; localspec samples the target's distribution as it is"
@@ -120,7 +119,6 @@ NEUTRAL: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "tool_choice": (_is("none"), _NO_TOOLS),
         "functions": (_empty, _NO_TOOLS),
         "function_call": (_is("none"), _NO_TOOLS),
-        "response_format": (_text_format, 'only {"type": "text"} is supported: structured output is not enforced'),
         "modalities": (_is(["text"]), "only text is generated"),
         "audio": (_absent, "only text is generated"),
         "prediction": (_absent, "predicted outputs are not supported (the drafters already propose the reply)"),
@@ -196,9 +194,11 @@ def _request(endpoint: str, fields: Mapping[str, Any], drafters: Sequence[str], 
         _object_of(options, "stream_options", ("include_usage",), "an object")
         include_usage = _boolean(options, "include_usage", False, prefix="stream_options.")
     speculative, drafter = parse_extension(fields.get("localspec"), drafters)
+    grammar, json_schema, where = parse_constraint(fields)
     return Request(endpoint=endpoint, model=_model(fields.get("model")), sampling=parse_sampling(fields),
                    stop=parse_stop(fields.get("stop")), stream=stream, include_usage=include_usage,
-                   drafter=drafter, speculative=speculative, **parsed)
+                   drafter=drafter, speculative=speculative, grammar=grammar, json_schema=json_schema,
+                   constraint_param=where, **parsed)
 
 
 # --- the fields -------------------------------------------------------------------------------
@@ -211,6 +211,57 @@ def parse_sampling(fields: Mapping[str, Any]) -> SamplingParams:
     top_k = _integer(fields, "top_k", 0, low=0, rule="an integer >= 0; 0 switches it off")
     seed = _integer(fields, "seed", None, low=0, high=MAX_SEED - 1, rule="an integer in [0, 2**63)")
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+
+
+def parse_constraint(fields: Mapping[str, Any]) -> tuple[str | None, Any, str | None]:
+    """(GBNF text, JSON schema, the field they came from) for what constrains the reply: OpenAI's
+    ``response_format`` (``text``; ``json_object``: any JSON object; ``json_schema``: its ``schema``,
+    enforced whether ``strict`` or not) or llama-server's ``grammar`` and ``json_schema``; at most one.
+    Whether the grammar parses, or the schema converts, is the engine's check (``Engine.shaper``)."""
+    given = [name for name in ("response_format", "grammar", "json_schema") if fields.get(name) is not None]
+    if len(given) > 1:
+        raise RequestError(f"{given[0]} and {given[1]} both constrain the reply; send one of them", param=given[1],
+                           code="invalid_value")
+    if not given:
+        return None, None, None
+    name = given[0]
+    value = fields[name]
+    if name == "grammar":
+        if not isinstance(value, str):
+            raise _wrong_type("grammar", value, "GBNF text (a string)")
+        return value, None, "grammar"
+    if name == "json_schema":
+        if not isinstance(value, dict):
+            raise _wrong_type("json_schema", value, "a JSON Schema object")
+        return None, value, "json_schema"
+    if not isinstance(value, dict):
+        raise _wrong_type("response_format", value, 'an object such as {"type": "json_object"}')
+    kind = value.get("type")
+    if kind == "text":
+        _object_of(value, "response_format", ("type",), '{"type": "text"}')
+        return None, None, None
+    if kind == "json_object":
+        _object_of(value, "response_format", ("type",), '{"type": "json_object"}')
+        return None, True, "response_format"
+    if kind == "json_schema":
+        _object_of(value, "response_format", ("type", "json_schema"), '{"type": "json_schema", "json_schema": {...}}')
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise _wrong_type("response_format.json_schema", spec,
+                              'an object such as {"name": "person", "schema": {...}, "strict": true}')
+        _object_of(spec, "response_format.json_schema", ("name", "description", "schema", "strict"),
+                   "an object with name, description, schema and strict")
+        schema = spec.get("schema")
+        if schema is None:
+            schema = {}  # as llama-server: no schema, any JSON object
+        if not isinstance(schema, dict):
+            raise _wrong_type("response_format.json_schema.schema", schema, "a JSON Schema object")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise _wrong_type("response_format.json_schema.strict", strict, "true or false")
+        return None, schema, "response_format.json_schema.schema"
+    raise RequestError(f"response_format.type {_show(kind)} is not one of text, json_object, json_schema",
+                       param="response_format.type", code="invalid_value")
 
 
 def parse_messages(value: Any) -> tuple[Message, ...]:

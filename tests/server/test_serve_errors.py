@@ -45,7 +45,6 @@ def test_wrong_types_and_ranges_name_the_field(server: Served) -> None:
 @pytest.mark.parametrize("fields,param", [
     ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"tools": [{"type": "function", "function": {"name": "f"}}]},
                                                         "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
 ])
 def test_the_official_client_hears_what_is_refused(server: Served, fields: dict, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as caught:

@@ -88,7 +88,7 @@ def test_out_of_range_values_name_the_field(field: str, value: object) -> None:
 
 @pytest.mark.parametrize("field,value", [
     ("n", 2), ("logprobs", True), ("top_logprobs", 3), ("tools", [{"type": "function"}]), ("tool_choice", "auto"),
-    ("response_format", {"type": "json_object"}), ("presence_penalty", 0.5), ("frequency_penalty", 1),
+    ("presence_penalty", 0.5), ("frequency_penalty", 1),
     ("logit_bias", {"42": 3}), ("functions", [{}]), ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
 ])
 def test_features_this_server_lacks_are_refused(field: str, value: object) -> None:
@@ -215,3 +215,44 @@ def test_the_error_body_is_openais_shape() -> None:
     err = refused(parse_chat, {"messages": HELLO, "n": 3}, "n")
     assert err.body() == {"error": {"message": str(err), "type": "invalid_request_error", "param": "n",
                                     "code": "unsupported_parameter"}}
+
+
+# --- what constrains the reply: response_format, and llama-server's grammar and json_schema ----------
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+@pytest.mark.parametrize("fields,grammar,schema,param", [
+    ({"response_format": {"type": "text"}}, None, None, None),
+    ({"response_format": {"type": "json_object"}}, None, True, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}},
+     None, PERSON, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p"}}}, None, {},
+     "response_format.json_schema.schema"),
+    ({"grammar": 'root ::= "yes" | "no"'}, 'root ::= "yes" | "no"', None, "grammar"),
+    ({"json_schema": PERSON}, None, PERSON, "json_schema"),
+])
+def test_a_constraint_becomes_the_requests_grammar_or_schema(fields, grammar, schema, param) -> None:
+    for parse, base in ((parse_chat, {"messages": HELLO}), (parse_completion, {"prompt": "x"})):
+        if parse is parse_completion and "response_format" in fields:
+            continue
+        request = parse({**base, **fields})
+        assert (request.grammar, request.json_schema, request.constraint_param) == (grammar, schema, param)
+
+
+@pytest.mark.parametrize("fields,param,code", [
+    ({"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
+    ({"response_format": "json"}, "response_format", "invalid_type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "invalid_type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": [1]}}},
+     "response_format.json_schema.schema", "invalid_type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": "yes"}}},
+     "response_format.json_schema.strict", "invalid_type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "shape": {}}}},
+     "response_format.json_schema.shape", "unknown_parameter"),
+    ({"response_format": {"type": "json_object", "schema": {}}}, "response_format.schema", "unknown_parameter"),
+    ({"grammar": 3}, "grammar", "invalid_type"),
+    ({"json_schema": "{}"}, "json_schema", "invalid_type"),
+    ({"grammar": 'root ::= "a"', "json_schema": PERSON}, "json_schema", "invalid_value"),
+])
+def test_a_malformed_constraint_names_its_field(fields, param, code) -> None:
+    refused(parse_chat, {"messages": HELLO, **fields}, param, code=code)
