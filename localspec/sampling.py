@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -336,13 +337,68 @@ def _invert(w: np.ndarray, u: float) -> int:
     return i
 
 
-class Sampler:
-    """params + a np.random.Generator seeded from params.seed (None -> fresh entropy)."""
+class RowShaper(Protocol):
+    """What changes a row's logits by the tokens before that row: a grammar's mask, penalties, a bias.
 
-    def __init__(self, params: SamplingParams) -> None:
+    Exactness under speculation needs every row judged by the distribution plain decoding would have
+    used at that position, and plain decoding shapes its one row by everything generated so far. A
+    verification batch holds rows after ``history`` plus a drafted ``path``, so a shaper is asked for
+    one row at a time with both: ``history`` is the generation's tokens (the prompt and every kept
+    token, the unfed last one included), which only grows, and only by kept tokens, while a
+    generation runs; ``path`` the drafted tokens between its end and the row (``()`` for the row right
+    after ``history``). A shaper may therefore advance its own state along ``history`` for good and
+    must treat ``path`` as a guess that the next call may contradict (the speculative states are
+    "rolled back" by not keeping them). The draft side asks the same (``Sampler.shaped``) before it
+    proposes, so rejection sampling runs between two equally shaped distributions.
+
+    ``shape`` never modifies ``logits`` (it may be a view on llama.cpp's memory): it returns them
+    unchanged or a new array of the same length, where ``-inf`` rules a token out.
+    """
+
+    def shape(self, logits: np.ndarray, history: Sequence[int], path: Sequence[int]) -> np.ndarray:
+        """The logits of the row that follows ``history`` + ``path``, shaped."""
+        ...
+
+
+class ShaperChain:
+    """Several shapers applied in order (penalties, then a grammar's mask): itself a ``RowShaper``."""
+
+    __slots__ = ("shapers",)
+
+    def __init__(self, shapers: Iterable[RowShaper]) -> None:
+        self.shapers: tuple[RowShaper, ...] = tuple(shapers)
+
+    def shape(self, logits: np.ndarray, history: Sequence[int], path: Sequence[int]) -> np.ndarray:
+        for shaper in self.shapers:
+            logits = shaper.shape(logits, history, path)
+        return logits
+
+
+def compose(*shapers: RowShaper | None) -> RowShaper | None:
+    """One shaper for the given ones, in order, Nones left out; None when none is left (no shaping, the
+    unconstrained hot path)."""
+    present = [s for s in shapers if s is not None]
+    if not present:
+        return None
+    return present[0] if len(present) == 1 else ShaperChain(present)
+
+
+class Sampler:
+    """params + a np.random.Generator seeded from params.seed (None -> fresh entropy), and the
+    ``shaper`` (None: none) every row is shaped by before it is judged or sampled."""
+
+    def __init__(self, params: SamplingParams, shaper: RowShaper | None = None) -> None:
         params.validate()
         self.params: SamplingParams = params
         self.rng: np.random.Generator = np.random.default_rng(params.seed)
+        self.shaper: RowShaper | None = shaper
+
+    def shaped(self, logits: np.ndarray, history: Sequence[int], path: Sequence[int] = ()) -> np.ndarray:
+        """``logits`` of the row after ``history`` + ``path`` as the shaper shapes them (themselves,
+        uncopied, without a shaper)."""
+        if self.shaper is None:
+            return logits
+        return self.shaper.shape(logits, history, path)
 
     def distribution(self, logits: np.ndarray) -> np.ndarray:
         """:func:`distribution` of ``logits`` under this sampler's params."""

@@ -33,7 +33,7 @@ from localspec.backend import Context
 from localspec.drafting.base import Drafter, Proposal, TreeProposal
 from localspec.events import StepEvent, TokenLogprob
 from localspec.logprobs import token_logprob
-from localspec.sampling import Sampler, sample
+from localspec.sampling import RowShaper, Sampler, sample
 
 NO_PROPOSAL = Proposal()
 T = TypeVar("T")
@@ -50,7 +50,7 @@ class _LazyRows(Sequence[T]):
 
     __slots__ = ("_ctx", "_n", "_read", "_cache")
 
-    def __init__(self, ctx: Context, n: int, read: Callable[[np.ndarray], T]) -> None:
+    def __init__(self, ctx: Context | _ShapedRows, n: int, read: Callable[[np.ndarray], T]) -> None:
         self._ctx, self._n, self._read = ctx, n, read
         self._cache: list[T | None] = [None] * n
 
@@ -71,6 +71,21 @@ class _LazyRows(Sequence[T]):
         if not 0 <= i < self._n:
             raise IndexError(i)
         return self[i]
+
+
+class _ShapedRows:
+    """A context's verified rows as the sampler's shaper shapes them (``sampling.RowShaper``): row ``i``
+    follows ``history`` + ``path_of(i)``, the drafted tokens between the history and that row. It stands
+    in for the context where ``_LazyRows`` reads rows, so only a constrained step pays for shaping."""
+
+    __slots__ = ("_ctx", "_shaper", "_history", "_path_of")
+
+    def __init__(self, ctx: Context, shaper: RowShaper, history: Sequence[int],
+                 path_of: Callable[[int], Sequence[int]]) -> None:
+        self._ctx, self._shaper, self._history, self._path_of = ctx, shaper, history, path_of
+
+    def logits(self, i: int) -> np.ndarray:
+        return self._shaper.shape(self._ctx.logits(i), self._history, self._path_of(i))
 
 
 _argmax_of = np.ndarray.argmax
@@ -212,20 +227,25 @@ def _verify_chain(target: Context, history: Sequence[int], draft: Sequence[int],
         target.decode((last,), (n_past,), None, None)
         target.tokens.append(last)
         logits = target.logits(0)
+        if sampler.shaper is not None:
+            logits = sampler.shaper.shape(logits, history, ())
         if lps is not None:
             lps.add(logits)
         return (), (_argmax(logits) if sampler.params.greedy else sample(sampler.distribution(logits), sampler.rng))
     batch = [last, *draft]
     target.decode(batch, range(n_past, n_past + len(batch)), None, [True] * len(batch))
     target.tokens.extend(batch)
+    rows: Context | _ShapedRows = target
+    if sampler.shaper is not None:
+        rows = _ShapedRows(target, sampler.shaper, history, lambda i: draft[:i])
     verdict: Verdict
     if sampler.params.greedy:
-        verdict = accept_greedy(draft, _LazyRows(target, len(batch), _argmax))
+        verdict = accept_greedy(draft, _LazyRows(rows, len(batch), _argmax))
     else:
-        verdict = accept_sampled(draft, probs, _LazyRows(target, len(batch), sampler.distribution), sampler.rng)
+        verdict = accept_sampled(draft, probs, _LazyRows(rows, len(batch), sampler.distribution), sampler.rng)
     if lps is not None:  # emitted token i (the accepted drafts, then the target's own) came from row i
         for i in range(verdict.n_accepted + 1):
-            lps.add(target.logits(i))
+            lps.add(rows.logits(i))
     target.rollback_to(n_past + 1 + verdict.n_accepted)
     return tuple(draft[: verdict.n_accepted]), verdict.next_token
 
@@ -280,13 +300,18 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
     def row_of(node: int) -> int:
         return 0 if node == ROOT else row[node]
 
+    source: Context | _ShapedRows = target
+    if sampler.shaper is not None:
+        node_at = [ROOT, *order]  # batch row -> node
+        source = _ShapedRows(target, sampler.shaper, history,
+                             lambda i: tuple(tree.tokens[n] for n in tree.path(node_at[i])))
     if sampler.params.greedy:
-        result = accept_tree(tree, lambda node: _argmax(target.logits(row_of(node))))
+        result = accept_tree(tree, lambda node: _argmax(source.logits(row_of(node))))
     elif proposal.child_q is not None:
-        result = _accept_sampled_tree(tree, proposal.child_q, _LazyRows(target, len(tree) + 1, sampler.distribution),
+        result = _accept_sampled_tree(tree, proposal.child_q, _LazyRows(source, len(tree) + 1, sampler.distribution),
                                       row_of, sampler)
     else:
-        rows = _LazyRows(target, len(tree) + 1, sampler.distribution)
+        rows = _LazyRows(source, len(tree) + 1, sampler.distribution)
         result = accept_tree(tree, lambda node: sample(rows[row_of(node)], sampler.rng))
     if extra is not None:
         first_extra = len(tree) + 1
@@ -304,7 +329,7 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
         in_place += 1
     if lps is not None:  # the rows before the first misplaced node (the rest are decoded again below)
         for node in (ROOT, *path[:in_place]):
-            lps.add(target.logits(row_of(node)))
+            lps.add(source.logits(row_of(node)))
     if in_place:
         keep_seq = node_seqs[path[in_place - 1]][0]
         target.copy_seq(keep_seq, 0, n_past + 1, n_past + 1 + in_place)
@@ -313,10 +338,10 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
     target.tokens.extend([history[-1], *result.tokens[:in_place]])
     if in_place == len(path):
         return result.tokens, result.next_token
-    return _place_rest(target, result.tokens, in_place, result.next_token, sampler, lps)
+    return _place_rest(target, history, result.tokens, in_place, result.next_token, sampler, lps)
 
 
-def _place_rest(target: Context, accepted: tuple[int, ...], in_place: int, next_token: int,
+def _place_rest(target: Context, history: Sequence[int], accepted: tuple[int, ...], in_place: int, next_token: int,
                 sampler: Sampler, lps: _Logprobs | None = None) -> tuple[tuple[int, ...], int]:
     """Decode ``accepted[in_place:]`` again, as one batch at the end of sequence 0, and return what to emit.
 
@@ -344,10 +369,12 @@ def _place_rest(target: Context, accepted: tuple[int, ...], in_place: int, next_
     if not greedy:
         if lps is not None:
             for k in range(len(rest)):
-                lps.add(target.logits(k))
+                lps.add(sampler.shaped(target.logits(k), history, accepted[:in_place + k + 1]))
         return accepted, next_token
     for k in range(len(rest)):
         logits = target.logits(k)
+        if sampler.shaper is not None:  # the row after history + accepted[:in_place + k + 1]
+            logits = sampler.shaper.shape(logits, history, accepted[:in_place + k + 1])
         if lps is not None:
             lps.add(logits)
         choice = _argmax(logits)

@@ -96,7 +96,7 @@ class AssistantDrafter(DrafterBase):
             logits = self.head.logits()
             if not np.isfinite(logits.max()):
                 break  # no cell to attend to (a cache cleared under it): never a draft from NaN
-            picked = draft_token(logits, self.sampler, self.p_min)
+            picked = draft_token(logits, self.sampler, self.p_min, history, tokens)
             if picked is None:
                 break
             token, q = picked

@@ -246,14 +246,23 @@ class DrafterBase:
         pass
 
 
-def draft_token(logits: np.ndarray, sampler: Sampler, p_min: float) -> tuple[int, np.ndarray | None] | None:
+def draft_token(logits: np.ndarray, sampler: Sampler, p_min: float, history: Sequence[int] = (),
+                path: Sequence[int] = ()) -> tuple[int, np.ndarray | None] | None:
     """The token a model-based drafter (a draft model, an MTP head) proposes from ``logits``.
 
     Greedy: the argmax, with no distribution (verification matches it). Otherwise a
     sample from q, the target's own sampling settings applied to the drafter's
     logits, returned with q so rejection sampling can use it. None when the
     drafter's top probability is below ``p_min`` (it doubts itself: stop drafting).
+
+    ``history`` + ``path`` (the tokens this proposal drafted so far): what precedes the row, for the
+    sampler's shaper (a grammar), which shapes the draft's logits as it shapes the target's row there,
+    so a draft never proposes what the target's row rules out. None when it rules out everything.
     """
+    if sampler.shaper is not None:
+        logits = sampler.shaper.shape(logits, history, path)
+        if not np.isfinite(logits.max()):
+            return None
     if sampler.params.greedy:
         if p_min > 0.0 and _top_probability(logits) < p_min:
             return None

@@ -188,7 +188,8 @@ class DFlashDrafter(DrafterBase):
                 confidence = self.head.confidence(i)
                 if confidence is not None and confidence < self.p_min:
                     break
-                picked = draft_token(self.head.logits(i), self.sampler, self.p_min if confidence is None else 0.0)
+                picked = draft_token(self.head.logits(i), self.sampler, self.p_min if confidence is None else 0.0,
+                                     history, tokens)
                 if picked is None:
                     break
                 tok, q = picked

@@ -213,7 +213,7 @@ class Eagle3Drafter(DrafterBase):
         pos = len(history) - 1
         try:
             for depth in range(draft_len):
-                picked = draft_token(self.head.logits(row), self.sampler, self.p_min)
+                picked = draft_token(self.head.logits(row), self.sampler, self.p_min, history, tokens)
                 if picked is None:
                     break
                 tok, q = picked

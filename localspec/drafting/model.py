@@ -88,7 +88,7 @@ class ModelDrafter(DrafterBase):
         if self._branch:
             self.ctx.copy_seq(0, _BRANCH)
         try:
-            return self._draft(draft_len)
+            return self._draft(history, draft_len)
         finally:
             if self._branch:
                 self.ctx.remove_seq(_BRANCH)
@@ -124,13 +124,13 @@ class ModelDrafter(DrafterBase):
             for seq in range(1, len(seq_of)):
                 self.ctx.remove_seq(seq)
 
-    def _draft(self, draft_len: int) -> Proposal:
+    def _draft(self, history: Sequence[int], draft_len: int) -> Proposal:
         greedy = self.sampler.params.greedy
         pos = len(self.ctx.tokens)
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         for i in range(draft_len):
-            picked = draft_token(self.ctx.logits(-1), self.sampler, self.p_min)
+            picked = draft_token(self.ctx.logits(-1), self.sampler, self.p_min, history, tokens)
             if picked is None:
                 break
             tok, q = picked

@@ -226,7 +226,7 @@ class MtpDrafter(DrafterBase):
         # each head's own output for the token it drafted.
         chain = [self.rows.row(history, pos0 - 1)]
         for depth in range(draft_len):
-            picked = draft_token(self.head.logits(row), self.sampler, self.p_min)
+            picked = draft_token(self.head.logits(row), self.sampler, self.p_min, history, tokens)
             if picked is None:
                 break
             tok, q = picked

@@ -561,3 +561,69 @@ def test_validate_message_format() -> None:
         "top_p 1.5 is out of range: top_p must be in (0, 1]; "
         "pass 1 to switch it off or a value such as 0.95"
     )
+
+
+# --- row shapers: the hook a grammar or a penalty shapes each row through ---------------------------
+
+class _Ban:
+    """A hand-made shaper: rules out ``token`` after any prefix whose last token is ``after``."""
+
+    def __init__(self, after: int, token: int) -> None:
+        self.after, self.token, self.calls = after, token, []
+
+    def shape(self, logits, history, path):
+        self.calls.append((tuple(history), tuple(path)))
+        prefix = (*history, *path)
+        if not prefix or prefix[-1] != self.after:
+            return logits
+        out = np.array(logits, dtype=np.float32)
+        out[self.token] = -np.inf
+        return out
+
+
+class _Add:
+    def __init__(self, delta: np.ndarray) -> None:
+        self.delta = delta
+
+    def shape(self, logits, history, path):
+        return np.asarray(logits) + self.delta
+
+
+def test_a_sampler_without_shaper_hands_back_the_very_logits():
+    logits = frozen([1.0, 2.0, 3.0])
+    assert Sampler(SamplingParams()).shaped(logits, [1, 2], (3,)) is logits
+
+
+def test_compose_drops_nones_and_applies_shapers_in_order():
+    assert sampling.compose(None, None) is None
+    ban = _Ban(after=7, token=2)
+    assert sampling.compose(None, ban) is ban
+    chain = sampling.compose(_Add(np.array([0.0, 0.0, 5.0])), ban)
+    logits = frozen([1.0, 2.0, 3.0])
+    # the bias raises token 2 to the top, then the ban rules it out after a 7
+    assert int(np.argmax(chain.shape(logits, [7], ()))) == 1
+    assert int(np.argmax(chain.shape(logits, [1], ()))) == 2
+    assert int(np.argmax(chain.shape(logits, [1], (7,)))) == 1  # the drafted path counts as the prefix
+    assert list(logits) == [1.0, 2.0, 3.0]  # never modified
+
+
+def test_a_shaped_distribution_gives_a_ruled_out_token_no_mass():
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=3), _Ban(after=0, token=2))
+    p = sampler.distribution(sampler.shaped(frozen([1.0, 2.0, 3.0]), [0]))
+    assert p[2] == 0.0 and math.isclose(p.sum(), 1.0)
+
+
+def test_draft_token_shapes_the_draft_as_the_target_row_after_history_and_path():
+    from localspec.drafting.base import draft_token
+
+    ban = _Ban(after=5, token=2)
+    greedy = Sampler(SamplingParams(), ban)
+    logits = frozen([1.0, 2.0, 3.0])
+    assert draft_token(logits, greedy, 0.0, [1], [5]) == (1, None)
+    assert ban.calls[-1] == ((1,), (5,))
+    assert draft_token(logits, greedy, 0.0, [1], [4]) == (2, None)
+    sampled = Sampler(SamplingParams(temperature=1.0, seed=0), ban)
+    tok, q = draft_token(logits, sampled, 0.0, [5])
+    assert tok != 2 and q[2] == 0.0  # q is the shaped distribution rejection sampling will use
+    everything = Sampler(SamplingParams(), _Add(np.full(3, -np.inf)))
+    assert draft_token(logits, everything, 0.0, [1]) is None  # nothing allowed: no draft
