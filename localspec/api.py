@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from localspec.engine import Engine, GenerateOptions
 from localspec.errors import InvalidOptionError
 from localspec.events import DoneEvent, GenerationStats, TokenEvent, TokenLogprob
+from localspec.penalties import Penalties
 from localspec.sampling import SamplingParams
 
 
@@ -57,17 +58,20 @@ class Completion:
 
 def options(*, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
             min_p: float = 0.0, seed: int | None = None, stop: str | Sequence[str] = (), draft_len: int | None = None,
-            p_min: float = 0.0, speculative: bool = True, logprobs: int | None = None) -> GenerateOptions:
+            p_min: float = 0.0, speculative: bool = True, logprobs: int | None = None,
+            penalties: Penalties | None = None) -> GenerateOptions:
     """GenerateOptions from flat keyword arguments.
 
     ``stop``: one stop string, or a sequence of them. ``draft_len=None`` (the default, as in
     ``GenerateOptions``) lets the controller choose the draft length each step; an int fixes it (0: plain).
     ``logprobs``: each token's log-probability with this many alternatives (0..20); None: none.
+    ``penalties``: repetition penalties and logit bias on every target row (``localspec.Penalties``).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     stops = (stop,) if isinstance(stop, str) else tuple(stop)  # one string is one stop string
     return GenerateOptions(max_tokens=max_tokens, sampling=sampling, stop=stops, draft_len=draft_len,
-                           p_min=p_min, speculative=speculative, logprobs=logprobs)
+                           p_min=p_min, speculative=speculative, logprobs=logprobs,
+                           penalties=penalties)
 
 
 def complete(engine: Engine, prompt: str | Sequence[int], **kw: Any) -> Completion:

@@ -26,7 +26,8 @@ from localspec.events import (
     TokenLogprob,
 )
 from localspec.policy.controller import Controller
-from localspec.sampling import Sampler
+from localspec.penalties import penalty_shaper
+from localspec.sampling import Sampler, compose
 from localspec.speculative import speculative_step
 from localspec.textstream import TokenReleaser
 
@@ -134,7 +135,8 @@ class Generation(Iterator[Event]):
         self._superseded = False
         self.prompt = prompt
         self.opts = opts
-        self.sampler = Sampler(opts.sampling)
+        # Every row is shaped by the tokens before it (penalties, bias), the draft's as the target's.
+        self.sampler = Sampler(opts.sampling, compose(penalty_shaper(opts.penalties, engine.target.n_vocab)))
         self.drafters = engine.make_drafters(self.sampler, opts)
         # Costs this machine has not measured yet are measured in the background (where the engine
         # allows it): the reply starts at once, plain, and speculation starts once they are known.
