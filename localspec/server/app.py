@@ -199,7 +199,7 @@ def prepare_for(parsed: Request, base: "GenerateOptions | None" = None) -> Calla
         room = engine.n_ctx - len(tokens)  # no max_tokens: until a stop or the end of the context, as OpenAI does
         opts = dataclasses.replace(base or GenerateOptions(), max_tokens=parsed.max_tokens or room,
                                    sampling=parsed.sampling, stop=parsed.stop, speculative=parsed.speculative,
-                                   drafter=parsed.drafter)
+                                   drafter=parsed.drafter, logprobs=parsed.logprobs, penalties=parsed.penalties)
         return engine.generate(tokens, opts)
 
     return prepare
