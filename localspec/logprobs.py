@@ -27,7 +27,7 @@ def check_top_logprobs(value: object, param: str = "logprobs") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
         raise InvalidOptionError(
             f"{param} {value!r} is out of range: it must be an integer in [0, {MAX_TOP_LOGPROBS}] (the alternatives "
-            "reported per token; 0 reports only the chosen token's), or None for none", param=param)
+            "reported per token; 0 reports only the chosen token's); leave it out for none", param=param)
 
 
 def token_logprob(logits: np.ndarray, token: int, top_n: int = 0) -> TokenLogprob:
