@@ -25,6 +25,8 @@ _LAZY = {
     "Engine": "localspec.engine",
     "GenerateOptions": "localspec.engine",
     "SamplingParams": "localspec.sampling",
+    "Penalties": "localspec.penalties",
+    "TokenLogprob": "localspec.events",
     "TokenEvent": "localspec.events",
     "StepEvent": "localspec.events",
     "DoneEvent": "localspec.events",

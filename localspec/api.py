@@ -12,7 +12,8 @@ from typing import Any, Sequence
 from localspec.drafting.specs import NO_DRAFTER, DrafterSpec, parse_draft
 from localspec.engine import Engine, GenerateOptions
 from localspec.errors import InvalidOptionError
-from localspec.events import DoneEvent, GenerationStats
+from localspec.events import DoneEvent, GenerationStats, TokenEvent, TokenLogprob
+from localspec.penalties import Penalties
 from localspec.sampling import SamplingParams
 from localspec.validation import check_load_options
 
@@ -79,25 +80,32 @@ def model_file(model: object, param: str, *, offline: bool = False) -> Path:
 
 @dataclass(frozen=True)
 class Completion:
+    """``logprobs``: one per emitted token when ``logprobs`` was asked for, else empty."""
+
     text: str
     finish_reason: str
     tokens: tuple[int, ...]
     stats: GenerationStats
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 def options(*, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
             min_p: float = 0.0, seed: int | None = None, stop: str | Sequence[str] = (), draft_len: int | None = None,
-            p_min: float = 0.0, speculative: bool = True) -> GenerateOptions:
+            p_min: float = 0.0, speculative: bool = True, logprobs: int | None = None,
+            penalties: Penalties | None = None) -> GenerateOptions:
     """GenerateOptions from flat keyword arguments.
 
     ``stop``: one stop string, a sequence of them, or None (none). Raises ``InvalidOptionError``
     naming the first option of a wrong type or out of range. ``draft_len=None`` (the default, as in
     ``GenerateOptions``) lets the controller choose the draft length each step; an int fixes it (0: plain).
+    ``logprobs``: each token's log-probability with this many alternatives (0..20); None: none.
+    ``penalties``: repetition penalties and logit bias on every target row (``localspec.Penalties``).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     # One string is one stop string and None is none; GenerateOptions.validate refuses the rest by name.
     opts = GenerateOptions(max_tokens=max_tokens, sampling=sampling, stop=stop,  # type: ignore[arg-type]
-                           draft_len=draft_len, p_min=p_min, speculative=speculative)
+                           draft_len=draft_len, p_min=p_min, speculative=speculative,
+                           logprobs=logprobs, penalties=penalties)
     opts.validate()
     return opts
 
@@ -123,9 +131,12 @@ def complete(engine: Engine, prompt: str | Sequence[int], **kw: Any) -> Completi
         raise InvalidOptionError(f"engine must be an Engine from localspec.load(), not {type(engine).__name__}",
                                  param="engine")
     done: DoneEvent | None = None
+    logprobs: list[TokenLogprob] = []
     for event in engine.generate(prompt, options(**kw), wait=True):
-        if isinstance(event, DoneEvent):
+        if isinstance(event, TokenEvent) and event.logprob is not None:
+            logprobs.append(event.logprob)
+        elif isinstance(event, DoneEvent):
             done = event
     if done is None:  # a Generation always ends with a DoneEvent
         raise RuntimeError("the generation ended without a DoneEvent")
-    return Completion(done.text, done.finish_reason, done.tokens, done.stats)
+    return Completion(done.text, done.finish_reason, done.tokens, done.stats, tuple(logprobs))

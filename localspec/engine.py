@@ -47,6 +47,8 @@ from localspec.errors import (
 from localspec.constraints import GrammarShaper, grammar_text
 from localspec.generation import Generation
 from localspec.llama_facts import DRAFT_N_UBATCH
+from localspec.logprobs import check_top_logprobs
+from localspec.penalties import Penalties
 from localspec.models.split import DeviceSplit
 from localspec.policy.controller import DRAFT_LEN_MAX, Controller
 from localspec.policy.costs import CostModel
@@ -79,6 +81,10 @@ class GenerateOptions:
     drafter: str | None = None  # from Engine.drafter_names() (a comma list combines); None: all configured
     grammar: str | None = None
     json_schema: object = None
+    logprobs: int | None = None
+    """Each TokenEvent's ``logprob`` with this many alternatives (0..20; None: none, and no work for them)."""
+    penalties: Penalties | None = None
+    """Repetition penalties and logit bias, applied to every target row (None: none)."""
 
     def __post_init__(self) -> None:
         # One stop string given alone is that string, not its characters.
@@ -99,6 +105,9 @@ class GenerateOptions:
         if not isinstance(self.stop, tuple):
             raise InvalidOptionError(f"stop must be a string or a list of strings, not {type(self.stop).__name__}",
                                      param="stop")
+        check_top_logprobs(self.logprobs)
+        if self.penalties is not None:
+            self.penalties.validate()
         bad = next((s for s in self.stop if not isinstance(s, str) or not s), None)
         if bad is not None:
             raise InvalidOptionError(f"stop {bad!r} is not a stop string: give non-empty text", param="stop")

@@ -32,6 +32,21 @@ def per_step(cls: type) -> type:
     return cls
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one emitted token, and of the ``top`` most probable tokens at
+    its position (``(token, logprob)`` pairs, most probable first, ties by lower id).
+
+    Read from the target row that produced the token (a verified row with speculation, the one row
+    without: the same bits), as the log-softmax of that row after any penalties, bias or constraint
+    shaped it, before temperature and the truncation filters. ``-inf`` where the shaping forbids a token.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @per_step
 @dataclass(frozen=True)
 class TokenEvent:
@@ -41,11 +56,13 @@ class TokenEvent:
     incomplete or while the text may still turn out to be a stop string.
     ``drafter`` names the drafter that proposed it and had it accepted, or is
     None when the target produced it (a correction, a bonus, or plain decoding).
+    ``logprob``: its log-probability when ``GenerateOptions.logprobs`` asked for it, else None.
     """
 
     token: int
     text: str
     drafter: str | None = TARGET
+    logprob: TokenLogprob | None = None
 
 
 @per_step
@@ -83,6 +100,7 @@ class StepEvent:
     tokens: tuple[int, ...] = ()
     batch_tokens: int = 1
     walk: tuple[tuple[int, int], ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per emitted token, when the generation asks for them
 
     @property
     def step_ms(self) -> float:

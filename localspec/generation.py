@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
 from localspec.errors import EngineStateError
@@ -22,9 +23,11 @@ from localspec.events import (
     GenerationStats,
     StepEvent,
     TokenEvent,
+    TokenLogprob,
 )
 from localspec.policy.controller import Controller
-from localspec.sampling import Sampler
+from localspec.penalties import penalty_shaper
+from localspec.sampling import Sampler, compose
 from localspec.speculative import speculative_step
 from localspec.textstream import TokenReleaser
 
@@ -132,7 +135,10 @@ class Generation(Iterator[Event]):
         self._superseded = False
         self.prompt = prompt
         self.opts = opts
-        self.sampler = Sampler(opts.sampling, engine.shaper(opts, len(prompt)))
+        # Every row is shaped by the tokens before it (penalties, bias, then the grammar's mask), the
+        # draft's as the target's.
+        self.sampler = Sampler(opts.sampling, compose(penalty_shaper(opts.penalties, engine.target.n_vocab),
+                                                      engine.shaper(opts, len(prompt))))
         self.drafters = engine.make_drafters(self.sampler, opts)
         # Costs this machine has not measured yet are measured in the background (where the engine
         # allows it): the reply starts at once, plain, and speculation starts once they are known.
@@ -148,6 +154,9 @@ class Generation(Iterator[Event]):
         self.warnings: list[str] = []
         self.cached_tokens = 0  # prompt tokens the prefill found in the cache (the previous turn's prefix)
         self._releaser = TokenReleaser(opts.stop)
+        # The log-probabilities of tokens the releaser holds back (a stop string may follow), in order:
+        # it releases tokens in the order they came, so each released token takes the oldest.
+        self._held_logprobs: deque[TokenLogprob] = deque()
         self._cancel = False
         self._events = self._run()
 
@@ -268,13 +277,15 @@ class Generation(Iterator[Event]):
         index = self.tally.steps + 1
         if self.controller is None:
             return speculative_step(ctx, history, None, self.sampler, 0, index=index,
-                                    reason=MEASURING_REASON if self.measuring_costs else "")
+                                    reason=MEASURING_REASON if self.measuring_costs else "",
+                                    logprobs=self.opts.logprobs)
         decision = self.controller.plan(history, room=ctx.n_ctx - len(ctx.tokens) - 1,
                                         remaining=self.opts.max_tokens - len(self.tokens))
         # The controller's own time for this step is the step's Python work too (its lookups are in draft_ms).
         return speculative_step(ctx, history, decision.chosen, self.sampler, decision.draft_len,
                                 decision.proposal, decision.proposal_ms, decision.tree_nodes, index=index,
-                                reason=decision.reason, planning_ms=decision.planning_ms)
+                                reason=decision.reason, planning_ms=decision.planning_ms,
+                                logprobs=self.opts.logprobs)
 
     def _observe(self, step: StepEvent, history: list[int]) -> None:
         if self.controller is not None:
@@ -286,15 +297,19 @@ class Generation(Iterator[Event]):
         model = self.engine.target
         releaser, tokens, text_parts, tally = self._releaser, self.tokens, self.text_parts, self.tally
         reason = ""
+        lps = step.logprobs
+        held = self._held_logprobs
         for i, tok in enumerate(step.tokens):
             if model.is_eog(tok):
                 reason = "stop"
                 break
             tokens.append(tok)
             tally.tokens += 1
+            if lps:
+                held.append(lps[i])
             for t, text, src in releaser.push(tok, model.piece(tok), step.drafter if i < step.accepted else None):
                 text_parts.append(text)
-                yield TokenEvent(t, text, src)
+                yield TokenEvent(t, text, src, held.popleft() if held else None)
             if releaser.stopped:
                 reason = "stop"
                 break
@@ -305,9 +320,10 @@ class Generation(Iterator[Event]):
         return reason
 
     def _finish(self, reason: str) -> Iterator[Event]:
+        held = self._held_logprobs
         for t, text, src in self._releaser.finish():
             self.text_parts.append(text)
-            yield TokenEvent(t, text, src)
+            yield TokenEvent(t, text, src, held.popleft() if held else None)
         self.tally.end = time.perf_counter()
         self._remember(reason)
         self.result = DoneEvent(reason, "".join(self.text_parts), tuple(self.tokens), self.stats())

@@ -31,7 +31,8 @@ from localspec.acceptance import (
 )
 from localspec.backend import Context
 from localspec.drafting.base import Drafter, Proposal, TreeProposal
-from localspec.events import StepEvent
+from localspec.events import StepEvent, TokenLogprob
+from localspec.logprobs import token_logprob
 from localspec.sampling import RowShaper, Sampler, sample
 
 NO_PROPOSAL = Proposal()
@@ -97,7 +98,7 @@ def _argmax(logits: np.ndarray) -> int:
 def speculative_step(target: Context, history: list[int], drafter: Drafter | None, sampler: Sampler,
                      draft_len: int, proposal: Proposal | TreeProposal | None = None,
                      proposal_ms: float = 0.0, tree_nodes: int = 0, *, index: int = 0, reason: str = "",
-                     planning_ms: float = 0.0) -> StepEvent:
+                     planning_ms: float = 0.0, logprobs: int | None = None) -> StepEvent:
     """Draft up to ``draft_len`` tokens, verify them in one target pass, keep the accepted prefix.
 
     ``history`` is extended in place with the emitted tokens. ``proposal``: one
@@ -107,7 +108,9 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
     ``draft_len``: ask the drafter for a tree of that many nodes (``propose_tree``), not a chain.
     The step updates the drafter it used (``verified`` then ``accepted``). The record it returns
     carries the caller's ``index`` and ``reason`` (the controller's decision), and ``planning_ms``
-    (the controller's time for the step) in its ``python_ms``.
+    (the controller's time for the step) in its ``python_ms``. ``logprobs`` not None: the record
+    carries each emitted token's log-probability with that many alternatives, read from the target
+    row that produced it (``logprobs.token_logprob``); None (the default) reads nothing more.
 
     Timing: ``verify_ms`` is the target's decode until the device finished it
     (``Context.decode`` waits for it, so on a GPU the wait is not mistaken for Python time);
@@ -128,14 +131,15 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
 
     # verify + accept (a chain, or a tree of branches in one batch)
     walk: tuple[tuple[int, int], ...] = ()
+    lps = _Logprobs(logprobs) if logprobs is not None else None
     if type(proposal) is TreeProposal and (len(proposal.tree) or proposal.extra):
-        accepted, next_token = _verify_tree(target, history, proposal, sampler)
+        accepted, next_token = _verify_tree(target, history, proposal, sampler, lps)
         drafted, verified = max(proposal.tree.depths, default=0), len(proposal.tree)
         batch = 1 + verified + (len(proposal.extra.tokens) if proposal.extra is not None else 0)
         walk = proposal.tree.walk(accepted) if len(proposal.tree) else ()
     else:
         draft = proposal.tokens
-        accepted, next_token = _verify_chain(target, history, draft, proposal.probs, sampler)
+        accepted, next_token = _verify_chain(target, history, draft, proposal.probs, sampler, lps)
         drafted = verified = len(draft)
         batch = 1 + verified
     verify_s = target.decode_seconds - decode_before
@@ -162,6 +166,7 @@ def speculative_step(target: Context, history: list[int], drafter: Drafter | Non
         tokens=tokens,
         batch_tokens=batch,
         walk=walk,
+        logprobs=() if lps is None else lps.of(tokens),
     )
 
 
@@ -193,8 +198,28 @@ def fit_proposal(proposal: Proposal | TreeProposal, draft_len: int, free_cells: 
     return Proposal(tuple(proposal.tokens[:depth]), probs, proposal.drafter, proposal.evidence)
 
 
+class _Logprobs:
+    """Where a step collects the rows its emitted tokens came from, in order (``rows[i]`` produced the
+    i-th emitted token): the log-probabilities are taken as each row is seen, before a later decode
+    overwrites the logits."""
+
+    __slots__ = ("top_n", "rows")
+
+    def __init__(self, top_n: int) -> None:
+        self.top_n = top_n
+        self.rows: list[np.ndarray] = []
+
+    def add(self, logits: np.ndarray) -> None:
+        self.rows.append(np.array(logits, copy=True))
+
+    def of(self, tokens: Sequence[int]) -> tuple[TokenLogprob, ...]:
+        assert len(self.rows) == len(tokens), "one row per emitted token"
+        return tuple(token_logprob(row, tok, self.top_n) for row, tok in zip(self.rows, tokens))
+
+
 def _verify_chain(target: Context, history: Sequence[int], draft: Sequence[int],
-                  probs: Sequence[np.ndarray] | None, sampler: Sampler) -> tuple[tuple[int, ...], int]:
+                  probs: Sequence[np.ndarray] | None, sampler: Sampler,
+                  lps: _Logprobs | None = None) -> tuple[tuple[int, ...], int]:
     """Feed ``[last, *draft]`` in one batch, apply the acceptance rule, cut the cache back."""
     n_past = len(target.tokens)
     last = history[-1]
@@ -204,6 +229,8 @@ def _verify_chain(target: Context, history: Sequence[int], draft: Sequence[int],
         logits = target.logits(0)
         if sampler.shaper is not None:
             logits = sampler.shaper.shape(logits, history, ())
+        if lps is not None:
+            lps.add(logits)
         return (), (_argmax(logits) if sampler.params.greedy else sample(sampler.distribution(logits), sampler.rng))
     batch = [last, *draft]
     target.decode(batch, range(n_past, n_past + len(batch)), None, [True] * len(batch))
@@ -216,12 +243,15 @@ def _verify_chain(target: Context, history: Sequence[int], draft: Sequence[int],
         verdict = accept_greedy(draft, _LazyRows(rows, len(batch), _argmax))
     else:
         verdict = accept_sampled(draft, probs, _LazyRows(rows, len(batch), sampler.distribution), sampler.rng)
+    if lps is not None:  # emitted token i (the accepted drafts, then the target's own) came from row i
+        for i in range(verdict.n_accepted + 1):
+            lps.add(rows.logits(i))
     target.rollback_to(n_past + 1 + verdict.n_accepted)
     return tuple(draft[: verdict.n_accepted]), verdict.next_token
 
 
 def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal,
-                 sampler: Sampler) -> tuple[tuple[int, ...], int]:
+                 sampler: Sampler, lps: _Logprobs | None = None) -> tuple[tuple[int, ...], int]:
     """Verify every branch of a candidate trie in one batch; keep the longest accepted path.
 
     Each leaf gets its own llama.cpp sequence (1..L) that first shares the whole
@@ -297,6 +327,9 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
     in_place = 0
     while in_place < len(path) and row[path[in_place]] == tree.depths[path[in_place]]:
         in_place += 1
+    if lps is not None:  # the rows before the first misplaced node (the rest are decoded again below)
+        for node in (ROOT, *path[:in_place]):
+            lps.add(source.logits(row_of(node)))
     if in_place:
         keep_seq = node_seqs[path[in_place - 1]][0]
         target.copy_seq(keep_seq, 0, n_past + 1, n_past + 1 + in_place)
@@ -305,11 +338,11 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
     target.tokens.extend([history[-1], *result.tokens[:in_place]])
     if in_place == len(path):
         return result.tokens, result.next_token
-    return _place_rest(target, history, result.tokens, in_place, result.next_token, sampler)
+    return _place_rest(target, history, result.tokens, in_place, result.next_token, sampler, lps)
 
 
 def _place_rest(target: Context, history: Sequence[int], accepted: tuple[int, ...], in_place: int, next_token: int,
-                sampler: Sampler) -> tuple[tuple[int, ...], int]:
+                sampler: Sampler, lps: _Logprobs | None = None) -> tuple[tuple[int, ...], int]:
     """Decode ``accepted[in_place:]`` again, as one batch at the end of sequence 0, and return what to emit.
 
     Why: the tree batch left these tokens in cells past other branches' cells. Once those are freed,
@@ -324,19 +357,26 @@ def _place_rest(target: Context, history: Sequence[int], accepted: tuple[int, ..
     therefore taken again from this batch's rows, computed in the right cells: the same bits as plain
     decoding, so where they differ (only at a rounding-level near-tie) the path is cut there and the
     target's own token from this batch follows. Sampled, the tree's draws stand (the rows differ by
-    rounding only) and only the cells are fixed.
+    rounding only) and only the cells are fixed. Log-probabilities of the tokens after these are read
+    from this batch's rows too, for the same reason.
     """
     rest = accepted[in_place:]
     start = len(target.tokens)
     greedy = sampler.params.greedy
-    target.decode(rest, range(start, start + len(rest)), None, [True] * len(rest) if greedy else None)
+    rows = greedy or lps is not None
+    target.decode(rest, range(start, start + len(rest)), None, [True] * len(rest) if rows else None)
     target.tokens.extend(rest)
     if not greedy:
+        if lps is not None:
+            for k in range(len(rest)):
+                lps.add(sampler.shaped(target.logits(k), history, accepted[:in_place + k + 1]))
         return accepted, next_token
     for k in range(len(rest)):
         logits = target.logits(k)
         if sampler.shaper is not None:  # the row after history + accepted[:in_place + k + 1]
             logits = sampler.shaper.shape(logits, history, accepted[:in_place + k + 1])
+        if lps is not None:
+            lps.add(logits)
         choice = _argmax(logits)
         expected = accepted[in_place + k + 1] if in_place + k + 1 < len(accepted) else next_token
         if choice != expected:

@@ -108,6 +108,16 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None, metavar="S", help="random seed for reproducible sampling")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when this text appears (repeatable)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                   help="subtract P from the logit of every token among the last --repeat-last-n (default 0: off)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, metavar="P",
+                   help="subtract P per occurrence among the last --repeat-last-n tokens (default 0: off)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
+                   help="llama.cpp's repeat penalty on the last --repeat-last-n tokens (default 1: off)")
+    g.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
+                   help="how many of the latest tokens the penalties count (default 64; -1: all)")
+    g.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS (-100..100) to token ID's logit (repeatable)")
     s = p.add_argument_group("speculation")
     s.add_argument("--draft-max", dest="draft_len", type=int, default=None, metavar="G",
                    help="draft exactly up to G tokens per step (0 turns speculation off); by default an "
@@ -128,12 +138,37 @@ def sampling_params(args: argparse.Namespace):
                           min_p=args.min_p, seed=args.seed)
 
 
+def penalties(args: argparse.Namespace):
+    """The penalty and bias flags as ``Penalties`` (None when they change nothing)."""
+    from localspec.penalties import Penalties
+
+    bias: list[tuple[int, float]] = []
+    for item in args.logit_bias:
+        token, sep, value = item.partition("=")
+        try:
+            bias.append((int(token), float(value)))
+        except ValueError:
+            raise InvalidOptionError(f"--logit-bias {item!r} is not ID=BIAS (e.g. 1234=-100)") from None
+        if not sep:
+            raise InvalidOptionError(f"--logit-bias {item!r} is not ID=BIAS (e.g. 1234=-100)")
+    found = Penalties(presence=args.presence_penalty, frequency=args.frequency_penalty, repeat=args.repeat_penalty,
+                      last_n=args.repeat_last_n, logit_bias=tuple(bias))
+    return None if found == Penalties(last_n=found.last_n) else found  # the defaults: no shaper at all
+
+
 def generate_options(args: argparse.Namespace):
     from localspec.engine import GenerateOptions
 
     opts = GenerateOptions(max_tokens=args.max_tokens, sampling=sampling_params(args), stop=tuple(args.stop),
-                           draft_len=args.draft_len, p_min=args.p_min)
-    opts.validate()
+                           draft_len=args.draft_len, p_min=args.p_min, penalties=penalties(args),
+                           logprobs=getattr(args, "logprobs", None))
+    try:
+        opts.validate()
+    except InvalidOptionError as err:  # the core names its parameters; the flags are spelt with dashes
+        if err.param in ("presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias",
+                         "logprobs"):
+            raise InvalidOptionError(err.named("--" + err.param.replace("_", "-"))) from None
+        raise
     return opts
 
 

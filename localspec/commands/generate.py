@@ -25,7 +25,7 @@ from localspec.commands.common import (
     write_out,
 )
 from localspec.errors import InvalidOptionError
-from localspec.events import DoneEvent, GenerationStats, PrefillEvent, TokenEvent
+from localspec.events import DoneEvent, GenerationStats, PrefillEvent, TokenEvent, TokenLogprob
 
 
 if TYPE_CHECKING:
@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="constrain the output by the GBNF grammar in FILE (llama.cpp's grammar syntax)")
     p.add_argument("--json-schema", default=None, metavar="FILE",
                    help="constrain the output to JSON valid under the JSON Schema in FILE")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each token's log-probability under the target and its N most probable "
+                        "alternatives (0..20), the same with speculation on or off")
     add_sampling_options(p)
     p.set_defaults(func=run)
 
@@ -98,15 +101,25 @@ def acceptance_line(stats: GenerationStats) -> str:
             f"tokens/step ({ceiling}); α by position: " + " ".join(f"{a:.2f}" for a in stats.position_acceptance))
 
 
-def result_json(done: DoneEvent) -> dict:
+def result_json(done: DoneEvent, logprobs: list[TokenLogprob] | None = None) -> dict:
+    """The --json object; ``logprobs`` (with --logprobs): one entry per token, its id, log-probability and
+    alternatives as ``[id, logprob]`` pairs (``-inf`` written as null)."""
     stats = done.stats.to_dict()
-    return {
+    out = {
         "text": done.text,
         "finish_reason": done.finish_reason,
         "tokens": len(done.tokens),
         "token_ids": list(done.tokens),
         "stats": stats,
     }
+    if logprobs is not None:
+        out["logprobs"] = [{"token": lp.token, "logprob": _number(lp.logprob),
+                            "top": [[t, _number(v)] for t, v in lp.top]} for lp in logprobs]
+    return out
+
+
+def _number(logprob: float) -> float | None:
+    return None if logprob == float("-inf") else logprob
 
 
 def context_notice(asked: str | None, used: int) -> str | None:
@@ -144,6 +157,8 @@ def _read_option_file(path: str, flag: str) -> str:
 def run(args: argparse.Namespace) -> int:
     stop_on_signals()
     check_engine_options(args)
+    if args.logprobs is not None and not args.json:
+        raise InvalidOptionError("--logprobs needs --json: the log-probabilities are written in its object")
     opts = constrained(generate_options(args), args)
     # Every name and the prompt are checked before anything is downloaded.
     target_ref = resolve_ref(args.model)
@@ -193,13 +208,17 @@ def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opt
         print("localspec: measuring this machine's decode costs (once per model, build and thread count); "
               "decoding plain until they are known, then speculating", file=sys.stderr, flush=True)
     done: DoneEvent | None = None
+    logprobs: list[TokenLogprob] = []
     code = 0
     stopped_by = ""  # the signal that stopped the reply, if one did
     try:
         progress = not args.quiet and sys.stderr is not None and sys.stderr.isatty()
         for event in gen:
-            if isinstance(event, TokenEvent) and not args.json and event.text:
-                write_out(event.text, flush=True)
+            if isinstance(event, TokenEvent):
+                if event.logprob is not None:
+                    logprobs.append(event.logprob)
+                if not args.json and event.text:
+                    write_out(event.text, flush=True)
             elif isinstance(event, PrefillEvent) and progress:
                 # one line, rewritten in place, gone once the prompt is read
                 end = "\r\x1b[K" if event.done >= event.total else ""
@@ -217,7 +236,8 @@ def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opt
     assert done is not None
     # The result first: after SIGHUP the terminal (stderr) may be gone while stdout is a file.
     if args.json:
-        write_out(json.dumps(result_json(done), ensure_ascii=False) + "\n", flush=True)
+        result = result_json(done, logprobs if opts.logprobs is not None else None)
+        write_out(json.dumps(result, ensure_ascii=False) + "\n", flush=True)
     else:
         write_out("\n", flush=True)
     if stopped_by:

@@ -202,7 +202,8 @@ def prepare_for(parsed: Request, base: "GenerateOptions | None" = None) -> Calla
         room = engine.n_ctx - len(tokens)  # no max_tokens: until a stop or the end of the context, as OpenAI does
         opts = dataclasses.replace(base or GenerateOptions(), max_tokens=parsed.max_tokens or room,
                                    sampling=parsed.sampling, stop=parsed.stop, speculative=parsed.speculative,
-                                   drafter=parsed.drafter, grammar=parsed.grammar, json_schema=parsed.json_schema)
+                                   drafter=parsed.drafter, grammar=parsed.grammar, json_schema=parsed.json_schema,
+                                   logprobs=parsed.logprobs, penalties=parsed.penalties)
         try:
             return engine.generate(tokens, opts)
         except InvalidOptionError as err:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
-from localspec.events import GenerationStats
+from localspec.events import GenerationStats, TokenLogprob
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 """The engine's finish reasons as OpenAI's: a full context is a length limit too. A cancelled
@@ -107,11 +107,43 @@ def extras(stats: GenerationStats, cached: int, drafter: str) -> dict[str, Any]:
     return {"timings": timings(stats, cached), "speculative": speculative(stats, drafter)}
 
 
+# --- log-probabilities ------------------------------------------------------------------------
+FORBIDDEN_LOGPROB = -9999.0
+"""What a token ruled out (log-probability -inf, which JSON cannot write) is reported as: OpenAI's value."""
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob > FORBIDDEN_LOGPROB else FORBIDDEN_LOGPROB
+
+
+def logprobs(endpoint: str, items: Sequence[TokenLogprob], piece: Callable[[int], bytes],
+             offset: int = 0) -> dict[str, Any]:
+    """A choice's ``logprobs`` as OpenAI writes it for ``endpoint``; ``piece`` gives a token's bytes.
+
+    Chat: ``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], "refusal"}``.
+    Completions (the legacy shape): ``tokens``, ``token_logprobs``, ``top_logprobs`` (a token -> logprob
+    object per position) and ``text_offset`` (each token's start in the text, from ``offset``)."""
+    def text(token: int) -> str:
+        return piece(token).decode("utf-8", errors="replace")
+
+    if endpoint == "chat":
+        return {"content": [{"token": text(lp.token), "logprob": _finite(lp.logprob), "bytes": list(piece(lp.token)),
+                             "top_logprobs": [{"token": text(t), "logprob": _finite(v), "bytes": list(piece(t))}
+                                              for t, v in lp.top]} for lp in items],
+                "refusal": None}
+    offsets, at = [], offset
+    for lp in items:
+        offsets.append(at)
+        at += len(text(lp.token))
+    return {"tokens": [text(lp.token) for lp in items], "token_logprobs": [_finite(lp.logprob) for lp in items],
+            "top_logprobs": [{text(t): _finite(v) for t, v in lp.top} for lp in items], "text_offset": offsets}
+
+
 # --- whole bodies -----------------------------------------------------------------------------
 def body(reply: Reply, text: str, finish_reason: str, stats: GenerationStats, cached: int,
-         drafter: str) -> dict[str, Any]:
-    """The non-streamed response."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+         drafter: str, token_logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The non-streamed response; ``token_logprobs``: the choice's ``logprobs`` (``logprobs()``), if asked for."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": token_logprobs, "finish_reason": finish_reason}
     if reply.endpoint == "chat":
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -121,9 +153,11 @@ def body(reply: Reply, text: str, finish_reason: str, stats: GenerationStats, ca
 
 
 # --- stream chunks ----------------------------------------------------------------------------
-def chunk(reply: Reply, text: str | None, *, finish_reason: str | None = None, first: bool = False) -> dict[str, Any]:
-    """One ``chat.completion.chunk`` / streamed ``text_completion``: text (None: none) or the finish."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+def chunk(reply: Reply, text: str | None, *, finish_reason: str | None = None, first: bool = False,
+          token_logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` / streamed ``text_completion``: text (None: none) or the finish, with
+    its tokens' ``logprobs`` when asked for."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": token_logprobs, "finish_reason": finish_reason}
     if reply.endpoint == "chat":
         delta: dict[str, Any] = {}
         if first:

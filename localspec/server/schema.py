@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from localspec.chat import Message
-from localspec.errors import LocalspecError, shown
+from localspec.errors import InvalidOptionError, LocalspecError, shown
+from localspec.logprobs import MAX_TOP_LOGPROBS
+from localspec.penalties import DEFAULT_LAST_N, Penalties
 from localspec.sampling import SamplingParams
 
 OFF_WORDS = ("off", "plain", "none")
@@ -69,13 +71,16 @@ class Request:
     grammar: str | None = None
     json_schema: Any = None
     constraint_param: str | None = None  # the field the grammar or schema came from, for its errors
+    logprobs: int | None = None  # alternatives per token (0..20); None: no log-probabilities
+    penalties: Penalties | None = None
 
 
 # --- the tables -------------------------------------------------------------------------------
 MAPPED_COMMON = ("model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                 "max_tokens", "localspec", "grammar", "json_schema")
+                 "max_tokens", "localspec", "grammar", "json_schema", "logprobs", "presence_penalty",
+                 "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias")
 MAPPED = {
-    "chat": MAPPED_COMMON + ("messages", "max_completion_tokens", "response_format"),
+    "chat": MAPPED_COMMON + ("messages", "max_completion_tokens", "response_format", "top_logprobs"),
     "completion": MAPPED_COMMON + ("prompt",),
 }
 
@@ -100,21 +105,14 @@ def _empty(value: Any) -> bool:
 
 
 _NO_TOOLS = "tool calling is not supported"
-_NO_LOGPROBS = "log-probabilities are not returned"
-_NO_PENALTIES = "penalties and logit bias are not implemented; localspec samples the target's distribution as it is"
 
 # name -> (does this value change nothing?, why any other value is refused)
 _NEUTRAL_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n": (_is(1), "this server generates one choice per request; send n: 1 or leave it out"),
-    "presence_penalty": (_is(0, 0.0), _NO_PENALTIES),
-    "frequency_penalty": (_is(0, 0.0), _NO_PENALTIES),
-    "logit_bias": (_empty, _NO_PENALTIES),
 }
 NEUTRAL: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "chat": {
         **_NEUTRAL_COMMON,
-        "logprobs": (_is(False), _NO_LOGPROBS),
-        "top_logprobs": (_is(0), _NO_LOGPROBS),
         "tools": (_empty, _NO_TOOLS),
         "tool_choice": (_is("none"), _NO_TOOLS),
         "functions": (_empty, _NO_TOOLS),
@@ -128,7 +126,6 @@ NEUTRAL: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     },
     "completion": {
         **_NEUTRAL_COMMON,
-        "logprobs": (_absent, _NO_LOGPROBS),
         "echo": (_is(False), "the prompt is not echoed; prepend it yourself"),
         "suffix": (_is(""), "insertion (a suffix after the completion) is not supported"),
         "best_of": (_is(1), "this server generates one choice per request; send best_of: 1 or leave it out"),
@@ -198,7 +195,8 @@ def _request(endpoint: str, fields: Mapping[str, Any], drafters: Sequence[str], 
     return Request(endpoint=endpoint, model=_model(fields.get("model")), sampling=parse_sampling(fields),
                    stop=parse_stop(fields.get("stop")), stream=stream, include_usage=include_usage,
                    drafter=drafter, speculative=speculative, grammar=grammar, json_schema=json_schema,
-                   constraint_param=where, **parsed)
+                   constraint_param=where, logprobs=parse_logprobs(fields, endpoint),
+                   penalties=parse_penalties(fields), **parsed)
 
 
 # --- the fields -------------------------------------------------------------------------------
@@ -262,6 +260,54 @@ def parse_constraint(fields: Mapping[str, Any]) -> tuple[str | None, Any, str | 
         return None, schema, "response_format.json_schema.schema"
     raise RequestError(f"response_format.type {_show(kind)} is not one of text, json_object, json_schema",
                        param="response_format.type", code="invalid_value")
+
+
+def parse_logprobs(fields: Mapping[str, Any], endpoint: str) -> int | None:
+    """How many alternatives per token to report, or None for no log-probabilities.
+
+    Chat: ``logprobs`` true/false and ``top_logprobs`` in [0, 20] (which needs ``logprobs: true``, as
+    OpenAI has it). Completions: ``logprobs`` an integer in [0, 20] (OpenAI's legacy field; its own
+    limit is 5)."""
+    rule = f"an integer in [0, {MAX_TOP_LOGPROBS}]"
+    if endpoint == "completion":
+        return _integer(fields, "logprobs", None, low=0, high=MAX_TOP_LOGPROBS, rule=rule)
+    wanted = _boolean(fields, "logprobs", False)
+    top = _integer(fields, "top_logprobs", None, low=0, high=MAX_TOP_LOGPROBS, rule=rule)
+    if top is not None and not wanted:
+        raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    return (top or 0) if wanted else None
+
+
+def parse_penalties(fields: Mapping[str, Any]) -> Penalties | None:
+    """presence_penalty, frequency_penalty, llama-server's repeat_penalty and repeat_last_n, and
+    logit_bias (``{"token id": bias}``), each in its range; None when none was sent."""
+    names = ("presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias")
+    if all(fields.get(n) is None for n in names):
+        return None
+    presence = _number(fields, "presence_penalty", 0.0, low=-2.0, high=2.0, rule="in [-2, 2]; 0 switches it off")
+    frequency = _number(fields, "frequency_penalty", 0.0, low=-2.0, high=2.0, rule="in [-2, 2]; 0 switches it off")
+    repeat = _number(fields, "repeat_penalty", 1.0, low=0.0, high=10.0, low_open=True,
+                     rule="in (0, 10]; 1 switches it off")
+    last_n = _integer(fields, "repeat_last_n", DEFAULT_LAST_N, low=-1,
+                      rule="an integer >= -1 (-1: every token so far; 0: none)")
+    bias = fields.get("logit_bias")
+    pairs: list[tuple[int, float]] = []
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise _wrong_type("logit_bias", bias, 'an object of token ids to biases, like {"1234": -100}')
+        for key, value in bias.items():
+            if not (isinstance(key, str) and key.isdigit()):
+                raise RequestError(f"logit_bias key {shown(str(key))} is not a token id; keys are token ids as "
+                                   "strings", param="logit_bias", code="invalid_value")
+            pairs.append((int(key), _number(bias, key, 0.0, low=-100.0, high=100.0,
+                                            rule="in [-100, 100]", prefix="logit_bias.")))
+    penalties = Penalties(presence=presence, frequency=frequency, repeat=repeat, last_n=last_n,
+                          logit_bias=tuple(pairs))
+    try:
+        penalties.validate()
+    except InvalidOptionError as err:
+        raise RequestError(str(err), param=err.param, code="invalid_value") from None
+    return penalties
 
 
 def parse_messages(value: Any) -> tuple[Message, ...]:
@@ -420,17 +466,18 @@ def _max_tokens(fields: Mapping[str, Any], name: str) -> int | None:
 
 # --- typed values -----------------------------------------------------------------------------
 def _number(fields: Mapping[str, Any], name: str, default: float, *, low: float, high: float, rule: str,
-            low_open: bool = False, high_open: bool = False) -> float:
+            low_open: bool = False, high_open: bool = False, prefix: str = "") -> float:
     value = fields.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _wrong_type(name, value, "a number")
+        raise _wrong_type(prefix + name, value, "a number")
     x = float(value)
     inside = (math.isfinite(x) and (low < x if low_open else low <= x) and (x < high if high_open else x <= high))
     if not inside:
-        raise RequestError(f"{name} {_show(value)} is out of range: it must be {rule}", param=name,
-                           code="invalid_value")
+        where = prefix + name
+        raise RequestError(f"{where} {_show(value)} is out of range: it must be {rule}",
+                           param=where.split(".")[0] if prefix else name, code="invalid_value")
     return x
 
 

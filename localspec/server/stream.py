@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Callable
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from localspec.events import DoneEvent, StepEvent, TokenEvent
+from localspec.events import DoneEvent, StepEvent, TokenEvent, TokenLogprob
 from localspec.server import responses
 from localspec.server.middleware import CLIENT_LEFT
 from localspec.server.schema import Request, RequestError
@@ -33,9 +33,13 @@ async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: R
         watch = asyncio.ensure_future(wait_for_disconnect(receive))
         watch.add_done_callback(lambda task: task.cancelled() or run.cancel())
         done: DoneEvent | None = None
+        lps: list[TokenLogprob] = []
         try:
             async for event in run.events():
-                if isinstance(event, DoneEvent):
+                if isinstance(event, TokenEvent):
+                    if event.logprob is not None:
+                        lps.append(event.logprob)
+                elif isinstance(event, DoneEvent):
                     done = event
         finally:
             watch.cancel()
@@ -45,8 +49,10 @@ async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: R
             raise ClientGone()
         raise Busy("the server is stopping")
     cached = run.generation.cached_tokens
+    asked = run.generation.opts.logprobs is not None
+    token_logprobs = responses.logprobs(reply.endpoint, lps, run.generation.engine.target.piece) if asked else None
     return JSONResponse(responses.body(reply, done.text, responses.FINISH_REASONS[done.finish_reason],
-                                       done.stats, cached, drafter))
+                                       done.stats, cached, drafter, token_logprobs))
 
 
 async def stream_chunks(run: Run, parsed: Request, reply: responses.Reply, drafter: str) -> AsyncIterator[bytes]:
@@ -57,15 +63,24 @@ async def stream_chunks(run: Run, parsed: Request, reply: responses.Reply, draft
         if reply.endpoint == "chat":
             yield sse(responses.chunk(reply, "", first=True))
         pending: list[str] = []
+        lps: list[TokenLogprob] = []  # the pending tokens' log-probabilities, when asked for
+        piece = run.generation.engine.target.piece
+        offset = 0  # where the pending text starts in the reply (a completion's text_offset)
         done: DoneEvent | None = None
         try:
             async for event in run.events():
                 if isinstance(event, TokenEvent):
                     if event.text:
                         pending.append(event.text)
-                elif pending and isinstance(event, (StepEvent, DoneEvent)):
-                    yield sse(responses.chunk(reply, "".join(pending)))
+                    if event.logprob is not None:
+                        lps.append(event.logprob)
+                elif (pending or lps) and isinstance(event, (StepEvent, DoneEvent)):
+                    text = "".join(pending)
+                    token_logprobs = responses.logprobs(reply.endpoint, lps, piece, offset) if lps else None
+                    yield sse(responses.chunk(reply, text, token_logprobs=token_logprobs))
+                    offset += len(text)
                     pending.clear()
+                    lps.clear()
                 if isinstance(event, DoneEvent):
                     done = event
         except Exception as err:

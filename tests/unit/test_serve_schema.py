@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localspec.chat import Message
+from localspec.penalties import Penalties
 from localspec.sampling import SamplingParams
 from localspec.server.schema import (
     IGNORED,
@@ -80,16 +81,31 @@ def test_wrong_types_name_the_field(field: str, value: object) -> None:
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.1), ("temperature", 5.5), ("temperature", float("nan")), ("top_p", 0), ("top_p", 1.01),
     ("min_p", 1.0), ("top_k", -1), ("seed", -1), ("seed", 2**63), ("max_tokens", 0), ("stop", [""]),
-    ("stop", ["s"] * 17),
+    ("stop", ["s"] * 17), ("top_logprobs", 21), ("top_logprobs", -1), ("presence_penalty", 2.5),
+    ("frequency_penalty", -2.1), ("repeat_penalty", 0), ("repeat_last_n", -2), ("logit_bias", {"42": 101}),
+    ("logit_bias", {"x": 1}),
 ])
 def test_out_of_range_values_name_the_field(field: str, value: object) -> None:
-    refused(parse_chat, {"messages": HELLO, field: value}, field, code="invalid_value")
+    extra = {"logprobs": True} if field == "top_logprobs" else {}
+    refused(parse_chat, {"messages": HELLO, field: value, **extra}, field, code="invalid_value")
+
+
+def test_logprobs_and_penalties_become_options() -> None:
+    assert parse_chat({"messages": HELLO}).logprobs is None and parse_chat({"messages": HELLO}).penalties is None
+    assert parse_chat({"messages": HELLO, "logprobs": True}).logprobs == 0
+    assert parse_chat({"messages": HELLO, "logprobs": True, "top_logprobs": 20}).logprobs == 20
+    assert parse_chat({"messages": HELLO, "logprobs": False}).logprobs is None
+    refused(parse_chat, {"messages": HELLO, "top_logprobs": 2}, "top_logprobs", code="invalid_value")
+    assert parse_completion({"prompt": "x", "logprobs": 3}).logprobs == 3
+    refused(parse_completion, {"prompt": "x", "logprobs": 21}, "logprobs", code="invalid_value")
+    got = parse_chat({"messages": HELLO, "presence_penalty": 0.5, "frequency_penalty": 1, "repeat_penalty": 1.1,
+                      "repeat_last_n": -1, "logit_bias": {"42": -100, "7": 2.5}}).penalties
+    assert got == Penalties(presence=0.5, frequency=1.0, repeat=1.1, last_n=-1, logit_bias=((42, -100.0), (7, 2.5)))
 
 
 @pytest.mark.parametrize("field,value", [
-    ("n", 2), ("logprobs", True), ("top_logprobs", 3), ("tools", [{"type": "function"}]), ("tool_choice", "auto"),
-    ("presence_penalty", 0.5), ("frequency_penalty", 1),
-    ("logit_bias", {"42": 3}), ("functions", [{}]), ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
+    ("n", 2), ("tools", [{"type": "function"}]), ("tool_choice", "auto"),
+    ("functions", [{}]), ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
 ])
 def test_features_this_server_lacks_are_refused(field: str, value: object) -> None:
     err = refused(parse_chat, {"messages": HELLO, field: value}, field, code="unsupported_parameter")
@@ -97,7 +113,7 @@ def test_features_this_server_lacks_are_refused(field: str, value: object) -> No
 
 
 @pytest.mark.parametrize("field,value,quoted", [
-    ("logprobs", True, "logprobs true "), ("tools", [{"type": "function"}], 'tools [{"type": "function"}] '),
+    ("tools", [{"type": "function"}], 'tools [{"type": "function"}] '),
     ("tool_choice", "auto", 'tool_choice "auto" '), ("n", None, None), ("temperature", "hot", 'the string "hot"'),
     ("messages", [{"role": "tool", "content": "x"}], 'role "tool" '), ("stream", None, None),
     ("messages", [{"role": "robot", "content": "x"}], 'role "robot" '), ("top_k", 2.5, "the number 2.5"),
@@ -113,7 +129,7 @@ def test_values_are_quoted_as_the_client_wrote_them_in_json(field: str, value: o
     assert quoted in str(caught.value) and "'" not in str(caught.value), str(caught.value)
 
 
-@pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "}"), ("best_of", 3), ("logprobs", 0)])
+@pytest.mark.parametrize("field,value", [("echo", True), ("suffix", "}"), ("best_of", 3)])
 def test_completion_only_features_are_refused(field: str, value: object) -> None:
     refused(parse_completion, {"prompt": "x", field: value}, field, code="unsupported_parameter")
 
