@@ -12,6 +12,7 @@ pytestmark = pytest.mark.timeout(300)
 
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
 HELLO = [{"role": "user", "content": "Name three colours."}]
+COUNT_CHAT = [{"role": "user", "content": "Count from 1 to 30, separated by commas."}]
 OFF = {"localspec": {"draft": "off"}}
 
 
@@ -21,7 +22,8 @@ def _chat_logprobs(reply) -> list[tuple[str, float, list[str]]]:  # noqa: ANN001
 
 def test_chat_logprobs_are_the_same_with_speculation_on_and_off(server: Served) -> None:
     client = server.client()
-    ask = dict(model=server.model_id, messages=HELLO, max_tokens=24, temperature=0, logprobs=True, top_logprobs=3)
+    ask = dict(model=server.model_id, messages=COUNT_CHAT, max_tokens=32, temperature=0, logprobs=True,
+               top_logprobs=3)
     spec = client.chat.completions.create(**ask)
     plain = client.chat.completions.create(**ask, extra_body=OFF)
     assert spec.model_dump()["speculative"]["drafted"] > 0
