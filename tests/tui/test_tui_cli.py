@@ -168,6 +168,8 @@ def test_smoke_in_a_real_terminal(tmp_path: Path, smollm2_path: Path, smollm2_q4
 class FakeEngine:
     """What `run` needs of an engine before the app starts."""
 
+    pair_notice = ""  # a draft of the target's own vocabulary: no notice
+
     def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
         return [1]
 
