@@ -15,7 +15,7 @@ from localspec.errors import InvalidOptionError
 from localspec.events import DoneEvent, StepEvent
 from localspec.sampling import Sampler, SamplingParams
 
-from stats import assert_first_two_follow
+from stats import assert_first_two_follow, first_two_joint
 
 SCHEMA = {
     "type": "object",
@@ -88,24 +88,6 @@ def test_a_bad_grammar_or_schema_is_one_clear_error_before_anything_is_decoded(t
     assert done.tokens
 
 
-def _constrained_joint(tctx: Context, grammar: Grammar, prompt: list[int], sampler: Sampler
-                       ) -> dict[tuple[int, int], float]:
-    """Plain constrained decoding's joint distribution of the first two tokens, one row at a time."""
-    shaper = GrammarShaper(grammar, len(prompt), greedy=False)
-    n0 = len(tctx.tokens)
-    tctx.append([prompt[-1]])
-    p1 = sampler.distribution(shaper.shape(tctx.logits(-1), prompt, ())).copy()
-    joint: dict[tuple[int, int], float] = {}
-    for x1 in np.flatnonzero(p1):
-        tctx.append([int(x1)])
-        p2 = sampler.distribution(shaper.shape(tctx.logits(-1), prompt, (int(x1),)))
-        for x2 in np.flatnonzero(p2):
-            joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
-        tctx.rollback_to(n0 + 1)
-    tctx.rollback_to(n0)
-    return joint
-
-
 @pytest.mark.timeout(1200)
 def test_sampled_speculation_under_a_grammar_follows_the_constrained_target(target, smollm2_q4_0_path):
     """T = 1: a draft model masked by the grammar, verified against the masked target, emits its first two
@@ -116,7 +98,7 @@ def test_sampled_speculation_under_a_grammar_follows_the_constrained_target(targ
     tctx.append(prompt[:-1])
     n0 = len(tctx.tokens)
     sampler = Sampler(SamplingParams(temperature=1.0, seed=11))
-    joint = _constrained_joint(tctx, grammar, prompt, sampler)
+    joint = first_two_joint(tctx, sampler, prompt[-1], GrammarShaper(grammar, len(prompt), greedy=False), prompt)
     colours = ("red", "blue", "green", "yellow")
     replies = [f"{a}, {b}" for a in colours for b in colours]
     assert len(joint) > 5 and all(any(r.startswith(target.detokenize(pair)) for r in replies) for pair in joint)

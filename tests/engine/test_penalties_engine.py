@@ -4,9 +4,8 @@ tokens of speculative steps follow the penalised target's own joint distribution
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from stats import assert_follows
+from stats import assert_follows, first_two_joint
 
 import localspec
 from localspec.backend import Context, batch_invariant
@@ -59,24 +58,7 @@ def test_greedy_under_penalties_and_bias_is_identical_with_and_without_trees(tar
     assert banned not in plain.tokens
 
 
-def _penalised_joint(ctx: Context, sampler: Sampler, history: list[int]) -> dict[tuple[int, int], float]:
-    """The penalised target's own joint distribution of its next two tokens after ``history`` (its cache
-    holds all but the last token): p1(x1) from the row after history, p2(x2 | x1) from the row after
-    history + x1, each shaped by the tokens before it as plain decoding shapes it."""
-    n0 = len(ctx.tokens)
-    ctx.append([history[-1]])
-    p1 = sampler.distribution(sampler.shaped(ctx.logits(-1), history)).copy()
-    joint: dict[tuple[int, int], float] = {}
-    for x1 in np.flatnonzero(p1):
-        ctx.append([int(x1)])
-        p2 = sampler.distribution(sampler.shaped(ctx.logits(-1), history, (int(x1),)))
-        for x2 in np.flatnonzero(p2):
-            joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
-        ctx.rollback_to(n0 + 1)
-    ctx.rollback_to(n0)
-    return joint
-
-
+@pytest.mark.timeout(1200)  # 1,500 speculative steps with two models: ~10 min on 2 busy cores
 def test_sampling_under_penalties_follows_the_penalised_target(target, smollm2_q4_0_path) -> None:
     """T = 1 with top-k 6 (a joint small enough to test): 1,500 trials of speculative steps with the Q4_0 draft,
     whose own q is shaped by the same penalties; the pairs follow the penalised joint, not the free one."""
@@ -90,8 +72,8 @@ def test_sampling_under_penalties_follows_the_penalised_target(target, smollm2_q
     drafter = ModelDrafter(dctx, sampler)
     try:
         ctx.append(prompt[:-1])
-        joint = _penalised_joint(ctx, sampler, prompt)
-        free = _penalised_joint(ctx, Sampler(sampler.params), prompt)
+        joint = first_two_joint(ctx, sampler, prompt[-1], sampler.shaper, prompt)
+        free = first_two_joint(ctx, sampler, prompt[-1])
         assert max(abs(joint.get(k, 0.0) - free.get(k, 0.0)) for k in set(joint) | set(free)) > 0.05
         counts: dict[tuple[int, int], int] = {}
         accepted = drafted = 0

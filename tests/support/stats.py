@@ -62,19 +62,25 @@ def assert_first_two_follow(tctx, prompt: list[int], drafter, sampler, joint: Ma
     assert_follows(counts, joint, trials)
 
 
-def first_two_joint(tctx, sampler, last: int) -> dict[tuple[int, int], float]:  # noqa: ANN001
+def first_two_joint(tctx, sampler, last: int, shaper=None, history=()) -> dict[tuple[int, int], float]:  # noqa: ANN001
     """The target's own joint distribution of the next two tokens, p1(x1) p2(x2 | x1), after its cache
     and then ``last`` (the prompt's last token, decoded here and taken back): what a step's first two
-    emitted tokens must follow. The cache is left as it was found."""
+    emitted tokens must follow. With a ``shaper`` (``sampling.RowShaper``: a grammar, penalties), each
+    row is shaped as plain decoding shapes it, after ``history`` (ending with ``last``) and the tokens
+    since. The cache is left as it was found."""
     import numpy as np
+
+    def row(path: tuple[int, ...]):  # noqa: ANN202
+        logits = tctx.logits(-1)
+        return logits if shaper is None else shaper.shape(logits, history, path)
 
     n0 = len(tctx.tokens)
     tctx.append([last])
-    p1 = sampler.distribution(tctx.logits(-1)).copy()
+    p1 = sampler.distribution(row(())).copy()
     joint: dict[tuple[int, int], float] = {}
     for x1 in np.flatnonzero(p1):
         tctx.append([int(x1)])
-        p2 = sampler.distribution(tctx.logits(-1))
+        p2 = sampler.distribution(row((int(x1),)))
         for x2 in np.flatnonzero(p2):
             joint[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
         tctx.rollback_to(n0 + 1)
