@@ -21,8 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from localspec.errors import InvalidOptionError, OutputPathError, shown
 
@@ -103,14 +104,17 @@ def run(args: argparse.Namespace) -> int:
     model_path = resolve_model(args.model, offline=args.offline)
     fingerprint = tokenizer_fingerprint(model_path)
     model = Model(model_path, vocab_only=True)
+    progress = progress_line(sys.stderr)
     try:
         build = build_store_from_corpus(args.paths, lambda text: model.tokenize(text, add_special=False),
-                                        fingerprint, out)
+                                        fingerprint, out, progress=progress)
     except OSError as err:  # checked before, but the disk may fill (or the folder vanish) meanwhile
         raise OutputPathError(f"-o {shown(str(out), 120, quote='')}: the store could not be written "
                               f"({err.strerror or err}); the previous file, if any, is untouched") from None
     finally:
         model.close()
+        if progress is not None:
+            sys.stderr.write("\r\x1b[K")  # the progress line gives way to the summary (or the error)
     corpus = build.corpus
     summary = {
         "store": str(out),
@@ -132,6 +136,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(out)
     return 0
+
+
+def progress_line(stream: Any, every_s: float = 0.25) -> Callable[[str, int, int], None] | None:
+    """On a terminal, one line that ``build_store_from_corpus`` keeps up to date (MB read, then the
+    sort); None elsewhere (a log gets the summary only)."""
+    if stream is None or not stream.isatty():
+        return None
+    shown_at = [-every_s]
+
+    def show(stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if stage == "tokenizing" and done < total and now - shown_at[0] < every_s:
+            return
+        shown_at[0] = now
+        if stage == "tokenizing":
+            pct = f" ({100 * done // total}%)" if total else ""
+            line = f"tokenizing {done / 1e6:,.1f} of {total / 1e6:,.1f} MB{pct}"
+        else:
+            line = f"sorting the suffixes of {done:,} tokens"
+        # \r and erase-to-end: the summary line that follows overwrites it.
+        stream.write(f"\r\x1b[Klocalspec: indexing: {line}\r")
+        stream.flush()
+
+    return show
 
 
 def verify(args: argparse.Namespace) -> int:

@@ -140,6 +140,11 @@ class BuildReport:
     path: str
 
 
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: ``("tokenizing", bytes read, bytes of all files)`` after each chunk,
+then ``("sorting", tokens, tokens)`` once, when every file is read and the suffix array is being built."""
+
+
 def build_store_from_corpus(
     paths: Sequence[str],
     tokenize: Callable[[str], Sequence[int]],
@@ -147,24 +152,35 @@ def build_store_from_corpus(
     out_path: str | os.PathLike[str],
     *,
     chunk_bytes: int = CHUNK_BYTES,
+    progress: Progress | None = None,
 ) -> BuildReport:
     """Tokenize every text file under ``paths`` and write a store to ``out_path``.
 
     ``tokenize`` must not add special tokens (it is called once per chunk).
     Tokens are kept as numpy int32 chunks, never as one Python list. Raises
-    StoreError when no text was found (nothing would be written).
+    StoreError when no text was found (nothing would be written). With ``progress``,
+    the files are walked once more first, to know their total size.
     """
     started = time.perf_counter()
     report = CorpusReport()
-    counts = {"documents": 0}
+    counts = {"documents": 0, "bytes": 0, "tokens": 0}
+    total = sum(doc.size for doc in iter_corpus(paths, chunk_bytes=chunk_bytes)) if progress else 0
 
     def docs() -> Iterator[np.ndarray]:
         for doc in iter_corpus(paths, report, chunk_bytes=chunk_bytes):
-            parts = [np.asarray(tokenize(text), dtype=np.int32) for text in doc.chunks()]
+            parts = []
+            for text in doc.chunks():
+                parts.append(np.asarray(tokenize(text), dtype=np.int32))
+                if progress is not None:
+                    counts["bytes"] += len(text.encode("utf-8", "surrogatepass"))
+                    progress("tokenizing", min(counts["bytes"], total), total)
             tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
             if len(tokens):  # write_store drops empty documents too
                 counts["documents"] += 1
+                counts["tokens"] += len(tokens)
                 yield tokens
+        if progress is not None:  # every file is read: write_store sorts the suffixes next
+            progress("sorting", counts["tokens"], counts["tokens"])
 
     # Peek first so an empty corpus fails before a temp file is made.
     it = docs()

@@ -113,3 +113,38 @@ def test_building_from_nothing_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no text files"):
         build_store_from_corpus([str(tmp_path)], byte_tokens, "fp", tmp_path / "out.lsp")
     assert not (tmp_path / "out.lsp").exists()
+
+
+def test_progress_counts_every_byte_then_the_sort(corpus: Path, tmp_path: Path) -> None:
+    """Issue 41: `index` of one 50 MB line ran 94 s with no sign of life; it now reports as it reads."""
+    seen: list[tuple[str, int, int]] = []
+    report = build_store_from_corpus([str(corpus)], byte_tokens, "bytes-v1", tmp_path / "n.lsp", chunk_bytes=8,
+                                     progress=lambda stage, done, total: seen.append((stage, done, total)))
+    reading = [s for s in seen if s[0] == "tokenizing"]
+    total = report.corpus.bytes
+    assert len(reading) > 3 and all(t == total for _, _, t in reading)
+    assert [d for _, d, _ in reading] == sorted(d for _, d, _ in reading) and reading[-1][1] == total
+    assert seen[-1] == ("sorting", report.tokens, report.tokens)
+
+
+def test_the_progress_line_is_for_terminals_only() -> None:
+    import io
+
+    from localspec.commands.index import progress_line
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert progress_line(io.StringIO()) is None
+    term = Terminal()
+    show = progress_line(term, every_s=3600)
+    assert show is not None
+    show("tokenizing", 5_000_000, 50_000_000)
+    show("tokenizing", 6_000_000, 50_000_000)  # within every_s: not drawn again
+    show("tokenizing", 50_000_000, 50_000_000)  # the end always is
+    show("sorting", 1_234_567, 1_234_567)
+    lines = [line for line in term.getvalue().split("\r") if line.strip()]
+    assert lines == ["\x1b[Klocalspec: indexing: tokenizing 5.0 of 50.0 MB (10%)",
+                     "\x1b[Klocalspec: indexing: tokenizing 50.0 of 50.0 MB (100%)",
+                     "\x1b[Klocalspec: indexing: sorting the suffixes of 1,234,567 tokens"]
