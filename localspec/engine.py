@@ -127,13 +127,6 @@ class GenerateOptions:
         grammar_text(self.grammar, self.json_schema)  # both given, or a schema the converter cannot express
 
 
-def penalised(opts: GenerateOptions) -> bool:
-    """Whether ``opts`` asks for penalties that change the rows. Such a generation decodes plainly for
-    now: greedy speculative output under penalties differed from plain decoding when trees were verified
-    (a draft model's, lookahead's), a fault not yet found (issue 42), and exactness comes first."""
-    return opts.penalties is not None and opts.penalties.active
-
-
 class _Claim:
     """The engine taken by a generation still being built (``owner``: the thread that asked)."""
 
@@ -565,7 +558,7 @@ class Engine:
     def make_drafters(self, sampler: Sampler, opts: GenerateOptions) -> list[Drafter]:
         """The drafters ``opts`` asks for (all configured ones by default; none for plain decoding)."""
         self.check_open()
-        if not opts.speculative or opts.draft_len == 0 or penalised(opts):
+        if not opts.speculative or opts.draft_len == 0:
             return []
         wanted = opts.drafter.split(",") if opts.drafter else list(self._factories)
         unknown = [n for n in wanted if n not in self._factories]

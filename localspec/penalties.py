@@ -119,8 +119,8 @@ class PenaltyShaper:
         elif n < 0:
             before = [*history, *path]
         else:
-            keep = max(0, n - len(path))
-            before = [*history[len(history) - keep:], *path][-n:] if keep else list(path)[-n:]
+            keep = min(len(history), max(0, n - len(path)))  # history[-keep:] would be all of it at keep 0
+            before = [*history[len(history) - keep:], *path][-n:]
         return penalize(logits, before, self.penalties)
 
 

@@ -20,9 +20,6 @@ PROMPT = "Repeat after me: the cat sat on the mat, the cat sat on the mat, the c
 STRONG = Penalties(presence=0.6, frequency=0.4, repeat=1.3, last_n=32)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 42: greedy speculation under penalties differed from plain decoding "
-                   "with trees, so a penalised generation decodes plainly for now (engine.penalised); this fails "
-                   "while it does (nothing is drafted) and passes once speculation under penalties is back and exact")
 @pytest.mark.skipif(not batch_invariant(), reason="token identity needs a batch-invariant build")
 def test_greedy_under_penalties_is_identical_with_and_without_a_draft_model(smollm2_path, smollm2_q4_0_path) -> None:
     engine = localspec.load(smollm2_path, draft=smollm2_q4_0_path, n_ctx=1024, n_gpu_layers=0)
@@ -39,9 +36,6 @@ def test_greedy_under_penalties_is_identical_with_and_without_a_draft_model(smol
     assert all(lp.logprob <= 0 for lp in spec.logprobs)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 42: greedy speculation under penalties differed from plain decoding "
-                   "with trees, so a penalised generation decodes plainly for now (engine.penalised); this fails "
-                   "while it does (nothing is drafted) and passes once speculation under penalties is back and exact")
 @pytest.mark.skipif(not batch_invariant(), reason="token identity needs a batch-invariant build")
 @pytest.mark.parametrize("spec", ["ngram", "lookahead"])
 def test_greedy_under_penalties_and_bias_is_identical_with_and_without_trees(target, spec: str) -> None:
@@ -96,17 +90,3 @@ def test_sampling_under_penalties_follows_the_penalised_target(target, smollm2_q
     assert 0 < accepted < drafted  # both branches of the rule ran
     assert set(counts) <= set(joint)
     assert_follows(counts, joint, trials, min_outcomes=4)
-
-
-def test_a_penalised_generation_decodes_plainly_and_as_plain_decoding_does(target) -> None:
-    """Until speculation under penalties is exact with trees (issue 42), penalties switch drafting off."""
-    penalties = Penalties(presence=0.3, frequency=0.3, repeat=1.1)
-    engine = Engine(target, specs=parse_draft("ngram"), n_ctx=1024, personal_history=False)
-    try:
-        asked = engine.generate(PROMPT, GenerateOptions(max_tokens=32, draft_len=6, penalties=penalties)).run()
-        plain = engine.generate(PROMPT, GenerateOptions(max_tokens=32, speculative=False, penalties=penalties)).run()
-        free = engine.generate(PROMPT, GenerateOptions(max_tokens=32, draft_len=6)).run()
-    finally:
-        engine.ctx.close()
-    assert asked.stats.drafted == 0 and asked.tokens == plain.tokens
-    assert free.stats.drafted > 0  # without penalties the same engine drafts

@@ -70,6 +70,23 @@ def test_a_verification_row_counts_the_history_and_the_drafted_path_before_it() 
     assert np.array_equal(every.shape(ROW, history, path), penalize(ROW, history + path, every.penalties))
 
 
+@pytest.mark.parametrize("last_n", [-1, 1, 3, 6, 8, 64])
+def test_every_split_into_history_and_path_shapes_the_same_row(last_n: int) -> None:
+    """Issue 42: with a history shorter than the window, ``history[len - keep:]`` took its LAST
+    ``keep - len`` tokens instead of all of it, so plain decoding (path ``()``) and a verification row
+    (the same tokens split otherwise) counted different tokens: greedy speculation under penalties
+    differed from plain decoding on any prompt shorter than ``repeat_last_n``."""
+    p = Penalties(frequency=0.5, presence=0.25, repeat=1.3, last_n=last_n)
+    shaper = PenaltyShaper(p)
+    tokens = [5, 1, 2, 3, 0, 3, 1, 4]
+    for n in range(len(tokens) + 1):
+        seq = tokens[:n]
+        want = penalize(ROW, seq if last_n < 0 else seq[-last_n:], p)
+        for split in range(n + 1):
+            got = shaper.shape(ROW, seq[:split], seq[split:])
+            assert np.array_equal(got, want), (n, split)
+
+
 @pytest.mark.parametrize("penalties, param", [
     (Penalties(presence=2.5), "presence_penalty"),
     (Penalties(frequency=-3.0), "frequency_penalty"),
