@@ -107,6 +107,16 @@ class _RowDraftContext(_CachedDraftContext):
     _api: Any
     _keeps_every_row = False  # True: the graph computes every row's logits, outputs or not
     _row0 = 0  # the batch row the last decode's outputs start at
+    n_heads = 1  # chained heads, one per draft depth (an MTP model's NextN layers); EAGLE-3's decoder is one
+    head = 0  # the head that runs
+
+    def set_head(self, head: int) -> None:
+        """Run head ``head`` (0 .. n_heads-1; an MTP model's NextN layer) from the next decode on."""
+        if not 0 <= head < self.n_heads:
+            raise ValueError(f"head {head} out of range 0..{self.n_heads - 1}")
+        if head != self.head:
+            self._api.set_nextn_layer_offset(self._ctx, head)
+            self.head = head
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
                outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None:
@@ -225,13 +235,6 @@ class MtpContext(_RowDraftContext):
         self.head = 0
         self.decode_seconds = 0.0
 
-    def set_head(self, head: int) -> None:
-        """Run NextN layer ``head`` (0 .. n_heads-1) from the next decode on."""
-        if not 0 <= head < self.n_heads:
-            raise ValueError(f"head {head} out of range 0..{self.n_heads - 1}")
-        if head != self.head:
-            self._api.set_nextn_layer_offset(self._ctx, head)
-            self.head = head
 
 
 
