@@ -391,7 +391,7 @@ def test_a_capped_drafter_still_decodes_exactly(agreeing_path, monkeypatch):
 
     plain = Engine.load(agreeing_path, n_ctx=1024, n_threads=1)
     spec = Engine.load(agreeing_path, specs=parse_draft("mtp"), n_ctx=1024, n_threads=1)
-    monkeypatch.setattr(fed, "MAX_ROW_BYTES", 8 * 4 * spec.mtp_ctx.n_embd)
+    monkeypatch.setattr(fed, "MAX_ROW_BYTES", 8 * 4 * spec.drafter_context("mtp").n_embd)
     try:
         greedy = SamplingParams(temperature=0.0)
         want, _ = _run(plain, LONG_PROMPT, max_tokens=40, sampling=greedy)
