@@ -49,6 +49,22 @@ class _ExtBatchContext(_OwnedContext):
         llama_cpp.llama_batch_ext_free(self._batch)
 
 
+def _beside(target: Context, *, n_batch: int, n_threads: int | None, n_seq: int) -> Any:
+    """The parameters of a drafting context with a cache of its own run beside ``target``'s: as long as the
+    target's, ``ctx_other`` its context (what the draft borrows or reads from it), ``n_seq`` sequences in one
+    unified pool (> 1: a draft tree's nodes, a sequence each), the target's flash attention setting."""
+    params = llama_cpp.llama_context_default_params()
+    params.ctx_other = target._ctx
+    params.n_ctx = target.n_ctx
+    params.n_batch = n_batch
+    params.n_ubatch = n_batch
+    params.n_seq_max = n_seq
+    params.kv_unified = True
+    _flash_attention(params, target.flash_attn)
+    _set_threads(params, n_threads)
+    return params
+
+
 class _CachedDraftContext(_ExtBatchContext):
     """A drafting context with a KV cache of its own in sequence 0 (MTP, EAGLE-3, DFlash)."""
 
@@ -209,17 +225,9 @@ class MtpContext(_RowDraftContext):
         self.model = model
         self.n_embd = model.n_embd_out
         self.n_heads = model.n_nextn_layers
-        params = llama_cpp.llama_context_default_params()
+        params = _beside(target, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target._ctx  # a drafter sharing the target's cache (Gemma 4's assistant) reads it
-        params.n_ctx = target.n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = n_seq  # > 1: a draft tree's nodes, a sequence each (drafting/mtp.py)
-        params.kv_unified = True
         self.n_seq = n_seq
-        _flash_attention(params, target.flash_attn)
-        _set_threads(params, n_threads)
         ctx = llama_cpp.llama_init_from_model(model._model, params)
         if not ctx:
             reason = last_error_line() or "llama.cpp refused the MTP context"
@@ -377,16 +385,9 @@ class _TapContext(_CachedDraftContext):
         n_ids = int(taps.model_target_layer_ids_n(draft._model))
         ids = taps.model_target_layer_ids(draft._model)
         self.layers = tuple(int(ids[i]) for i in range(n_ids))
-        params = llama_cpp.llama_context_default_params()
-        params.ctx_other = target._ctx  # the target's token embedding and output matrix, if the draft has none
-        params.n_ctx = target.n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = n_seq  # > 1: a draft tree's nodes, a sequence each (drafting/eagle3.py)
-        params.kv_unified = True
+        # ctx_other: the target's token embedding and output matrix, for a draft that has none.
+        params = _beside(target, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         self.n_seq = n_seq
-        _flash_attention(params, target.flash_attn)
-        _set_threads(params, n_threads)
         clear_log()
         ctx = llama_cpp.llama_init_from_model(draft._model, params)
         if not ctx:
