@@ -14,30 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localspec import pairing
-from localspec.backend import (
-    ASSISTANT_TARGETS,
-    AssistantContext,
-    Context,
-    DFlashContext,
-    Eagle3Context,
-    Grammar,
-    Model,
-    MtpContext,
-)
+from localspec.backend import Context, Grammar, Model
 from localspec.chat import Message, content_spans, render_chat
-from localspec.drafting.assistant import AssistantDrafter
 from localspec.drafting.base import Drafter
-from localspec.drafting.by_text import TextDrafter
-from localspec.drafting.dflash import DFLASH, DFlashDrafter, drafter_name
-from localspec.drafting.eagle3 import EAGLE3, Eagle3Drafter
-from localspec.drafting.factory import (
-    DrafterFactory,
-    Listener,
-    lasting,
-    model_free_drafter,
-)
-from localspec.drafting.model import ModelDrafter
-from localspec.drafting.mtp import MtpDrafter
+from localspec.drafting.factory import DrafterFactory, Listener, Lives, Measured, Setup, Wired, factory, kind_of, wire
 from localspec.drafting.specs import MTP, DrafterSpec
 from localspec.errors import (
     ContextOverflowError,
@@ -46,7 +26,6 @@ from localspec.errors import (
 )
 from localspec.constraints import GrammarShaper, grammar_text
 from localspec.generation import Generation
-from localspec.llama_facts import DRAFT_N_UBATCH
 from localspec.logprobs import check_top_logprobs
 from localspec.penalties import Penalties
 from localspec.models.split import DeviceSplit
@@ -184,12 +163,12 @@ class Engine:
     ``localspec.complete`` uses) waits for it to end, so ``complete()`` from
     several threads take turns. After ``close()`` every method raises ``EngineStateError``.
 
-    Drafters: ``draft`` (a model sharing the target's vocabulary, or Gemma 4's assistant
-    GGUF, which drafts from the target's own cache), ``mtp`` (the
+    Drafters: ``draft`` (a draft model: one sharing the target's vocabulary or drafting by text,
+    Gemma 4's assistant GGUF, an EAGLE-3 or a DFlash/DSpark draft), ``mtp`` (the
     target's own NextN layers; the target must be loaded with ``load_mtp``) and
     the model-free ``specs`` (``ngram``, ``lookahead``, ``rest:STORE``). What may
-    run together is judged by ``localspec.pairing``; the drafters are built by
-    ``localspec.drafting.factory``.
+    run together is judged by ``localspec.pairing``; what each kind is, how its
+    context is built and which class drafts, by the table in ``localspec.drafting.factory``.
     """
 
     def __init__(self, target: Model, *, draft: Model | None = None, specs: Sequence[DrafterSpec] = (),
@@ -200,7 +179,6 @@ class Engine:
         self._turn = threading.Condition()  # guards _active: the one unfinished generation
         self._active: Generation | _Claim | None = None
         pairing.check_models(target, draft, specs)
-        model_free = [s for s in specs if s.kind not in ("model", MTP)]
         self.target = target
         self.n_threads = n_threads
         self._controller: Controller | None = None
@@ -215,97 +193,41 @@ class Engine:
         self._closing = threading.Event()
         self._turn_guard = _Turn(self)
         self.draft = draft
-        # The draft decodes a token at a time: a small batch (localspec.llama_facts.DRAFT_N_UBATCH) shrinks
-        # the compute buffer llama.cpp reserves for a batch that wants every row's logits. A draft with a
-        # recurrent state drafts on a second sequence and never rolls back (drafting/model.py): no snapshots.
-        recurrent_draft = draft is not None and draft.rollback != "cache"
-        # Gemma 4's assistant keeps no cache: it runs against the target's (backend.AssistantContext).
-        assistant = draft is not None and draft.architecture in ASSISTANT_TARGETS
-        # An EAGLE-3 draft decodes from the target's layer inputs, in its own context (backend.Eagle3Context).
-        eagle3 = draft is not None and draft.architecture == EAGLE3
-        # A DFlash draft drafts a block per pass from the target's layer inputs (backend.DFlashContext).
-        dflash = draft is not None and draft.architecture == DFLASH
-        # Drafts that grow trees when the controller asks (a DFlash block; EAGLE-3, the MTP head and a draft
-        # model with a cache they can branch: one sequence per node they decode).
-        model_draft = draft is not None and not (assistant or eagle3 or dflash)
-        # A draft of another tokenizer drafts by text, in its own tokens (drafting/by_text.py): chains only.
-        self.draft_by_text = bool(draft is not None and model_draft and pairing.draft_by_text(target, draft))
+        # Each drafter's kind (drafting.factory.KINDS): the draft model's first, then mtp, then the lookups.
+        entries = [*([DrafterSpec("model", str(draft.path))] if draft is not None else []),
+                   *(s for s in specs if s.kind == MTP), *(s for s in specs if s.kind not in ("model", MTP))]
+        kinds = [kind_of(spec, draft, by_text=lambda: pairing.draft_by_text(target, draft)) for spec in entries]
+        self.draft_by_text = any(kind.by_text for kind in kinds)
         self.pair_notice = (pairing.text_pair_notice(target.name, draft.name)
                             if draft is not None and self.draft_by_text else None)
         """One line for the user when the draft drafts by text (None: it shares the vocabulary, or none)."""
-        # The MTP head grows trees, with one NextN layer or chained ones (drafting/mtp.py, mtp_tree.py).
-        mtp_trees = any(s.kind == MTP for s in specs)
-        self._draft_trees = dflash or eagle3 or mtp_trees or (model_draft and not (recurrent_draft
-                                                                                   or self.draft_by_text))
-        # Candidate branches are extra sequences; a recurrent state cannot branch within a batch.
-        branches = bool(model_free) or self._draft_trees
+        # Drafts that grow trees when the controller asks take one target sequence per node, and so do a
+        # lookup's candidate branches; a recurrent state cannot branch within a batch.
+        self._draft_trees = any(kind.trees(draft) for kind in kinds)
+        branches = self._draft_trees or any(kind.context is None for kind in kinds)
         n_seq = 1 + TREE_SEQUENCES if branches and target.rollback == "cache" else 1
         self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
-        self.assistant_ctx: AssistantContext | None = None
-        if assistant:
-            assert draft is not None
-            from localspec.models.gguf_info import read_info
-
-            pairing.check_assistant(read_info(target.path), read_info(draft.path))
-            self.assistant_ctx = AssistantContext(draft, self.ctx, n_threads=n_threads)
-        draft_seqs = 2 if recurrent_draft else 1 + TREE_SEQUENCES if n_seq > 1 and not self.draft_by_text else 1
-        self.draft_ctx = (Context(draft, n_ctx=n_ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
-                                  n_seq=draft_seqs, n_rs_seq=0 if recurrent_draft else None)
-                          if model_draft else None)
-        self.eagle3_ctx: Eagle3Context | None = None
-        if eagle3:
-            assert draft is not None
-            self.eagle3_ctx = Eagle3Context(draft, self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH),
-                                            n_threads=n_threads, n_seq=self.ctx.n_seq)
-            self.ctx.enable_layer_taps(self.eagle3_ctx.layers)
-        self.dflash_ctx: DFlashContext | None = None
-        if dflash:
-            assert draft is not None
-            self.dflash_ctx = DFlashContext(draft, self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH),
-                                            n_threads=n_threads)
-            self.ctx.enable_layer_taps(self.dflash_ctx.layers)
         self.personal_history = personal_history
-        self._model_free_specs = model_free
-        self._factories: dict[str, DrafterFactory] = {}
+        self._setup = Setup(target, draft, self.ctx, n_ctx, n_batch, n_threads, TREE_SEQUENCES, personal_history)
         self._grammars: dict[str, Grammar] = {}  # compiled grammars by their text (Engine.shaper)
-        self._listeners: list[Listener] = []  # the drafters that listen to the target's decodes
-        if self.draft_ctx is not None:
-            draft_ctx = self.draft_ctx
-            self._factories["draft"] = (
-                (lambda sampler, opts: TextDrafter(draft_ctx, target, p_min=opts.p_min)) if self.draft_by_text
-                else (lambda sampler, opts: ModelDrafter(draft_ctx, sampler, p_min=opts.p_min)))
-        if self.assistant_ctx is not None:
-            assistant_ctx = self.assistant_ctx
-            self._factories["draft"] = self._listener(
-                lambda sampler, opts: AssistantDrafter(assistant_ctx, self.ctx, sampler, p_min=opts.p_min))
-        if self.eagle3_ctx is not None:
-            eagle3_ctx = self.eagle3_ctx
-            self._factories["draft"] = self._listener(
-                lambda sampler, opts: Eagle3Drafter(eagle3_ctx, self.ctx, sampler, p_min=opts.p_min))
-        if self.dflash_ctx is not None:
-            dflash_ctx = self.dflash_ctx
-            self._factories["draft"] = self._listener(
-                lambda sampler, opts: DFlashDrafter(dflash_ctx, self.ctx, sampler, p_min=opts.p_min))
-        # The MTP head: a second context over the target's own weights, fed the target's hidden rows.
-        self.mtp_ctx: MtpContext | None = None
-        if any(s.kind == MTP for s in specs):
-            self.ctx.enable_hidden_rows()
-            mtp_ctx = self.mtp_ctx = MtpContext(self.ctx, n_batch=min(n_batch, DRAFT_N_UBATCH), n_threads=n_threads,
-                                                n_seq=self.ctx.n_seq if mtp_trees else 1)
-            self._factories[MTP] = self._listener(
-                lambda sampler, opts: MtpDrafter(mtp_ctx, self.ctx, sampler, p_min=opts.p_min))
-        for spec in model_free:
-            self._factories[spec.name] = self._model_free_factory(spec)
+        # Each kind's context is built right after the target's, before it decodes (the assistant's must be).
+        self._wired: list[Wired] = []
+        for kind, spec in zip(kinds, entries):
+            self._wired.append(wire(kind, self._setup, spec))
+        self._factories: dict[str, DrafterFactory] = {w.name: w.make for w in self._wired}
+        self._listeners = [w.make for w in self._wired if isinstance(w.make, Listener)]
+        """The factories of the drafters that listen to the target's decodes (one lives at a time)."""
 
-    def _listener(self, make: DrafterFactory) -> Listener:
-        listener = Listener(make)
-        self._listeners.append(listener)
-        return listener
+    @property
+    def draft_ctx(self) -> Context | None:
+        """The draft model's own context (None: no draft model with a cache of its own): measured, cached
+        and cleared as the target's is."""
+        return next((w.context for w in self._wired if w.kind.costs is Measured.MODEL), None)
 
-    def _model_free_factory(self, spec: DrafterSpec) -> DrafterFactory:
-        """Model-free drafters live as long as the engine (their indexes outlast one reply)."""
-        return lasting(model_free_drafter(spec, self.target.path, can_branch=self.ctx.n_seq > 1,
-                                          tree_sequences=TREE_SEQUENCES, personal_history=self.personal_history))
+    def drafter_context(self, name: str) -> object | None:
+        """The context the drafter ``name`` (one of ``drafter_names()``) drafts with: a draft model's, the
+        assistant's, EAGLE-3's, DFlash's or the MTP head's (None: a model-free lookup, or no such drafter)."""
+        return next((w.context for w in self._wired if w.name == name), None)
 
     def reset_learning(self) -> None:
         """Forget what the drafters and controllers learned (n-gram pools, acceptance estimates).
@@ -315,8 +237,9 @@ class Engine:
         """
         self.check_open()
         self._controller = None
-        for spec in self._model_free_specs:
-            self._factories[spec.name] = self._model_free_factory(spec)
+        for w in self._wired:
+            if w.kind.lives is Lives.ENGINE:
+                self._factories[w.name] = factory(w.kind, self._setup, w.context, w.spec)
 
     def cost_model(self, *, measure: bool = True) -> CostModel | None:
         """The costs the controllers plan with (measured or loaded on first use; None if not yet and not
@@ -333,35 +256,20 @@ class Engine:
         return self._costs
 
     def _compose_costs(self, costs: CostModel, draft: CostModel | None) -> CostModel:
-        """The target's verify costs with every drafter's (a draft model's measured, the MTP head's
-        measured here, the assistant's a first guess)."""
-        if draft is not None:
-            costs.set_model_drafter("draft", draft)
-        if self.mtp_ctx is not None:
-            from localspec.policy.measure import load_or_measure_mtp
+        """The target's verify costs with every drafter's: a draft model's measured, the MTP head's measured
+        here, the others' a first guess (``drafting.factory.Kind.costs``), refined by every proposal the
+        controller observes."""
+        for w in self._wired:
+            if w.kind.costs is Measured.MODEL and draft is not None:
+                costs.set_model_drafter(w.name, draft)
+            elif w.kind.costs is Measured.HEAD:
+                from localspec.policy.measure import load_or_measure_mtp
 
-            # The head drafts like a draft model, its catch-up one pass per chained head.
-            head_costs = load_or_measure_mtp(self.mtp_ctx, self.ctx, n_threads=self.n_threads)
-            costs.set_model_drafter(MTP, head_costs, passes=self.mtp_ctx.n_heads)
-        if self.assistant_ctx is not None:
-            # A first guess, refined by every proposal the controller observes: the assistant's
-            # layers and the output matrix per drafted token, against the trunk's.
-            share = (1 + self.assistant_ctx.n_layers) / (self.target.n_layers + 1)
-            one = costs.verify_ms(1) * share
-            costs.set_draft_cost("draft", one, one)
-        if self.eagle3_ctx is not None:
-            # A first guess, refined by every proposal the controller observes: one block and the
-            # output matrix per drafted token, against the trunk's layers and the same matrix (the
-            # encoder's projection of the caught-up rows is small beside them).
-            one = costs.verify_ms(1) * 2 / (self.target.n_layers + 1)
-            costs.set_draft_cost(EAGLE3, one, one)
-        if self.dflash_ctx is not None:
-            # One pass drafts the whole block: a fixed cost (its layers and the output matrix, against
-            # the trunk's) and, per drafted token, what one more row adds to a batch, scaled alike.
-            # A first guess, refined by every proposal the controller observes.
-            share = (self.dflash_ctx.model.n_layers + 1) / (self.target.n_layers + 1)
-            per_row = max(0.0, costs.verify_ms(8) - costs.verify_ms(1)) / 7
-            costs.set_draft_cost(drafter_name(self.dflash_ctx), costs.verify_ms(1) * share, per_row * share)
+                # The head drafts like a draft model, its catch-up one pass per chained head.
+                head_costs = load_or_measure_mtp(w.context, self.ctx, n_threads=self.n_threads)
+                costs.set_model_drafter(w.name, head_costs, passes=w.context.n_heads)
+            elif w.kind.costs is not None:
+                costs.set_draft_cost(*w.kind.costs(costs.verify_ms, w.context, self.target))
         return costs
 
     # --- costs measured while a generation runs ------------------------------------------------
@@ -382,7 +290,8 @@ class Engine:
                 return True
             self._measurer = None
             return False  # done: the costs are set, or it failed and cost_model() measures (and says why)
-        if not self.measure_in_background or self._measure_failed or self.mtp_ctx is not None:
+        if not self.measure_in_background or self._measure_failed or any(w.kind.costs is Measured.HEAD
+                                                                          for w in self._wired):
             return False  # the MTP head is timed against the target's own context: measured on demand
         from localspec.policy.measure import load_cached
 
@@ -683,7 +592,8 @@ class Engine:
                 self._release(active)
         for listener in self._listeners:
             listener.close()
-        # The MTP and assistant contexts before the target's: they were created over it (ctx_other).
-        for obj in (self.mtp_ctx, self.assistant_ctx, self.eagle3_ctx, self.dflash_ctx, self.ctx, self.draft_ctx, self.target, self.draft):
+        # The drafters' contexts before the target's: the MTP head's, the assistant's, EAGLE-3's and DFlash's
+        # were created over it (ctx_other).
+        for obj in (*(w.context for w in reversed(self._wired)), self.ctx, self.target, self.draft):
             if obj is not None:
                 obj.close()

@@ -347,7 +347,7 @@ def speculative_section(target: Any, target_path: Path, draft_path: Path, args: 
 
 def _close_sharing(engine: Any) -> None:
     """Close an engine's contexts and draft model, not its target (shared by the engines here)."""
-    for obj in (engine.ctx, engine.draft_ctx, engine.draft, getattr(engine, "mtp_ctx", None)):
+    for obj in (engine.ctx, engine.draft_ctx, engine.draft, engine.drafter_context("mtp")):
         if obj is not None:
             obj.close()
 

@@ -49,6 +49,22 @@ class _ExtBatchContext(_OwnedContext):
         llama_cpp.llama_batch_ext_free(self._batch)
 
 
+def _beside(target: Context, *, n_batch: int, n_threads: int | None, n_seq: int) -> Any:
+    """The parameters of a drafting context with a cache of its own run beside ``target``'s: as long as the
+    target's, ``ctx_other`` its context (what the draft borrows or reads from it), ``n_seq`` sequences in one
+    unified pool (> 1: a draft tree's nodes, a sequence each), the target's flash attention setting."""
+    params = llama_cpp.llama_context_default_params()
+    params.ctx_other = target._ctx
+    params.n_ctx = target.n_ctx
+    params.n_batch = n_batch
+    params.n_ubatch = n_batch
+    params.n_seq_max = n_seq
+    params.kv_unified = True
+    _flash_attention(params, target.flash_attn)
+    _set_threads(params, n_threads)
+    return params
+
+
 class _CachedDraftContext(_ExtBatchContext):
     """A drafting context with a KV cache of its own in sequence 0 (MTP, EAGLE-3, DFlash)."""
 
@@ -107,6 +123,16 @@ class _RowDraftContext(_CachedDraftContext):
     _api: Any
     _keeps_every_row = False  # True: the graph computes every row's logits, outputs or not
     _row0 = 0  # the batch row the last decode's outputs start at
+    n_heads = 1  # chained heads, one per draft depth (an MTP model's NextN layers); EAGLE-3's decoder is one
+    head = 0  # the head that runs
+
+    def set_head(self, head: int) -> None:
+        """Run head ``head`` (0 .. n_heads-1; an MTP model's NextN layer) from the next decode on."""
+        if not 0 <= head < self.n_heads:
+            raise ValueError(f"head {head} out of range 0..{self.n_heads - 1}")
+        if head != self.head:
+            self._api.set_nextn_layer_offset(self._ctx, head)
+            self.head = head
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
                outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None:
@@ -199,17 +225,9 @@ class MtpContext(_RowDraftContext):
         self.model = model
         self.n_embd = model.n_embd_out
         self.n_heads = model.n_nextn_layers
-        params = llama_cpp.llama_context_default_params()
+        params = _beside(target, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target._ctx  # a drafter sharing the target's cache (Gemma 4's assistant) reads it
-        params.n_ctx = target.n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = n_seq  # > 1: a draft tree's nodes, a sequence each (drafting/mtp.py)
-        params.kv_unified = True
         self.n_seq = n_seq
-        _flash_attention(params, target.flash_attn)
-        _set_threads(params, n_threads)
         ctx = llama_cpp.llama_init_from_model(model._model, params)
         if not ctx:
             reason = last_error_line() or "llama.cpp refused the MTP context"
@@ -225,13 +243,6 @@ class MtpContext(_RowDraftContext):
         self.head = 0
         self.decode_seconds = 0.0
 
-    def set_head(self, head: int) -> None:
-        """Run NextN layer ``head`` (0 .. n_heads-1) from the next decode on."""
-        if not 0 <= head < self.n_heads:
-            raise ValueError(f"head {head} out of range 0..{self.n_heads - 1}")
-        if head != self.head:
-            self._api.set_nextn_layer_offset(self._ctx, head)
-            self.head = head
 
 
 
@@ -349,6 +360,51 @@ class AssistantContext(_ExtBatchContext):
                            "the assistant returned no hidden row")
 
 
+class _TapContext(_CachedDraftContext):
+    """A draft that reads the target's tapped layer inputs (EAGLE-3, DFlash), in a context of its own beside
+    the target's: what building one takes, once for both."""
+
+    model: Model
+    target: Context
+    layers: tuple[int, ...]
+
+    def _open(self, draft: Model, target: Context, *, what: str, n_batch: int, n_threads: int | None,
+              n_seq: int) -> None:
+        """Refuse a build that cannot tap the target's layers, read the layers ``draft`` taps (``layers``) and
+        create its context (``what``: "EAGLE-3", "DFlash", for the refusals)."""
+        from localspec.backend.feature_taps import eagle3_unavailable_reason, tap_api
+
+        reason = eagle3_unavailable_reason()
+        if reason is not None:
+            article = "an" if what[0] in "AEIOU" else "a"
+            raise UnsupportedModelError(reason.replace("an EAGLE-3 draft", f"{article} {what} draft"))
+        taps = tap_api()
+        assert taps is not None
+        self.model = draft
+        self.target = target
+        n_ids = int(taps.model_target_layer_ids_n(draft._model))
+        ids = taps.model_target_layer_ids(draft._model)
+        self.layers = tuple(int(ids[i]) for i in range(n_ids))
+        # ctx_other: the target's token embedding and output matrix, for a draft that has none.
+        params = _beside(target, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
+        self.n_seq = n_seq
+        clear_log()
+        ctx = llama_cpp.llama_init_from_model(draft._model, params)
+        if not ctx:
+            reason = last_error_line() or f"llama.cpp refused the {what} context"
+            raise UnsupportedModelError(f"cannot run {draft.path.name} beside {target.model.path.name}: {reason}")
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+
+    def _ready(self, n_batch: int) -> None:
+        """What the context's decodes use, once llama.cpp has it set up."""
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_batch = min(n_batch, int(llama_cpp.llama_n_batch(self._ctx)))
+        self._batch = llama_cpp.llama_batch_ext_init(self._ctx)
+        self._pos = (llama_cpp.llama_pos * 4)()
+        self.decode_seconds = 0.0
+
+
 # --- EAGLE-3 -----------------------------------------------------------------------
 # An EAGLE-3 draft (src/models/eagle3.cpp) is two graphs in one context: the encoder
 # (LLAMA_PROCESS_TYPE_ENCODE on embedding rows) projects the target's three tapped layer
@@ -359,7 +415,7 @@ class AssistantContext(_ExtBatchContext):
 # stands in for g when the draft drafts on from its own output. A draft without its own
 # token embedding or output matrix borrows the target's (the context's ``ctx_other``).
 
-class Eagle3Context(_RowDraftContext):
+class Eagle3Context(_RowDraftContext, _TapContext):
     """An EAGLE-3 draft model run beside its target's context.
 
     ``encode(features)`` turns rows of the target's tapped layer inputs
@@ -375,45 +431,15 @@ class Eagle3Context(_RowDraftContext):
 
     def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None,
                  n_seq: int = 1) -> None:
-        from localspec.backend.feature_taps import eagle3_unavailable_reason, tap_api
-
-        reason = eagle3_unavailable_reason()
-        if reason is not None:
-            raise UnsupportedModelError(reason)
-        taps, api = tap_api(), nextn_api()
-        assert taps is not None and api is not None
+        self._open(draft, target, what="EAGLE-3", n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
+        api = nextn_api()
+        assert api is not None
         self._api = api
-        self.model = draft
-        self.target = target
-        n_ids = int(taps.model_target_layer_ids_n(draft._model))
-        ids = taps.model_target_layer_ids(draft._model)
-        self.layers: tuple[int, ...] = tuple(int(ids[i]) for i in range(n_ids))
         self.n_embd = int(llama_cpp.llama_model_n_embd(draft._model))
-        self.n_features = n_ids * int(llama_cpp.llama_model_n_embd(target.model._model))
-        params = llama_cpp.llama_context_default_params()
-        params.ctx_other = target._ctx  # the target's token embedding and output matrix, if the draft has none
-        params.n_ctx = target.n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = n_seq  # > 1: a draft tree's nodes, a sequence each (drafting/eagle3.py)
-        params.kv_unified = True
-        self.n_seq = n_seq
-        _flash_attention(params, target.flash_attn)
-        _set_threads(params, n_threads)
-        clear_log()
-        ctx = llama_cpp.llama_init_from_model(draft._model, params)
-        if not ctx:
-            reason = last_error_line() or "llama.cpp refused the EAGLE-3 context"
-            raise UnsupportedModelError(f"cannot run {draft.path.name} beside {target.model.path.name}: {reason}")
-        self._ctx = ctx
-        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.n_features = len(self.layers) * int(llama_cpp.llama_model_n_embd(target.model._model))
         # Output rows only: the encoder marks every row as one, the decoder the rows it drafts from.
-        api.set_embeddings_nextn(ctx, True, True)
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
-        self.n_batch = min(n_batch, int(llama_cpp.llama_n_batch(ctx)))
-        self._batch = llama_cpp.llama_batch_ext_init(ctx)
-        self._pos = (llama_cpp.llama_pos * 4)()
-        self.decode_seconds = 0.0
+        api.set_embeddings_nextn(self._ctx, True, True)
+        self._ready(n_batch)
         self.encode_seconds = 0.0
 
     def encode(self, features: np.ndarray) -> np.ndarray:
@@ -465,7 +491,7 @@ class Eagle3Context(_RowDraftContext):
 # row (the chance it is accepted). The graph keeps every row (it picks no output rows), and
 # llama.cpp copies back the first ``n_outputs``: every row of the block is an output.
 
-class DFlashContext(_CachedDraftContext):
+class DFlashContext(_TapContext):
     """A DFlash (or DSpark) draft model run beside its target's context.
 
     ``inject(features, positions)`` writes rows of the target's tapped layer inputs
@@ -478,19 +504,6 @@ class DFlashContext(_CachedDraftContext):
     """
 
     def __init__(self, draft: Model, target: Context, *, n_batch: int = 128, n_threads: int | None = None) -> None:
-        from localspec.backend.feature_taps import eagle3_unavailable_reason, tap_api
-
-        reason = eagle3_unavailable_reason()
-        if reason is not None:
-            raise UnsupportedModelError(reason.replace("an EAGLE-3 draft", "a DFlash draft"))
-        taps = tap_api()
-        assert taps is not None
-        self.model = draft
-        self.target = target
-        n_ids = int(taps.model_target_layer_ids_n(draft._model))
-        ids = taps.model_target_layer_ids(draft._model)
-        self.layers: tuple[int, ...] = tuple(int(ids[i]) for i in range(n_ids))
-        self.n_embd = n_ids * int(llama_cpp.llama_model_n_embd(target.model._model))
         self.block_size = int(draft.metadata("dflash.block_size") or 16)  # llama.cpp's default
         tensors = {t.name for t in read_header(draft.path).tensors}
         self.markov = DSPARK_MARKOV_TENSOR in tensors  # a DSpark draft
@@ -499,31 +512,13 @@ class DFlashContext(_CachedDraftContext):
         self.max_drafts = self.block_size if self.anchor_first else max(1, self.block_size - 1)
         self.mask_token = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(draft._model)))
         causal = (draft.metadata("dflash.attention.causal") or "false") == "true"
-        params = llama_cpp.llama_context_default_params()
-        params.ctx_other = target._ctx  # the target's token embedding and output matrix, if the draft has none
-        params.n_ctx = target.n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = 1
-        params.kv_unified = True
-        _flash_attention(params, target.flash_attn)
-        _set_threads(params, n_threads)
-        clear_log()
-        ctx = llama_cpp.llama_init_from_model(draft._model, params)
-        if not ctx:
-            reason = last_error_line() or "llama.cpp refused the DFlash context"
-            raise UnsupportedModelError(f"cannot run {draft.path.name} beside {target.model.path.name}: {reason}")
-        self._ctx = ctx
-        self._mem = llama_cpp.llama_get_memory(ctx)
-        llama_cpp.llama_set_causal_attn(ctx, causal)  # the block attends to itself both ways
+        self._open(draft, target, what="DFlash", n_batch=n_batch, n_threads=n_threads, n_seq=1)
+        self.n_embd = len(self.layers) * int(llama_cpp.llama_model_n_embd(target.model._model))
+        llama_cpp.llama_set_causal_attn(self._ctx, causal)  # the block attends to itself both ways
         self._api = nextn_api() if self.has_confidence else None
         if self._api is not None:
-            self._api.set_embeddings_nextn(ctx, True, True)  # the confidence head's scores
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
-        self.n_batch = min(n_batch, int(llama_cpp.llama_n_batch(ctx)))
-        self._batch = llama_cpp.llama_batch_ext_init(ctx)
-        self._pos = (llama_cpp.llama_pos * 4)()
-        self.decode_seconds = 0.0
+            self._api.set_embeddings_nextn(self._ctx, True, True)  # the confidence head's scores
+        self._ready(n_batch)
 
     def inject(self, features: np.ndarray, positions: Sequence[int]) -> None:
         """Write the target's features for ``positions`` into the draft's cache (rows of ``n_embd``)."""

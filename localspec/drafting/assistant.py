@@ -36,9 +36,8 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from localspec.backend import ASSISTANT_TARGETS
-from localspec.drafting.base import DrafterBase, Proposal, draft_token
-from localspec.drafting.hidden_rows import HiddenRows
-from localspec.drafting.mtp import HiddenSource
+from localspec.drafting.base import Proposal, draft_chain
+from localspec.drafting.fed import ListeningDrafter, Target
 from localspec.errors import IncompatibleDraftError
 from localspec.sampling import Sampler
 
@@ -47,7 +46,8 @@ _ROWS_KEPT = 64
 
 
 class AssistantHead(Protocol):
-    """The assistant's context (``backend.AssistantContext``)."""
+    """The assistant's context (``backend.AssistantContext``): no cache of its own, one row a decode, which it
+    refuses (False) when the target's cache has no free cell left."""
 
     n_embd: int
 
@@ -58,27 +58,19 @@ class AssistantHead(Protocol):
     def hidden(self) -> np.ndarray: ...
 
 
-class AssistantDrafter(DrafterBase):
-    """Drafts with a Gemma 4 assistant; ``accepted``/``reset`` follow the drafter protocol.
+class AssistantDrafter(ListeningDrafter):
+    """Drafts with a Gemma 4 assistant; the drafter protocol.
 
     ``p_min``: stop drafting when the assistant's own top probability falls below it.
     """
 
-    def __init__(self, head: AssistantHead, target: HiddenSource, sampler: Sampler, *, p_min: float = 0.0,
+    def __init__(self, head: AssistantHead, target: Target, sampler: Sampler, *, p_min: float = 0.0,
                  name: str = "draft") -> None:
+        super().__init__(target, target.hidden_rows, head.n_embd, _ROWS_KEPT)
         self.name = name
         self.head = head
-        self.target = target
         self.sampler = sampler
         self.p_min = p_min
-        self.rows = HiddenRows(head.n_embd, _ROWS_KEPT)
-        target.add_decode_listener(self.observe)
-
-    def observe(self, tokens: Sequence[int], positions: Sequence[int],
-                seq_ids: Sequence[Sequence[int]] | None) -> None:
-        """Keep the last rows of a target decode (called by the target context after each one)."""
-        if tokens:
-            self.rows.add(tokens, positions, self.target.hidden_rows(len(tokens)))
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
         pos = len(history) - 1  # where history[-1] goes: the target's cache holds everything before it
@@ -86,32 +78,19 @@ class AssistantDrafter(DrafterBase):
             # With nothing in the target's cache there is nothing to attend to (its logits would be NaN).
             return Proposal(drafter=self.name)
         self.rows.drop_before(pos - 1)
-        token, hidden = history[-1], self.rows.row(history, pos - 1)
-        greedy = self.sampler.params.greedy
-        tokens: list[int] = []
-        probs: list[np.ndarray] = []
-        for _ in range(draft_len):
+
+        def logits(depth: int, drafted: Sequence[int]) -> np.ndarray | None:
+            # The first step reads the target's row before the last token; each further step the assistant's
+            # own output, at the same position.
+            token, hidden = ((history[-1], self.rows.row(history, pos - 1)) if depth == 0
+                             else (drafted[-1], np.array(self.head.hidden())))
             if not self.head.decode(token, pos, hidden):
-                break  # the target's cache has no free cell left: draft no further
-            logits = self.head.logits()
-            if not np.isfinite(logits.max()):
-                break  # no cell to attend to (a cache cleared under it): never a draft from NaN
-            picked = draft_token(logits, self.sampler, self.p_min, history, tokens)
-            if picked is None:
-                break
-            token, q = picked
-            tokens.append(token)
-            if q is not None:
-                probs.append(q)
-            hidden = np.array(self.head.hidden())  # the next step's h: the assistant's own, at the same position
-        return Proposal(tuple(tokens), None if greedy else tuple(probs), self.name)
+                return None  # the target's cache has no free cell left: draft no further
+            out = self.head.logits()
+            # No cell to attend to (a cache cleared under it): never a draft from NaN.
+            return out if np.isfinite(out.max()) else None
 
-    def accepted(self, history: Sequence[int], n_accepted: int) -> None:
-        # Nothing to do: the target's cache and hidden rows already say what was kept.
-        pass
-
-    def close(self) -> None:
-        self.target.remove_decode_listener(self.observe)
+        return draft_chain(logits, self.sampler, self.p_min, history, draft_len, self.name)
 
 
 # --- does an assistant fit its target? (from GGUF headers, before any weights load) ------------

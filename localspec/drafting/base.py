@@ -273,6 +273,31 @@ def draft_token(logits: np.ndarray, sampler: Sampler, p_min: float, history: Seq
     return sample(q, sampler.rng), q
 
 
+def draft_chain(logits_at: Callable[[int, Sequence[int]], np.ndarray | None], sampler: Sampler, p_min: float,
+                history: Sequence[int], draft_len: int, drafter: str) -> Proposal:
+    """A chain of up to ``draft_len`` tokens from a model-based drafter, each picked by ``draft_token``.
+
+    ``logits_at(depth, drafted)`` gives the logits the token at ``depth`` is drawn from, ``drafted`` being the
+    tokens picked before it (the drafter feeds the last of them to its model here, so a chain's last token is
+    never fed); None stops the chain (the drafter cannot go on). The proposal carries each token's q
+    unless sampling is greedy.
+    """
+    tokens: list[int] = []
+    probs: list[np.ndarray] = []
+    for depth in range(draft_len):
+        logits = logits_at(depth, tokens)
+        if logits is None:
+            break
+        picked = draft_token(logits, sampler, p_min, history, tokens)
+        if picked is None:
+            break
+        tok, q = picked
+        tokens.append(tok)
+        if q is not None:
+            probs.append(q)
+    return Proposal(tuple(tokens), None if sampler.params.greedy else tuple(probs), drafter)
+
+
 def top_probability(logits: np.ndarray) -> float:
     """The softmax of ``logits`` at its maximum (0 when nothing is finite)."""
     m = float(logits.max())

@@ -8,10 +8,10 @@ once, attending non-causally within the block: row i gives the distribution
 ``q_i`` of the token i places after ``x``. A draft model needs k decodes for k
 tokens; DFlash needs one (its cost grows with the block's rows, not passes).
 
-The cache is kept in step lazily, as the EAGLE-3 drafter's is: the target's
-tapped rows wait in ``rows`` (keyed by position and token) until ``propose``
-injects those the cache lacks (positions up to ``len(history) - 2``); the block
-is dropped from the cache right after it is read.
+The cache is kept in step lazily, as the EAGLE-3 drafter's is (``fed.FedDrafter``):
+the target's tapped rows wait in ``rows`` (keyed by position and token) until
+``propose`` injects those the cache lacks (positions up to ``len(history) - 2``);
+the block is dropped from the cache right after it is read.
 
 Exactness: each draft token ``d_i`` is sampled from ``q_i`` under the target's
 sampling settings, independently of the others (the block's distributions are
@@ -44,15 +44,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
+from localspec.drafting.base import Proposal, TreeProposal, draft_chain
 from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
-from localspec.drafting.eagle3 import (
-    MAX_ROW_BYTES,
-    FeatureSource,
-    check_features_fit,
-    tapped_layers,
-)
-from localspec.drafting.hidden_rows import HiddenRows
+from localspec.drafting.eagle3 import check_features_fit, tapped_layers
+from localspec.drafting.fed import DraftCache, FedDrafter, Target
 from localspec.errors import IncompatibleDraftError
 from localspec.llama_facts import DSPARK_MARKOV_TENSOR
 from localspec.sampling import Sampler
@@ -93,12 +88,14 @@ def is_dspark(draft: Any) -> bool:
     return DSPARK_MARKOV_TENSOR in draft.tensor_names
 
 
-class BlockHead(Protocol):
-    """The draft's context (``backend.DFlashContext``)."""
+class BlockHead(DraftCache, Protocol):
+    """The draft's context (``backend.DFlashContext``): a cache of injected features, and a block decode that
+    drafts ``k`` tokens in one pass (``logits(i)``, ``confidence(i)`` for draft i = 1..k)."""
 
     n_embd: int
     max_drafts: int
     markov: bool  # a DSpark draft
+    has_confidence: bool  # a DSpark confidence head: ``confidence(i)`` is its score (else None)
 
     def inject(self, features: np.ndarray, positions: Sequence[int]) -> None: ...
 
@@ -108,16 +105,14 @@ class BlockHead(Protocol):
 
     def confidence(self, i: int) -> float | None: ...
 
-    def rollback_to(self, n: int) -> None: ...
-
 
 def drafter_name(head: BlockHead) -> str:
     """What the stats and the cost model call a drafter over ``head``."""
     return DSPARK if head.markov else DFLASH
 
 
-class DFlashDrafter(DrafterBase):
-    """Drafts a block with a DFlash model; ``accepted``/``reset`` follow the drafter protocol.
+class DFlashDrafter(FedDrafter):
+    """Drafts a block with a DFlash model; the drafter protocol.
 
     Proposes at most ``head.max_drafts`` tokens (the block it was trained on holds the
     last token and the masks). ``p_min``: the block is cut at the first row whose
@@ -128,82 +123,45 @@ class DFlashDrafter(DrafterBase):
     """
 
     name = DFLASH
+    head: BlockHead
+    reads_token = False  # row p: the features at p, injected (the last token is the block's anchor)
 
-    def __init__(self, head: BlockHead, target: FeatureSource, sampler: Sampler, *, p_min: float = 0.0,
+    def __init__(self, head: BlockHead, target: Target, sampler: Sampler, *, p_min: float = 0.0,
                  max_row_bytes: int | None = None, tree_width: int = TREE_WIDTH) -> None:
-        self.head = head
+        super().__init__(head, target, target.layer_features, head.n_embd, sampler, p_min=p_min,
+                         max_row_bytes=max_row_bytes)
         self.name = drafter_name(head)
         self.tree_width = tree_width
-        self.target = target
-        self.sampler = sampler
-        self.p_min = p_min
         self.max_block = max(1, head.max_drafts)
-        max_rows = (MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes) // (4 * head.n_embd)
-        self.rows = HiddenRows(head.n_embd, max(2, max_rows))
-        # The history prefix whose features the cache holds, at positions 0 .. len - 1.
-        self._tokens: list[int] = []
-        target.add_decode_listener(self.observe)
 
-    def observe(self, tokens: Sequence[int], positions: Sequence[int],
-                seq_ids: Sequence[Sequence[int]] | None) -> None:
-        if tokens:
-            self.rows.add(tokens, positions, self.target.layer_features(len(tokens)))
+    def _feed(self, tokens: Sequence[int], positions: Sequence[int], rows: np.ndarray,
+              outputs: Sequence[bool]) -> None:
+        self.head.inject(rows, positions)
 
-    def _fed(self, history: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self._tokens, history):
-            if a != b:
-                break
-            n += 1
-        return min(n, len(history) - 1)
+    def _longest(self, draft_len: int) -> int:
+        return min(draft_len, self.max_block)
 
-    def behind(self, history: Sequence[int]) -> int:
-        return max(0, len(history) - 1 - self._fed(history))
+    def _tree_nodes(self, history: Sequence[int], nodes: int) -> int:
+        return nodes if self.tree_width > 0 else 0  # a tree costs no sequences: one pass drafts every depth
 
-    def propose(self, history: Sequence[int], draft_len: int) -> Proposal | TreeProposal:
-        return self._propose(history, draft_len, 0)
-
-    def propose_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> Proposal | TreeProposal:
-        return self._propose(history, draft_len, nodes if self.tree_width > 0 else 0)
-
-    def _propose(self, history: Sequence[int], draft_len: int, nodes: int) -> Proposal | TreeProposal:
-        k = min(draft_len, self.max_block)
-        if k <= 0 or len(history) < 2:
-            return Proposal(drafter=self.name)
-        start, last = self._fed(history), len(history) - 1
+    def _draft(self, history: Sequence[int], draft_len: int, nodes: int, row: int) -> Proposal | TreeProposal:
+        last = len(history) - 1
         try:
-            self.head.rollback_to(start)
-            if start < last:
-                positions = range(start, last)
-                self.head.inject(np.stack([self.rows.row(history, p) for p in positions]), positions)
-            self._tokens = list(history[:last])
-            self.rows.drop_before(last - 1)
-            self.head.draft_block(history[-1], last, k)
-            greedy = self.sampler.params.greedy
-            if nodes > k:
-                return self._tree(k, nodes, greedy)
-            tokens: list[int] = []
-            probs: list[np.ndarray] = []
-            for i in range(1, k + 1):
-                confidence = self.head.confidence(i)
-                if confidence is not None and confidence < self.p_min:
-                    break
-                picked = draft_token(self.head.logits(i), self.sampler, self.p_min if confidence is None else 0.0,
-                                     history, tokens)
-                if picked is None:
-                    break
-                tok, q = picked
-                tokens.append(tok)
-                if q is not None:
-                    probs.append(np.array(q))
-        except BaseException:
-            self._tokens.clear()  # a failed decode leaves the cache unknown (it was cleared)
-            raise
+            self.head.draft_block(history[-1], last, draft_len)
+            if nodes > draft_len:
+                return self._block_tree(draft_len, nodes)
+
+            def logits(depth: int, drafted: Sequence[int]) -> np.ndarray | None:
+                confidence = self.head.confidence(depth + 1)
+                return None if confidence is not None and confidence < self.p_min else self.head.logits(depth + 1)
+
+            # A row with a confidence is cut by it alone; without one, by the row's top probability.
+            return draft_chain(logits, self.sampler, 0.0 if self.head.has_confidence else self.p_min, history,
+                               draft_len, self.name)
         finally:
             self.head.rollback_to(last)  # the block's rows are not features
-        return Proposal(tuple(tokens), None if greedy else tuple(probs), self.name)
 
-    def _tree(self, k: int, nodes: int, greedy: bool) -> TreeProposal:
+    def _block_tree(self, k: int, nodes: int) -> TreeProposal:
         """A tree from the block just decoded: the children of a node at depth d drawn from row d + 1."""
         rows: dict[int, np.ndarray] = {}
 
@@ -216,13 +174,4 @@ class DFlashDrafter(DrafterBase):
             return [q_one(len(path) + 1) for path in paths]
 
         return grow_tree(q_at, max_nodes=nodes, max_depth=k, max_width=self.tree_width,
-                         rng=None if greedy else self.sampler.rng, drafter=self.name)
-
-    def accepted(self, history: Sequence[int], n_accepted: int) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.target.remove_decode_listener(self.observe)
+                         rng=None if self.sampler.params.greedy else self.sampler.rng, drafter=self.name)

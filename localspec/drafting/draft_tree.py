@@ -34,7 +34,7 @@ nothing, which the controller prices: ``CostModel.tree_draft_ms``).
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -125,62 +125,15 @@ def grow_tree(q_at: QBatch, *, max_nodes: int, max_depth: int, max_width: int,
     return TreeProposal(tree, drafter, child_q=child_q)
 
 
-class FedHead(Protocol):
-    """A draft head whose every decode is fed the hidden row of its parent's (EAGLE-3's decoder, an MTP
-    head), with a sequence per tree node (``backend.Eagle3Context``, ``backend.MtpContext``)."""
-
-    def hidden(self, row: int) -> np.ndarray: ...
-    def logits(self, row: int) -> np.ndarray: ...
-    def copy_seq(self, src: int, dst: int, p0: int, p1: int) -> None: ...
-    def decode(self, tokens: Sequence[int], positions: Sequence[int], hidden: np.ndarray,
-               outputs: Sequence[bool], seqs: Sequence[int] | None = None) -> None: ...
-    def remove_seq(self, seq: int) -> None: ...
-
-
-def grow_fed_tree(head: FedHead, sampler: Sampler, row: int, first_pos: int, *, max_nodes: int, max_depth: int,
-                  max_width: int, drafter: str) -> TreeProposal:
-    """``grow_tree`` for a head fed its parent's hidden row, after a catch-up that left the root's logits
-    and hidden row at batch row ``row``.
-
-    Each level is one batched decode: every waiting node on a sequence of its own (its parent's cells
-    shared up to the node's position, ``first_pos`` + depth - 1), fed its parent's hidden output; the
-    node sequences are removed afterwards, so the head's cache holds the history again (sequence 0).
-    """
-    seq_of: dict[tuple[int, ...], int] = {(): 0}
-    hidden_of: dict[tuple[int, ...], np.ndarray] = {(): np.array(head.hidden(row))}
-    root = tree_q(head.logits(row), sampler)
-
-    def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-        if list(paths) == [()]:
-            return [root]
-        seqs, positions = [], []
-        for path in paths:
-            seq = seq_of[path] = len(seq_of)
-            position = first_pos + len(path) - 1
-            head.copy_seq(seq_of[path[:-1]], seq, 0, position)
-            seqs.append(seq)
-            positions.append(position)
-        fed = np.stack([hidden_of[path[:-1]] for path in paths])
-        head.decode([path[-1] for path in paths], positions, fed, [True] * len(paths), seqs)
-        out = []
-        for i, path in enumerate(paths):
-            hidden_of[path] = np.array(head.hidden(i))
-            out.append(tree_q(head.logits(i), sampler))
-        return out
-
-    return grow_on_node_sequences(head, seq_of, q_at, sampler, max_nodes=max_nodes, max_depth=max_depth,
-                                  max_width=max_width, drafter=drafter)
-
-
-def grow_on_node_sequences(head: FedHead, seq_of: dict[tuple[int, ...], int],
+def grow_on_node_sequences(remove_seq: Callable[[int], None], seq_of: dict[tuple[int, ...], int],
                            q_at: QBatch, sampler: Sampler, *,
                            max_nodes: int, max_depth: int, max_width: int, drafter: str) -> TreeProposal:
-    """``grow_tree`` over ``q_at``, which decodes each node on a sequence of ``head``'s of its own (``seq_of``:
-    path -> sequence, the root's 0); every node sequence is removed afterwards, whatever happened, so the
-    head's cache holds the history again."""
+    """``grow_tree`` over ``q_at``, which decodes each node on a sequence of a draft cache's own (``seq_of``:
+    path -> sequence, the root's 0); every node sequence is removed afterwards (``remove_seq``), whatever
+    happened, so the cache holds the history again."""
     try:
         return grow_tree(q_at, max_nodes=max_nodes, max_depth=max_depth, max_width=max_width,
                          rng=None if sampler.params.greedy else sampler.rng, drafter=drafter)
     finally:
         for seq in range(1, len(seq_of)):
-            head.remove_seq(seq)
+            remove_seq(seq)

@@ -35,8 +35,8 @@ from typing import Sequence
 import numpy as np
 
 from localspec.backend import Context
-from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_token
-from localspec.drafting.draft_tree import TREE_WIDTH, grow_tree, tree_q
+from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_chain
+from localspec.drafting.draft_tree import TREE_WIDTH, grow_on_node_sequences, tree_q
 from localspec.sampling import Sampler
 
 
@@ -117,32 +117,21 @@ class ModelDrafter(DrafterBase):
             self.ctx.decode(tokens, positions, seqs, [True] * len(tokens))
             return [tree_q(self.ctx.logits(i), self.sampler, history, path) for i, path in enumerate(paths)]
 
-        try:
-            return grow_tree(q_at, max_nodes=nodes, max_depth=draft_len, max_width=self.tree_width,
-                             rng=None if self.sampler.params.greedy else self.sampler.rng, drafter=self.name)
-        finally:
-            for seq in range(1, len(seq_of)):
-                self.ctx.remove_seq(seq)
+        return grow_on_node_sequences(self.ctx.remove_seq, seq_of, q_at, self.sampler, max_nodes=nodes,
+                                      max_depth=draft_len, max_width=self.tree_width, drafter=self.name)
 
     def _draft(self, history: Sequence[int], draft_len: int) -> Proposal:
-        greedy = self.sampler.params.greedy
         pos = len(self.ctx.tokens)
-        tokens: list[int] = []
-        probs: list[np.ndarray] = []
-        for i in range(draft_len):
-            picked = draft_token(self.ctx.logits(-1), self.sampler, self.p_min, history, tokens)
-            if picked is None:
-                break
-            tok, q = picked
-            if q is not None:
-                probs.append(q)
-            tokens.append(tok)
-            if i + 1 < draft_len:
+
+        def logits(depth: int, drafted: Sequence[int]) -> np.ndarray:
+            if depth > 0:  # the token drafted last, one position further
                 if self._branch:
-                    self.ctx.decode([tok], [pos + i], [[_BRANCH]])
+                    self.ctx.decode([drafted[-1]], [pos + depth - 1], [[_BRANCH]])
                 else:
-                    self.ctx.append([tok])
-        return Proposal(tuple(tokens), tuple(probs) if not greedy else None, self.name)
+                    self.ctx.append([drafted[-1]])
+            return self.ctx.logits(-1)
+
+        return draft_chain(logits, self.sampler, self.p_min, history, draft_len, self.name)
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         # Nothing to do eagerly: the next propose() keeps what matches the history.

@@ -7,7 +7,7 @@ j's own output for the token it drafted), because head d's layer holds nothing p
 does the same per path: a node whose path is ``d`` < n_heads tokens long decodes its own region on a
 sequence of its own, which shares the history's cells of sequence 0 (positions before ``x_last``'s) and
 nothing of its parent's (those are another head's layer), fed its own path's chain of outputs. Past the
-last head a node is one row, as a single head's tree grows (``draft_tree.grow_fed_tree``): the last head
+last head a node is one row, as a single head's tree grows (``fed.grow_fed_tree``): the last head
 at its parent's position + 1, on a sequence sharing its parent's cells, fed its parent's output.
 
 A tree level costs more rows than a one-head tree's: ``d + 1`` a node at depth ``d`` < n_heads
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from localspec.drafting.base import TreeProposal
-from localspec.drafting.draft_tree import FedHead, grow_on_node_sequences, tree_q
+from localspec.drafting.draft_tree import grow_on_node_sequences, tree_q
+from localspec.drafting.fed import FedHead
 from localspec.sampling import Sampler
 
 Path = tuple[int, ...]
@@ -114,15 +114,7 @@ def batch_rows(nodes: Sequence[NodeDecode]) -> BatchRows:
                      [n.fed[i] for n, i in order], [i == len(n.tokens) - 1 for n, i in order])
 
 
-class ChainedHead(FedHead, Protocol):
-    """The MTP head context with several heads and a sequence per tree node (``backend.MtpContext``)."""
-
-    n_batch: int
-
-    def set_head(self, head: int) -> None: ...
-
-
-def grow_chained_tree(head: ChainedHead, sampler: Sampler, row: int, *, n_heads: int, x_last: int, pos0: int,
+def grow_chained_tree(head: FedHead, sampler: Sampler, row: int, *, n_heads: int, x_last: int, pos0: int,
                       target_row: np.ndarray, max_nodes: int, max_depth: int, max_width: int,
                       drafter: str) -> TreeProposal:
     """``grow_tree`` for chained heads, after a catch-up that left head 0's logits and hidden output for
@@ -155,5 +147,5 @@ def grow_chained_tree(head: ChainedHead, sampler: Sampler, row: int, *, n_heads:
                 q_of[node.path] = tree_q(head.logits(i), sampler)
         return [q_of[path] for path in paths]
 
-    return grow_on_node_sequences(head, seq_of, q_at, sampler, max_nodes=max_nodes, max_depth=max_depth,
-                                  max_width=max_width, drafter=drafter)
+    return grow_on_node_sequences(head.remove_seq, seq_of, q_at, sampler, max_nodes=max_nodes,
+                                  max_depth=max_depth, max_width=max_width, drafter=drafter)

@@ -51,7 +51,7 @@ def test_greedy_with_the_assistant_is_plain_greedy(drafters, pair):
     spec = Engine.load(target, assistant, specs=parse_draft(drafters.replace("draft", "").strip(",") or None),
                        n_ctx=512, n_threads=1)
     try:
-        assert spec.draft_ctx is None and spec.assistant_ctx is not None  # no cache of its own
+        assert spec.draft_ctx is None and isinstance(spec.drafter_context("draft"), AssistantContext)  # no cache of its own
         greedy = SamplingParams(temperature=0.0)
         seen = [0, 0]
         # The second prompt extends the first (a chat's next turn): the target keeps the shared prefix.

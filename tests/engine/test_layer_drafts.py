@@ -36,7 +36,6 @@ class Kind:
     writer: str               # its writer in eagle3_model
     context: Any              # its backend context
     drafter: Any              # its drafter
-    engine_ctx: str           # the Engine attribute holding its context
     draft_len: int
     as_model: str             # what the refusal of the draft as the model says
     misfits: tuple[tuple[dict[str, Any], str], ...]  # drafts that do not fit, and the refusal
@@ -44,20 +43,20 @@ class Kind:
 
 
 KINDS = {
-    "eagle3": Kind("eagle3", "write_eagle3_draft", Eagle3Context, Eagle3Drafter, "eagle3_ctx", 4,
+    "eagle3": Kind("eagle3", "write_eagle3_draft", Eagle3Context, Eagle3Drafter, 4,
                    "is an EAGLE-3 draft", (
                        ({"target_n_embd": 96}, "reads features 96 wide, the target's are 64"),
                        ({"target_layers": (0, 1, 4)}, r"reads layer\(s\) 4, the target has layers 0..3"),
                        ({"target_layers": (0, 1)}, "names 2 target layers"),
                        ({"n_embd": 32}, "borrows the target's token embedding and output matrix but is 32 wide"),
                    )),
-    "dflash": Kind("dflash", "write_dflash_draft", DFlashContext, DFlashDrafter, "dflash_ctx", 3,
+    "dflash": Kind("dflash", "write_dflash_draft", DFlashContext, DFlashDrafter, 3,
                    "is a DFlash draft", (
                        ({"n_embd": 32}, "reads features 32 wide, the target's are 64"),
                        ({"target_layers": (0, 7)}, r"reads layer\(s\) 7, the target has layers 0..3"),
                    )),
     # DSpark: DFlash with a Markov head, trained anchor first, with a confidence head.
-    "dspark": Kind("dspark", "write_dflash_draft", DFlashContext, DFlashDrafter, "dflash_ctx", 3,
+    "dspark": Kind("dspark", "write_dflash_draft", DFlashContext, DFlashDrafter, 3,
                    "is a DFlash draft", (
                        ({"block_size": None}, r"DSpark draft without its trained block size \(dflash.block_size\)"),
                        ({"n_embd": 32}, "reads features 32 wide, the target's are 64"),
@@ -91,7 +90,7 @@ def test_greedy_with_the_draft_is_plain_greedy(kind: Kind, drafters: str, pair: 
     spec = Engine.load(target, draft, specs=parse_draft(drafters.replace("draft", "").strip(",") or None),
                        n_ctx=512, n_threads=1)
     try:
-        assert spec.draft_ctx is None and getattr(spec, kind.engine_ctx) is not None
+        assert spec.draft_ctx is None and isinstance(spec.drafter_context("draft"), kind.context)
         greedy = SamplingParams(temperature=0.0)
         seen = [0, 0]
         # The second prompt extends the first (a chat's next turn): both caches keep the shared prefix.

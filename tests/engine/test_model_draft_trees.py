@@ -303,9 +303,10 @@ def test_a_chained_trees_first_children_are_the_chains_drafts(chained):
 def test_the_engine_gives_chained_mtp_heads_tree_sequences(tiny):
     engine = Engine.load(tiny["chained"], specs=parse_draft("mtp"), n_ctx=256, n_threads=1)
     try:
-        assert engine.mtp_ctx is not None and engine.mtp_ctx.n_heads == 2
-        assert engine.tree_nodes_limit == 32 and engine.mtp_ctx.n_seq == engine.ctx.n_seq
-        drafter = MtpDrafter(engine.mtp_ctx, engine.ctx, Sampler(GREEDY))
+        head = engine.drafter_context("mtp")
+        assert isinstance(head, MtpContext) and head.n_heads == 2
+        assert engine.tree_nodes_limit == 32 and head.n_seq == engine.ctx.n_seq
+        drafter = MtpDrafter(head, engine.ctx, Sampler(GREEDY))
         assert drafter.tree_width > 1
         drafter.close()
     finally:
@@ -353,8 +354,9 @@ def test_the_engine_drafts_trees_at_gpu_costs_and_stays_exact(tiny, kind):
         prompt = engine.tokenize(PROMPT)
         want = plain_greedy(target, prompt, 40, n_ctx=512)
         costs = _costs(GPU, kind, model_curve)
-        if engine.mtp_ctx is not None:
-            costs.set_model_drafter("mtp", CostModel(model_curve), passes=engine.mtp_ctx.n_heads)
+        head = engine.drafter_context("mtp")
+        if head is not None:
+            costs.set_model_drafter("mtp", CostModel(model_curve), passes=head.n_heads)
         steps, done = _generate(engine, costs, PROMPT, 40)
         trees = [s for s in steps if s.verified > s.drafted]
         assert trees, [s.decision for s in steps]

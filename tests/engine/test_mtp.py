@@ -387,11 +387,11 @@ def test_the_controller_charges_the_heads_catch_up(agreeing_path):
 
 def test_a_capped_drafter_still_decodes_exactly(agreeing_path, monkeypatch):
     """Rows dropped for the cap (zeros in the head's catch-up) cost acceptance, never the output."""
-    from localspec.drafting import mtp
+    from localspec.drafting import fed
 
     plain = Engine.load(agreeing_path, n_ctx=1024, n_threads=1)
     spec = Engine.load(agreeing_path, specs=parse_draft("mtp"), n_ctx=1024, n_threads=1)
-    monkeypatch.setattr(mtp, "MAX_ROW_BYTES", 8 * 4 * spec.mtp_ctx.n_embd)
+    monkeypatch.setattr(fed, "MAX_ROW_BYTES", 8 * 4 * spec.drafter_context("mtp").n_embd)
     try:
         greedy = SamplingParams(temperature=0.0)
         want, _ = _run(plain, LONG_PROMPT, max_tokens=40, sampling=greedy)
