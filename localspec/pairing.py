@@ -70,10 +70,14 @@ def draft_by_text(target: Model, draft: Model) -> bool:
     return pair_kind(read_info(target.path), read_info(draft.path)) == TEXT_PAIR
 
 
-def text_pair_notice(target: str, draft: str) -> str:
-    """The one line that says a draft of another tokenizer drafts by text, and what that costs."""
-    return (f"draft {draft} has another tokenizer than {target}: it drafts by text (its text re-encoded into "
-            f"{target}'s tokens each step); a draft of {target}'s own family accepts more for less")
+def text_pair_notice(target: str, draft: str, better: str | None = None) -> str:
+    """The one line that says a draft of another tokenizer drafts by text, and what that costs; ``better``:
+    a draft of the target's own family that is known (a registry name), named as the likely better choice."""
+    head = (f"draft {draft} has another tokenizer than {target}: it drafts by text (its text re-encoded into "
+            f"{target}'s tokens each step); ")
+    if better is None:
+        return head + f"a draft of {target}'s own family accepts more for less"
+    return head + f"--draft {better}, of {target}'s own family, would likely accept more for less"
 
 
 def check_models(target: Model, draft: Model | None, specs: Sequence[DrafterSpec]) -> None:
