@@ -527,18 +527,10 @@ def check_registry_pair(target: Resolved, draft: Resolved | None, registry: Regi
 
 def same_family_draft(target: Resolved, registry: Registry | None = None) -> str | None:
     """The draft model the registry knows for ``target`` in its own vocabulary family (None: none, or the
-    target is a path): its first recommended draft, else the smallest smaller model of its family."""
+    target is a path; ``Registry.family_draft``)."""
     from localspec.models.registry_file import load_registry
 
-    t = target.spec
-    if t is None:
-        return None
-    registry = registry or load_registry()
-    if drafts := registry.drafts_for(t):
-        return drafts[0].name
-    smaller = sorted((m for m in registry if m.family == t.family and m.name != t.name and not m.draft_only
-                      and (m.n_params or 0) < (t.n_params or float("inf"))), key=lambda m: m.n_params or 0)
-    return smaller[0].name if smaller else None
+    return None if target.spec is None else (registry or load_registry()).family_draft(target.spec)
 
 
 def pair_notice(engine: Engine, target: Resolved, draft: Resolved | None, registry: Registry | None = None

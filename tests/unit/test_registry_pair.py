@@ -63,3 +63,15 @@ def test_a_draft_that_reads_its_target_is_refused_as_the_model_before_any_downlo
         check_registry_pair(registry.resolve(name), None, registry)
     assert str(err.value).startswith(f"{name} is ") and "cannot run alone" in str(err.value)
     assert "as --draft" in str(err.value)
+
+
+def test_judging_a_pair_from_its_headers_loads_no_llama_cpp() -> None:
+    """`doctor --draft` judges the pair in its own process, where a crashing llama.cpp build must never be
+    loaded (everything that runs llama.cpp runs in its child)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, localspec.pairing, localspec.doctor, localspec.commands.doctor; "
+            "assert 'llama_cpp' not in sys.modules, 'llama_cpp imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
