@@ -100,3 +100,22 @@ def test_doctor_judges_registry_names_before_any_download(tmp_path: Path) -> Non
     assert unknown.returncode == 2 and unknown.stdout == ""
     assert unknown.stderr.startswith("localspec: error: unknown model 'gemma3-270x'")
     assert not (tmp_path / "hf").exists()  # nothing was fetched
+
+
+@pytest.mark.parametrize(("model", "problem"), [
+    ("none", "its GGUF carries no tokenizer, so its tokenizer cannot be loaded"),
+    ("llama", "its SPM tokenizer has no byte-level fallback (no <0x00>..<0xFF> tokens), so it cannot encode every text"),
+    ("bert", "its WPM tokenizer has no byte-level fallback (no <0x00>..<0xFF> tokens), so it cannot encode every text"),
+])
+def test_a_draft_that_cannot_draft_by_text_is_one_line_before_generation(model: str, problem: str, tmp_path: Path,
+                                                                         smollm2_path: Path) -> None:
+    """Issue 43 item 5: a draft of another vocabulary whose tokenizer cannot be loaded, or cannot encode every
+    text, is refused from the headers in one line, before any weights load (the file has none to load)."""
+    from vocab_gguf import VOCAB, write_vocab_gguf
+
+    draft = write_vocab_gguf(tmp_path / f"{model}.gguf", VOCAB, model=model)
+    proc = localspec("generate", str(smollm2_path), "--draft", str(draft), "-p", "hi", "--max-tokens", "4")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"localspec: error: draft {model} has another vocabulary than target {smollm2_path.stem}, and it cannot draft "
+        f"by text: the draft {model}: {problem}; pick a draft from the target's own family"]

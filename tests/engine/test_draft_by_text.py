@@ -137,3 +137,17 @@ def test_a_draft_context_too_small_for_the_text_drafts_nothing(gemma, smollm2):
         assert drafter.propose(prompt[:6], 4).tokens != ()  # a short history drafts
     finally:
         dctx.close()
+
+
+def test_draft_text_the_target_cannot_take_is_cut_not_fatal(gemma, smollm2):
+    """Issue 43 item 5: bytes that are no UTF-8 (a byte-level draft can emit them) are what no header can
+    foretell; the proposal stops before them instead of failing the step, and a whole text goes through."""
+    dctx = Context(smollm2, n_ctx=64, n_threads=1)
+    try:
+        drafter = TextDrafter(dctx, gemma)
+        whole = drafter.reencode(b" Berlin is", True)
+        assert b"".join(gemma.piece(t) for t in whole) == b" Berlin is"
+        cut = drafter.reencode(b" Berlin\xff is", True)
+        assert b" Berlin".startswith(b"".join(gemma.piece(t) for t in cut)) and len(cut) < len(whole)
+    finally:
+        dctx.close()
