@@ -118,3 +118,49 @@ def default_model() -> tuple[str, Path | None]:
     if spec is None:
         return "", None
     return spec.name, hub.cached_path(spec)
+
+
+@dataclass(frozen=True)
+class PairFinding:
+    """What ``doctor --draft`` found of the model and a draft model: which kind of pair they are, from
+    their GGUF headers (llama.cpp is not loaded), or why they cannot run together."""
+
+    draft: str
+    """The draft as the user named it (a registry name, or a file's name)."""
+    kind: str | None = None
+    """``SAME_VOCAB`` or ``TEXT_PAIR`` (``localspec.drafting.by_text``); None: refused or not judged."""
+    better: str | None = None
+    """For a pair drafting by text: a draft of the target's own family the registry knows."""
+    problem: str = ""
+    """Why the pair cannot run, in one line ("" when it can)."""
+    unchecked: str = ""
+    """Why the headers were not read (a file not downloaded); "" when they were."""
+
+    def to_dict(self) -> dict[str, Any]:
+        from localspec.drafting.by_text import TEXT_PAIR, TEXT_PAIR_COST
+
+        return {"draft": self.draft, "kind": self.kind, "cost": TEXT_PAIR_COST if self.kind == TEXT_PAIR else None,
+                "better": self.better, "problem": self.problem or None, "unchecked": self.unchecked or None}
+
+
+def judge_pair(target: Path | None, draft: Path | None, draft_name: str, *, missing: str = "",
+               by_family: str | None = None, better: str | None = None) -> PairFinding:
+    """The kind of pair ``draft`` makes with ``target`` (``pairing.pair_kind``), or the one line that refuses
+    it. ``missing``: the name of whichever file is not on disk; then nothing is read, and the kind is
+    ``by_family``, what the registry's families say (None: unknown). ``better`` is kept for a pair that
+    drafts by text."""
+    from localspec.drafting.by_text import TEXT_PAIR
+    from localspec.errors import LocalspecError
+    from localspec.models.gguf_info import read_info
+    from localspec.pairing import pair_kind, refuse_assistant_as_target
+
+    if target is None or draft is None:
+        return PairFinding(draft_name, by_family, better if by_family == TEXT_PAIR else None,
+                           unchecked=f"{missing} is not downloaded (`localspec pull {missing}`)")
+    try:
+        target_info, draft_info = read_info(target), read_info(draft)
+        refuse_assistant_as_target(target_info.label, target_info.architecture)
+        kind = pair_kind(target_info, draft_info)
+    except LocalspecError as err:
+        return PairFinding(draft_name, problem=str(err))
+    return PairFinding(draft_name, kind, better if kind == TEXT_PAIR else None)

@@ -40,6 +40,9 @@ LAYER_TAP_ARCHITECTURES = frozenset({
 # Draft architectures that read a target's layers (src/models/eagle3.cpp, dflash.cpp): they have no
 # use alone, so the registry never runs one as a model or counts it as a size of its family.
 FEATURE_DRAFT_ARCHITECTURES = frozenset({"eagle3", "dflash"})
+# Assistant architectures (src/models/gemma4-assistant.cpp: a draft that reads its target's KV cache and
+# hidden rows) and the target architecture each drafts for.
+ASSISTANT_TARGETS = {"gemma4-assistant": "gemma4"}
 # The tensor that makes a dflash GGUF a DSpark draft (its Markov head), as llama.cpp tells them apart
 # (common/speculative.cpp, src/models/dflash.cpp).
 DSPARK_MARKOV_TENSOR = "markov_w1.weight"

@@ -1,7 +1,8 @@
 """What can run together: a target, its draft and the drafters asked for. Every refusal in one place.
 
 Two moments: ``check_files`` reads only GGUF headers, before any weights load
-(a wrong pair costs no minutes of loading); ``check_models`` judges what only
+(a wrong pair costs no minutes of loading; importing this module loads no llama.cpp, so ``plan`` and
+``doctor`` judge a pair from its headers alone); ``check_models`` judges what only
 a loaded model tells (whether its cache rolls back, whether its MTP layers
 came with it), before any context exists. Each refusal is one line: what
 cannot run, why, and what to do instead.
@@ -9,15 +10,18 @@ cannot run, why, and what to do instead.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from localspec.backend import ASSISTANT_TARGETS, Model, eagle3_unavailable_reason, mtp_unavailable_reason
 from localspec.drafting.dflash import DFLASH
 from localspec.drafting.eagle3 import EAGLE3
 from localspec.drafting.specs import MTP, DrafterSpec
 from localspec.drafting.by_text import SAME_VOCAB, TEXT_PAIR
 from localspec.errors import IncompatibleDraftError, UnsupportedModelError
+from localspec.llama_facts import ASSISTANT_TARGETS
 from localspec.models.gguf_info import GGUFInfo, check_draft_compatible, text_encoding_problem
+
+if TYPE_CHECKING:
+    from localspec.backend import Model
 
 _MTP_FIX = "draft with ngram, lookahead or a draft model instead"
 
@@ -70,10 +74,14 @@ def draft_by_text(target: Model, draft: Model) -> bool:
     return pair_kind(read_info(target.path), read_info(draft.path)) == TEXT_PAIR
 
 
-def text_pair_notice(target: str, draft: str) -> str:
-    """The one line that says a draft of another tokenizer drafts by text, and what that costs."""
-    return (f"draft {draft} has another tokenizer than {target}: it drafts by text (its text re-encoded into "
-            f"{target}'s tokens each step); a draft of {target}'s own family accepts more for less")
+def text_pair_notice(target: str, draft: str, better: str | None = None) -> str:
+    """The one line that says a draft of another tokenizer drafts by text, and what that costs; ``better``:
+    a draft of the target's own family that is known (a registry name), named as the likely better choice."""
+    head = (f"draft {draft} has another tokenizer than {target}: it drafts by text (its text re-encoded into "
+            f"{target}'s tokens each step); ")
+    if better is None:
+        return head + f"a draft of {target}'s own family accepts more for less"
+    return head + f"--draft {better}, of {target}'s own family, would likely accept more for less"
 
 
 def check_models(target: Model, draft: Model | None, specs: Sequence[DrafterSpec]) -> None:
@@ -107,6 +115,7 @@ def refuse_assistant_as_target(name: str, architecture: str) -> None:
 
 def check_assistant(target: GGUFInfo, assistant: GGUFInfo) -> None:
     """Refuse a Gemma 4 assistant draft that this build cannot run or that does not fit the target."""
+    from localspec.backend import mtp_unavailable_reason
     from localspec.drafting.assistant import check_assistant_fits
 
     if reason := mtp_unavailable_reason():
@@ -116,6 +125,7 @@ def check_assistant(target: GGUFInfo, assistant: GGUFInfo) -> None:
 
 def check_eagle3(target: GGUFInfo, draft: GGUFInfo) -> None:
     """Refuse an EAGLE-3 draft that this build cannot run or that does not fit the target."""
+    from localspec.backend import eagle3_unavailable_reason
     from localspec.drafting.eagle3 import check_eagle3_fits
 
     if reason := eagle3_unavailable_reason():
@@ -125,6 +135,7 @@ def check_eagle3(target: GGUFInfo, draft: GGUFInfo) -> None:
 
 def check_dflash(target: GGUFInfo, draft: GGUFInfo) -> None:
     """Refuse a DFlash draft that this build cannot run or that does not fit the target."""
+    from localspec.backend import eagle3_unavailable_reason
     from localspec.drafting.dflash import check_dflash_fits
 
     if reason := eagle3_unavailable_reason():
@@ -135,6 +146,8 @@ def check_dflash(target: GGUFInfo, draft: GGUFInfo) -> None:
 
 def _refuse_mtp(name: str, architecture: str, n_nextn_layers: int, has_weights: bool, no_weights: str) -> None:
     """Refuse ``mtp`` for a target without usable NextN layers (``no_weights``: why its weights are missing)."""
+    from localspec.backend import mtp_unavailable_reason
+
     reason = mtp_unavailable_reason()
     if reason is not None:
         raise UnsupportedModelError(f"drafting with mtp is unavailable: {reason}")

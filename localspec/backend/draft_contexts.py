@@ -21,7 +21,7 @@ from localspec.backend.context import (
 from localspec.backend.model import Model
 from localspec.backend.nextn import mtp_unavailable_reason, nextn_api
 from localspec.errors import UnsupportedModelError
-from localspec.llama_facts import DSPARK_MARKOV_TENSOR
+from localspec.llama_facts import ASSISTANT_TARGETS, DSPARK_MARKOV_TENSOR
 from localspec.models.gguf_header import read_header
 
 
@@ -256,8 +256,6 @@ class MtpContext(_RowDraftContext):
 # over the target's own cells. It embeds tokens with the TARGET's token embedding and reads
 # the target's post-norm hidden state (the NextN rows, llama_get_embeddings_nextn).
 
-ASSISTANT_TARGETS = {"gemma4-assistant": "gemma4"}
-"""Assistant architectures and the target architecture each drafts for."""
 
 
 class AssistantContext(_ExtBatchContext):

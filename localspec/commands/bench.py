@@ -14,6 +14,7 @@ from localspec.commands.common import (
     fetch_models,
     guard_remote_devices,
     load_settings,
+    pair_notice,
     reference,
     resolve_draft_refs,
     resolve_ref,
@@ -136,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
                          n_threads=args.threads, n_gpu_layers=settings.n_gpu_layers,
                          draft_n_gpu_layers=settings.draft_n_gpu_layers,
                          split=settings.split, draft_split=settings.draft_split, personal_history=False)
-    if engine.pair_notice and not args.quiet:
-        print(f"localspec bench: {engine.pair_notice}", file=sys.stderr)
+    if (notice := pair_notice(engine, target_ref, draft_ref)) and not args.quiet:
+        print(f"localspec bench: {notice}", file=sys.stderr)
     progress = None if args.quiet else (lambda msg: print(f"localspec bench: {msg}", file=sys.stderr, flush=True))
     if progress:
         progress("measuring verification costs (cached per model, build and thread count)")

@@ -496,10 +496,12 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
 
 
 def check_registry_pair(target: Resolved, draft: Resolved | None, registry: Registry | None = None) -> None:
-    """Refuse, before anything is downloaded, a draft model the registry knows cannot draft for the
-    target: registry entries of different vocabulary families (``family`` in models.toml); and a target
-    that is itself a draft reading its target (an assistant, EAGLE-3, DFlash). A path on either side is
-    judged from its GGUF header later (``localspec.pairing``)."""
+    """Refuse, before anything is downloaded, what the registry alone shows cannot run: a target that is
+    itself a draft reading its target (an assistant, EAGLE-3, DFlash), and such a draft for a target of
+    another vocabulary family (``family`` in models.toml): it reads the target's cache or layers, so it
+    must share its tokens. A draft model of another family drafts by text (``drafting.by_text``; the
+    notice is ``pair_notice``). A path on either side is judged from its GGUF header later
+    (``localspec.pairing``)."""
     from localspec.errors import IncompatibleDraftError
     from localspec.models.registry_file import load_registry
 
@@ -509,16 +511,38 @@ def check_registry_pair(target: Resolved, draft: Resolved | None, registry: Regi
         refuse_assistant_as_target(target.spec.name, target.spec.arch)
     if draft is None or target.spec is None or draft.spec is None or target.spec.family == draft.spec.family:
         return
+    t, d = target.spec, draft.spec
+    if not d.draft_only:
+        return
     registry = registry or load_registry()
     label = registry.family_label
-    t, d = target.spec, draft.spec
-    same = [m.name for m in registry.drafts_for(t)] or [
-        m.name for m in registry if m.family == t.family and m.name != t.name and not m.draft_only
-        and (m.n_params or 0) < (t.n_params or float("inf"))]
-    fix = f"--draft {same[0]} (the {label(t.family)} family)" if same else "--draft ngram, which needs no model"
+    better = same_family_draft(target, registry)
+    fix = f"--draft {better} (the {label(t.family)} family)" if better else "--draft ngram, which needs no model"
+    reads = "cache" if d.assistant else "layers"
     raise IncompatibleDraftError(
-        f"{d.name} cannot draft for {t.name}: their vocabularies differ ({label(d.family)} and "
-        f"{label(t.family)} in `localspec models`), so no token could be accepted; use {fix}")
+        f"{d.name} cannot draft for {t.name}: it reads its target's {reads}, which needs the target's own "
+        f"vocabulary, and theirs differ ({label(d.family)} and {label(t.family)} in `localspec models`); "
+        f"use {fix}")
+
+
+def same_family_draft(target: Resolved, registry: Registry | None = None) -> str | None:
+    """The draft model the registry knows for ``target`` in its own vocabulary family (None: none, or the
+    target is a path; ``Registry.family_draft``)."""
+    from localspec.models.registry_file import load_registry
+
+    return None if target.spec is None else (registry or load_registry()).family_draft(target.spec)
+
+
+def pair_notice(engine: Engine, target: Resolved, draft: Resolved | None, registry: Registry | None = None
+                ) -> str | None:
+    """The one line that says the loaded draft drafts by text (None: it shares the target's vocabulary, or
+    there is none), the models named as the user named them, and the draft of the target's own family
+    the registry knows named as the likely better choice."""
+    if not engine.pair_notice or draft is None:
+        return engine.pair_notice or None
+    from localspec.pairing import text_pair_notice
+
+    return text_pair_notice(target.name, draft.name, same_family_draft(target, registry))
 
 
 def drafter_hint(word: str) -> str | None:
@@ -620,8 +644,8 @@ def load_engine(args: argparse.Namespace, target_ref: Resolved, drafts: DraftRef
     engine = Engine.load(target, draft, specs=drafts.specs, n_ctx=settings.n_ctx, n_threads=args.threads,
                          n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers,
                          split=settings.split, draft_split=settings.draft_split)
-    if engine.pair_notice:
-        print(f"localspec: {engine.pair_notice}", file=sys.stderr)
+    if notice := pair_notice(engine, target_ref, drafts.model):
+        print(f"localspec: {notice}", file=sys.stderr)
     return engine, target
 
 

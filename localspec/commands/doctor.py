@@ -4,8 +4,11 @@ Prints the llama.cpp build (version, CPU features compiled in, AMX, llamafile's
 sgemm, CUDA, batch invariance), the GPUs with their free memory, the folders
 localspec uses, whether the default model is on disk, and the result of a
 self-test decode run in a child process (so a crashing build is one line, not a
-dead terminal). Exit 0 when sound, 1 when the self-test failed, 3 when llama.cpp
-died by a signal (``scripts/setup.sh`` then removes the build it just installed).
+dead terminal). With ``--draft``, which kind of pair the model and that draft
+make (same vocabulary, or another tokenizer drafting by text) and what it costs,
+from their GGUF headers. Exit 0 when sound, 1 when the self-test failed or the
+pair cannot run, 3 when llama.cpp died by a signal (``scripts/setup.sh`` then
+removes the build it just installed).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec import doctor
-from localspec.commands.common import MODEL_REF_HELP
+from localspec.commands.common import MODEL_REF_HELP, OFF
 from localspec.models.hub_errors import human_size
 
 EXIT_FAILED = 1
@@ -31,6 +34,10 @@ def register(subparsers: Any) -> None:
                     "(a long prompt in one batch and a verification batch) in a child process.")
     p.add_argument("--model", default=None, metavar="MODEL",
                    help="the model to self-test with: " + MODEL_REF_HELP + " (default: the embedded model)")
+    p.add_argument("--draft", metavar="DRAFT", default=None,
+                   help="also judge this draft for the model, named as `generate --draft` names it: which kind "
+                        "of pair they are (same vocabulary, or another tokenizer drafting by text), what that "
+                        "costs, and the model's own-family draft when the registry knows one")
     p.add_argument("--smoke-only", action="store_true",
                    help="only the self-test decode, one line (what scripts/setup.sh runs after installing)")
     p.add_argument("--json", action="store_true", help="print the findings as one JSON object")
@@ -68,6 +75,11 @@ def _unreadable(path: Path | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.smoke_only and args.draft is not None:
+        from localspec.errors import InvalidOptionError
+
+        raise InvalidOptionError("--smoke-only runs the self-test alone and judges no pair; drop --smoke-only to see "
+                                 "what kind of pair --draft makes")
     name, path = _model_path(args.model)
     # The model named with --model is "model"; the registry's default, when none is named, "default model".
     label = "default model" if args.model is None else "model"
@@ -82,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     from localspec.models.split import parse_endpoints  # pure: loads no llama.cpp
 
     endpoints = parse_endpoints(args.rpc) if args.rpc is not None else ()  # "" is refused, not ignored
+    # The draft's name is checked (and the pair judged from the headers) before the self-test runs.
+    pair = _pair(args.model, args.draft, path) if args.draft is not None and not cause else None
     result = doctor.selftest(path, endpoints)
     test = result.records.get("selftest")
     failure = result.failure()
@@ -109,8 +123,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"build": build, "folders": {k: str(v) for k, v in dirs.items()}, "rpc": servers,
                           "default_model": model, "model": model,
                           "selftest": {"ok": result.ok and not cause, "failure": failure or cause,
-                                       "result": test}}, indent=2))
-        return EXIT_FAILED if cause else code
+                                       "result": test},
+                          "pair": pair.to_dict() if isinstance(pair, doctor.PairFinding) else None}, indent=2))
+        return EXIT_FAILED if cause else _with_pair(code, pair)
     out = []
     if build is None:
         out.append(f"llama.cpp     could not be loaded: {failure}")
@@ -152,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
     if cause:
         out.append(f"{label:<13} {name}: cannot be loaded")
         out.append(f"self-test     skipped: {cause}")
+        if args.draft is not None:
+            out.append("pair          not judged: the model cannot be loaded")
         print("\n".join(out))
         return EXIT_FAILED
     where = path if path else "not downloaded (`localspec pull " + name + "`)"
@@ -164,8 +181,64 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"self-test     ok{_where(test)}: {test['prompt_tokens']} prompt tokens in one batch "
                    f"({test['prefill_ms']:.0f} ms), a verification batch of {test['verify_rows']} rows")
         out.append(f"model exact   {_model_exactness(test)}")
+    if args.draft is not None:
+        out.append(f"pair          {_pair_line(name, args.draft, pair)}")
     print("\n".join(out))
-    return code
+    return _with_pair(code, pair)
+
+
+def _pair(model: str | None, draft: str, target: Path | None) -> doctor.PairFinding | None:
+    """``--draft`` resolved as ``generate`` resolves it (an unknown name is the same one-line error) and
+    judged against the model (``target``: its file, None when not downloaded). None: no draft model."""
+    from localspec.commands.common import check_registry_pair, resolve_draft_refs, resolve_ref, same_family_draft
+    from localspec.drafting.by_text import SAME_VOCAB, TEXT_PAIR
+    from localspec.errors import LocalspecError
+    from localspec.models import hub
+    from localspec.models.registry_file import load_registry
+
+    registry = load_registry()
+    drafts = resolve_draft_refs(draft, registry)
+    if drafts.model is None:
+        return None
+    target_ref, draft_ref = resolve_ref(model, registry), drafts.model
+    try:
+        check_registry_pair(target_ref, draft_ref, registry)  # a draft head of another family, refused
+    except LocalspecError as err:
+        return doctor.PairFinding(draft_ref.name, problem=str(err))
+    draft_path = draft_ref.path if draft_ref.spec is None else hub.cached_path(draft_ref.spec)
+    missing = target_ref.name if target is None else draft_ref.name
+    by_family = None
+    if target_ref.spec is not None and draft_ref.spec is not None:
+        by_family = SAME_VOCAB if target_ref.spec.family == draft_ref.spec.family else TEXT_PAIR
+    return doctor.judge_pair(target, draft_path, draft_ref.name, missing=missing, by_family=by_family,
+                             better=same_family_draft(target_ref, registry))
+
+
+def _pair_line(model: str, draft: str, pair: doctor.PairFinding | None) -> str:
+    """The ``pair`` line: which kind of pair, what it costs and what would do better; or why it cannot run."""
+    from localspec.drafting.by_text import SAME_VOCAB, TEXT_PAIR, TEXT_PAIR_COST
+
+    if pair is None:
+        return "no draft model: " + ("plain decoding" if draft.strip().lower() in (OFF, "none") else
+                                     f"{draft} drafts without one")
+    if pair.problem:
+        return f"cannot run: {pair.problem}"
+    head = f"{pair.draft} for {model}: "
+    if pair.kind is None:
+        return head + f"not judged: {pair.unchecked}"
+    if pair.kind == SAME_VOCAB:
+        line = head + ("same vocabulary (token ids shared: verified by id with the draft's probabilities, "
+                       "no re-encoding)")
+    else:
+        assert pair.kind == TEXT_PAIR
+        better = f"; --draft {pair.better}, of {model}'s own family, would likely be better" if pair.better else ""
+        line = head + f"{TEXT_PAIR} ({TEXT_PAIR_COST}){better}"
+    return line + (f"; from the registry's families, since {pair.unchecked}" if pair.unchecked else "")
+
+
+def _with_pair(code: int, pair: doctor.PairFinding | None) -> int:
+    """The exit code with the pair judged: a pair that cannot run fails the doctor, as a failed self-test does."""
+    return EXIT_FAILED if code == 0 and pair is not None and pair.problem else code
 
 
 def _rpc_lines(endpoints: tuple[str, ...], servers: list[dict[str, Any]]) -> list[str]:

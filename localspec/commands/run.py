@@ -28,6 +28,7 @@ from localspec.commands.common import (
     generate_options,
     guard_remote_devices,
     load_settings,
+    pair_notice,
     reference,
     resolve_draft_refs,
     resolve_ref,
@@ -207,8 +208,8 @@ def _run_app(args: argparse.Namespace, opts: "GenerateOptions", session: Session
     engine = Engine.load(target, draft, specs=specs, n_ctx=settings.n_ctx, n_threads=args.threads,
                          n_gpu_layers=settings.n_gpu_layers, draft_n_gpu_layers=settings.draft_n_gpu_layers,
                          split=settings.split, draft_split=settings.draft_split)
-    if engine.pair_notice:
-        print(f"localspec: {engine.pair_notice}", file=sys.stderr)
+    if notice := pair_notice(engine, choice.target, choice.drafts.model):
+        print(f"localspec: {notice}", file=sys.stderr)
     # The first reply starts at once, plain, while costs are measured (a fixed --draft-max drafts from the
     # first step, which needs the costs first).
     engine.measure_in_background = opts.draft_len is None

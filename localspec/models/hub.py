@@ -98,7 +98,8 @@ def local_copy(spec: ModelSpec) -> LocalCopy | None:
     if found is None:
         return None
     path, kind, expected = found
-    return LocalCopy(path, "" if kind == "path" else copy_problem(spec, path, expected))
+    return LocalCopy(path, "" if kind == "path" else copy_problem(spec, path, expected,
+                                                                  from_pypi=kind in ("pypi", "wheel")))
 
 
 SHA_MISMATCH = "it does not match the registry's sha256"
@@ -106,18 +107,20 @@ SIZE_TOLERANCE = 0.05
 """How far a copy's size may be from a rounded ``size`` in models.toml (one written to the byte must match)."""
 
 
-def copy_problem(spec: ModelSpec, path: Path, expected: str | None) -> str:
+def copy_problem(spec: ModelSpec, path: Path, expected: str | None, *, from_pypi: bool = False) -> str:
     """Why the file at ``path`` is not a sound copy of ``spec``'s ("" when it is).
 
-    Always its size against the registry's, and its GGUF header against its length (a copy cut
-    short); its sha256 where the registry has one. Both checks are remembered per file (size,
-    mtime, inode, path), so a second look costs a ``stat``.
+    Its size against the registry's, and its GGUF header against its length (a copy cut short);
+    its sha256 where the registry has one. Both checks are remembered per file (size, mtime, inode,
+    path), so a second look costs a ``stat``. ``from_pypi``: the copy was assembled from PyPI, whose
+    file may differ from the hub's that ``size`` describes (Gemma 3 270M's by 224 bytes of metadata);
+    with ``pypi_sha256`` to check it by, the size is not asked.
     """
     try:
         size = path.stat().st_size
     except OSError as err:
         return f"it cannot be read ({err.strerror or err})"
-    if spec.size:
+    if spec.size and not (from_pypi and expected is not None):
         exact = spec.size % 1000 != 0  # "Approximate (rounded) unless it is written to the byte"
         if (size != spec.size) if exact else abs(size - spec.size) > spec.size * SIZE_TOLERANCE:
             about = "" if exact else "about "
@@ -320,7 +323,7 @@ def _find_cached(spec: ModelSpec) -> tuple[Path, str, str | None] | None:
 
 def _accept_cached(spec: ModelSpec, path: Path, kind: str, expected: str | None, *, offline: bool = False) -> bool:
     """Whether a copy on disk can be used; raises when it cannot be and must not be replaced."""
-    problem = "" if kind == "path" else copy_problem(spec, path, expected)
+    problem = "" if kind == "path" else copy_problem(spec, path, expected, from_pypi=kind in ("pypi", "wheel"))
     if not problem:
         return True
     if kind == "pypi":

@@ -164,6 +164,16 @@ class Registry:
         """The recommended drafts of ``spec``, best first."""
         return tuple(self._models[name] for name in spec.drafts)
 
+    def family_draft(self, spec: ModelSpec) -> str | None:
+        """A draft of ``spec``'s own vocabulary family: its first recommended draft, else the smallest
+        smaller model of its family (None: the family has none). What a draft of another family that
+        drafts by text is told would likely do better."""
+        if spec.drafts:
+            return spec.drafts[0]
+        smaller = [m for m in self if m.family == spec.family and m.name != spec.name and not m.draft_only
+                   and (m.n_params or 0) < (spec.n_params or float("inf"))]
+        return min(smaller, key=lambda m: m.n_params or 0).name if smaller else None
+
     def resolve(self, text: str) -> Resolved:
         """Map a name, an alias or a path to a ``Resolved``.
 

@@ -304,17 +304,19 @@ def test_a_generation_that_fills_the_context_says_so(smollm2_path: Path) -> None
 
 
 @pytest.mark.parametrize("command", [["generate", "-p", "x"], ["bench"], ["run"]])
-def test_a_draft_of_another_family_is_refused_before_any_download(command: list[str], tmp_path: Path) -> None:
-    """Issue 33: `generate smollm2-135m --draft qwen3-0.6b` asked to pull (offline) or began a 640 MB download."""
+def test_a_draft_head_of_another_family_is_refused_before_any_download(command: list[str], tmp_path: Path) -> None:
+    """Issue 33: `generate smollm2-135m --draft qwen3-0.6b` asked to pull (offline) or began a 640 MB download.
+    Since issue 43 a draft model of another family drafts by text; a DFlash head, which reads its target's
+    layers, still cannot, and is refused before anything is fetched."""
     empty_hf = tmp_path / "hf"
-    argv = [command[0], "smollm2-135m", "--draft", "qwen3-0.6b", *command[1:]]
+    argv = [command[0], "smollm2-135m", "--draft", "qwen3-4b-dflash", *command[1:]]
     proc = subprocess.run([sys.executable, "-m", "localspec", *argv], capture_output=True, text=True, timeout=120,
                           env={**ENV, "HF_HOME": str(empty_hf), "HF_HUB_OFFLINE": "0"}, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines == ["localspec: error: qwen3-0.6b cannot draft for smollm2-135m: their vocabularies differ "
-                     "(Qwen3 and SmolLM2 in `localspec models`), so no token could be accepted; use --draft "
-                     "ngram, which needs no model"], proc.stderr  # no SmolLM2 smaller than 135M is registered
+    assert lines == ["localspec: error: qwen3-4b-dflash cannot draft for smollm2-135m: it reads its target's layers, "
+                     "which needs the target's own vocabulary, and theirs differ (Qwen3 and SmolLM2 in `localspec "
+                     "models`); use --draft ngram, which needs no model"], proc.stderr  # no smaller SmolLM2 is registered
     assert not empty_hf.exists()  # nothing was fetched, not even a header
 
 

@@ -337,6 +337,17 @@ def test_a_pypi_model_in_the_localspec_cache_is_used_offline(tmp_path: Path, smo
     assert (tmp_path / "localspec-cache" / "verified" / SMOLLM2_SHA).is_file()
 
 
+def test_a_pypi_copy_is_judged_by_its_own_sha256_not_the_hub_files_size(tmp_path: Path, gemma_path: Path) -> None:
+    """Gemma 3 270M assembled from PyPI is 224 bytes shorter than the hub's file whose size models.toml
+    writes: `generate gemma3-270m --offline` took it for a damaged copy and deleted it from the cache."""
+    cached = tmp_path / "localspec-cache" / "models" / gemma_path.name
+    cached.parent.mkdir(parents=True)
+    cached.symlink_to(gemma_path)
+    result = pull(tmp_path, None, "--offline", "gemma3-270m")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{cached}\n" and cached.is_symlink()
+
+
 def test_pull_cli_streams(tmp_path: Path) -> None:
     unknown = pull(tmp_path, None, "qwen3-15b", endpoint="http://127.0.0.1:9")
     assert unknown.returncode == 2 and unknown.stdout == ""
