@@ -33,13 +33,16 @@ class RandomWeights:
 
 
 @contextlib.contextmanager
-def gguf_writer(path: Path, arch: str, name: str) -> Iterator[tuple[Any, int]]:
+def gguf_writer(path: Path, arch: str, name: str, *, chat_template: str | None = None) -> Iterator[tuple[Any, int]]:
     """A ``gguf.GGUFWriter`` for ``arch`` with its name, a 4096-token context and SmolLM2's tokenizer set,
     and the vocabulary size. The block adds the rest; the file is written to ``path.partial`` and renamed
-    to ``path`` only when the block ends without an error."""
+    to ``path`` only when the block ends without an error. ``chat_template``: another family's template
+    in place of SmolLM2's."""
     import gguf
 
     tok = tokenizer_file.load()
+    if chat_template is not None:
+        tok = {**tok, "chat_template": chat_template}
     tmp = path.with_name(path.name + ".partial")
     writer = gguf.GGUFWriter(str(tmp), arch)
     writer.add_name(name)
