@@ -7,7 +7,7 @@ speculation is exact for the same reason a JSON-schema reply is.
 
 Two syntaxes cover the families the registry serves:
 
-- ``hermes`` (Qwen2.5/Qwen3, SmolLM3, Hermes): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
+- ``hermes`` (Qwen2.5/Qwen3, Hermes): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
   one block per call, several in a row for parallel calls.
 - ``llama3`` (Llama 3.1/3.2/3.3): the reply is one JSON object ``{"name": ..., "parameters": {...}}``,
   maybe after ``<|python_tag|>``.

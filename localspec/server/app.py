@@ -235,7 +235,7 @@ def tool_grammar(parsed: Request, template: str | None, model_name: str) -> str 
     if fmt is None:
         raise RequestError(f"model {shown(model_name, quote=chr(34))}'s chat template has no tool format, so it "
                            "cannot be offered tools; send the request without tools (or tool_choice none), or "
-                           "serve a model whose template renders tools (Qwen3, Llama 3.1+, SmolLM3)",
+                           "serve a model whose template renders tools (Qwen2.5, Qwen3, Llama 3.1 and later)",
                            param="tools", code="unsupported_value")
     forced = parsed.forced_tools
     if not forced:
