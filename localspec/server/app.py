@@ -215,8 +215,7 @@ def prepare_for(parsed: Request, base: "GenerateOptions | None" = None,
             return engine.generate(tokens, opts)
         except InvalidOptionError as err:
             if err.param in ("grammar", "json_schema") and grammar is not None:
-                raise RequestError(f"tools: a function's parameters cannot be enforced: {err}", param="tools",
-                                   code="invalid_value") from None
+                raise unenforceable(err) from None
             if err.param in ("grammar", "json_schema") and parsed.constraint_param:
                 raise RequestError(err.named(parsed.constraint_param), param=parsed.constraint_param,
                                    code="invalid_value") from None
@@ -243,8 +242,14 @@ def tool_grammar(parsed: Request, template: str | None, model_name: str) -> str 
     try:
         return tools_grammar(fmt, forced, parallel=parsed.parallel_tool_calls and parsed.tool_choice == "required")
     except InvalidOptionError as err:
-        raise RequestError(f"tools: a function's parameters cannot be enforced: {err}", param="tools",
-                           code="invalid_value") from None
+        raise unenforceable(err) from None
+
+
+def unenforceable(err: InvalidOptionError) -> RequestError:
+    """The 400 for tools whose calls no grammar can force (a ``parameters`` schema the converter cannot
+    express, or a grammar llama.cpp cannot compile)."""
+    return RequestError(f"tools: a function's parameters cannot be enforced: {err}", param="tools",
+                        code="invalid_value")
 
 
 def tool_reader(parsed: Request, template: str | None) -> ToolCallReader | None:

@@ -104,7 +104,8 @@ def test_logprobs_and_penalties_become_options() -> None:
 
 
 @pytest.mark.parametrize("field,value", [
-    ("n", 2), ("functions", [{}]), ("function_call", "auto"), ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
+    ("n", 2), ("functions", [{}]), ("function_call", "auto"), ("audio", {"voice": "x"}),
+    ("modalities", ["text", "audio"]),
 ])
 def test_features_this_server_lacks_are_refused(field: str, value: object) -> None:
     err = refused(parse_chat, {"messages": HELLO, field: value}, field, code="unsupported_parameter")
