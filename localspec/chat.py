@@ -123,8 +123,10 @@ def content_spans(template: str | None, messages: Iterable[Message | Mapping[str
     not give back ``rendered`` with the contents put in (a template that rewrites content: the caller
     tokenizes ``rendered`` whole, as before)."""
     msgs = [m.as_dict() if isinstance(m, Message) else dict(m) for m in messages]
-    stand_ins = [dict(m, content=f"{_OPEN}{i}{_CLOSE}") if isinstance(m.get("content"), str) else m
-                 for i, m in enumerate(msgs)]
+    # Empty content has nothing to protect and stays empty: a template may test it (Qwen's puts a newline
+    # before a call only after content), and a stand-in there would change what it renders.
+    stand_ins = [dict(m, content=f"{_OPEN}{i}{_CLOSE}") if isinstance(m.get("content"), str) and m["content"]
+                 else m for i, m in enumerate(msgs)]
     skeleton = render_chat(template, stand_ins, bos_token=bos_token, eos_token=eos_token,
                            add_generation_prompt=add_generation_prompt, model_name=model_name, tools=tools)
     pieces: list[tuple[str, bool]] = []
