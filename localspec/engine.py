@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from localspec import pairing
 from localspec.backend import Context, Grammar, Model
@@ -385,9 +386,11 @@ class Engine:
             raise InvalidOptionError(f"the prompt must be text (str), not {type(text).__name__}", param="prompt")
         return self.target.tokenize(text, add_special=True, parse_special=False)
 
-    def chat_tokens(self, messages: Sequence[Message | Mapping[str, str]]) -> list[int]:
+    def chat_tokens(self, messages: Sequence[Message | Mapping[str, Any]],
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """Messages rendered with the model's own template, then tokenized: the template's markers as control
-        tokens, each message's content as text (a message that spells `<|im_end|>` cannot end its turn)."""
+        tokens, each message's content as text (a message that spells `<|im_end|>` cannot end its turn).
+        ``tools``: OpenAI's function objects, rendered by the template (``localspec.tools``)."""
         self.check_open()
         listed = isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping))
         messages = list(messages) if listed else []
@@ -397,7 +400,7 @@ class Engine:
         bos = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""
         eos = self.target.token_text(self.target.eos) if self.target.eos >= 0 else ""
         text = render_chat(self.target.chat_template(), messages, bos_token=bos, eos_token=eos,
-                           model_name=self.target.name)
+                           model_name=self.target.name, tools=tools)
         # The template may already begin with BOS; never add a second one.
         add_bos = not (bos and text.startswith(bos))
         tokenize = self.target.tokenize
@@ -407,7 +410,7 @@ class Engine:
         if any(tokenize(c, add_special=False, parse_special=True) != tokenize(c, add_special=False)
                for c in contents):
             pieces = content_spans(self.target.chat_template(), messages, text, bos_token=bos, eos_token=eos,
-                                   model_name=self.target.name)
+                                   model_name=self.target.name, tools=tools)
             if pieces is not None:
                 return [t for i, (piece, content) in enumerate(pieces)
                         for t in tokenize(piece, add_special=add_bos and i == 0, parse_special=not content)]

@@ -30,6 +30,7 @@ from localspec.events import DoneEvent, GenerationStats, PrefillEvent, TokenEven
 
 if TYPE_CHECKING:
     from localspec.engine import Engine, GenerateOptions
+    from localspec.tools import Tool, ToolCallReader
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="constrain the output by the GBNF grammar in FILE (llama.cpp's grammar syntax)")
     p.add_argument("--json-schema", default=None, metavar="FILE",
                    help="constrain the output to JSON valid under the JSON Schema in FILE")
+    p.add_argument("--tools", default=None, metavar="FILE",
+                   help="offer the functions in FILE (a JSON list of OpenAI tool objects) through the model's chat "
+                        "template (implies --chat); with --json the calls come back as tool_calls")
+    p.add_argument("--tool-choice", default=None, metavar="CHOICE",
+                   help="with --tools: auto (the default: the model chooses), required, or a function's name; "
+                        "required and a name are enforced by a grammar")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="with --json: each token's log-probability under the target and its N most probable "
                         "alternatives (0..20), the same with speculation on or off")
@@ -101,9 +108,11 @@ def acceptance_line(stats: GenerationStats) -> str:
             f"tokens/step ({ceiling}); α by position: " + " ".join(f"{a:.2f}" for a in stats.position_acceptance))
 
 
-def result_json(done: DoneEvent, logprobs: list[TokenLogprob] | None = None) -> dict:
+def result_json(done: DoneEvent, logprobs: list[TokenLogprob] | None = None,
+                reader: "ToolCallReader | None" = None) -> dict:
     """The --json object; ``logprobs`` (with --logprobs): one entry per token, its id, log-probability and
-    alternatives as ``[id, logprob]`` pairs (``-inf`` written as null)."""
+    alternatives as ``[id, logprob]`` pairs (``-inf`` written as null); ``reader`` (with --tools): the
+    reply read as ``content`` (null when it is only calls) and ``tool_calls`` in OpenAI's shape."""
     stats = done.stats.to_dict()
     out = {
         "text": done.text,
@@ -112,6 +121,10 @@ def result_json(done: DoneEvent, logprobs: list[TokenLogprob] | None = None) -> 
         "token_ids": list(done.tokens),
         "stats": stats,
     }
+    if reader is not None:
+        content, calls = reader.whole(done.text)
+        out["content"] = content
+        out["tool_calls"] = [c.as_openai() for c in calls]
     if logprobs is not None:
         out["logprobs"] = [{"token": lp.token, "logprob": _number(lp.logprob),
                             "top": [[t, _number(v)] for t, v in lp.top]} for lp in logprobs]
@@ -145,6 +158,57 @@ def constrained(opts: "GenerateOptions", args: argparse.Namespace) -> "GenerateO
     return opts
 
 
+def read_tools(args: argparse.Namespace) -> "tuple[tuple[Tool, ...], str, str | None]":
+    """``--tools FILE`` and ``--tool-choice`` as (tools, choice, name), checked as the server checks them,
+    before any model is touched; ((), "none", None) without --tools."""
+    from localspec.server.schema import RequestError, parse_tool_choice, parse_tools
+
+    if args.tools is None:
+        if args.tool_choice is not None:
+            raise InvalidOptionError("--tool-choice needs --tools FILE (the functions to choose from)")
+        return (), "none", None
+    text = _read_option_file(args.tools, "--tools")
+    try:
+        tools = parse_tools(json.loads(text))
+        if not tools:
+            raise InvalidOptionError(f"--tools {args.tools} lists no tools; give at least one")
+        choice = args.tool_choice or "auto"
+        wanted = choice if choice in ("auto", "none", "required") else {"type": "function",
+                                                                         "function": {"name": choice}}
+        choice, name = parse_tool_choice(wanted, tools)
+    except json.JSONDecodeError as err:
+        raise InvalidOptionError(f"--tools {args.tools}: not JSON ({err}); give a JSON list of tools like "
+                                 '[{"type": "function", "function": {"name": "get_weather"}}]') from None
+    except RequestError as err:
+        raise InvalidOptionError(f"--tools {args.tools}: {err}") from None
+    if choice in ("required", "function") and (args.grammar is not None or args.json_schema is not None):
+        raise InvalidOptionError("--tool-choice required or a name is enforced by a grammar of its own; "
+                                 "leave out --grammar and --json-schema")
+    return tools, choice, name
+
+
+def tool_prompt(engine: "Engine", messages: list[dict], opts: "GenerateOptions", tools: "tuple[Tool, ...]",
+                choice: str, name: str | None) -> "tuple[list[int], GenerateOptions, ToolCallReader | None]":
+    """The prompt with ``tools`` rendered by the model's template, the options with the grammar a
+    required or named choice needs, and the reader of the calls (None without tools, or with choice none)."""
+    import dataclasses
+
+    from localspec.tools import ToolCallReader, tool_format, tools_grammar
+
+    if not tools or choice == "none":
+        return engine.chat_tokens(messages), opts, None
+    fmt = tool_format(engine.target.chat_template())
+    if fmt is None:
+        raise InvalidOptionError(f"--tools: {engine.target.name}'s chat template has no tool format, so the model "
+                                 "cannot be offered tools; use a model whose template renders them (Qwen2.5, "
+                                 "Qwen3, Llama 3.1 and later)")
+    forced = tools if choice == "required" else tuple(t for t in tools if t.name == name) if name else ()
+    if forced:
+        opts = dataclasses.replace(opts, grammar=tools_grammar(fmt, forced, parallel=choice == "required"))
+    tokens = engine.chat_tokens(messages, tools=[t.as_openai() for t in tools])
+    return tokens, opts, ToolCallReader(fmt, [t.name for t in tools])
+
+
 def _read_option_file(path: str, flag: str) -> str:
     try:
         with open(path, encoding="utf-8") as fh:
@@ -160,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     if args.logprobs is not None and not args.json:
         raise InvalidOptionError("--logprobs needs --json: the log-probabilities are written in its object")
     opts = constrained(generate_options(args), args)
+    tools, choice, name = read_tools(args)
     # Every name and the prompt are checked before anything is downloaded.
     target_ref = resolve_ref(args.model)
     drafts = resolve_draft_refs(args.draft)
@@ -169,11 +234,12 @@ def run(args: argparse.Namespace) -> int:
     notice = context_notice(args.ctx, engine.n_ctx)
     if notice:
         print(f"localspec: {notice}", file=sys.stderr)
-    # A system prompt is a chat turn: it implies --chat rather than being dropped.
-    if args.chat or args.system is not None:
+    # A system prompt is a chat turn: it implies --chat rather than being dropped; so do tools.
+    reader = None
+    if args.chat or args.system is not None or tools:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         messages.append({"role": "user", "content": prompt})
-        tokens = engine.chat_tokens(messages)
+        tokens, opts, reader = tool_prompt(engine, messages, opts, tools, choice, name)
     else:
         tokens = engine.tokenize(prompt)
     # Someone watching (stderr a terminal) sees the reply start at once, plain, while the costs are
@@ -182,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     watched = sys.stderr is not None and sys.stderr.isatty()
     engine.measure_in_background = opts.draft_len is None and watched
     try:
-        code = _generate(args, engine, tokens, opts)
+        code = _generate(args, engine, tokens, opts, reader)
     except BaseException:
         # A background measurement still decoding must stop before the interpreter frees the model
         # under it (a SIGTERM'd reply exited with SIGSEGV otherwise).
@@ -201,8 +267,10 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opts: "GenerateOptions") -> int:
-    """Stream one reply of ``engine`` for ``tokens`` and print its result; the exit code."""
+def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opts: "GenerateOptions",
+              reader: "ToolCallReader | None" = None) -> int:
+    """Stream one reply of ``engine`` for ``tokens`` and print its result (with ``reader``: its tool calls
+    too, in --json); the exit code."""
     gen = engine.generate(tokens, opts)
     if gen.measuring_costs and not args.quiet:
         print("localspec: measuring this machine's decode costs (once per model, build and thread count); "
@@ -236,7 +304,7 @@ def _generate(args: argparse.Namespace, engine: "Engine", tokens: list[int], opt
     assert done is not None
     # The result first: after SIGHUP the terminal (stderr) may be gone while stdout is a file.
     if args.json:
-        result = result_json(done, logprobs if opts.logprobs is not None else None)
+        result = result_json(done, logprobs if opts.logprobs is not None else None, reader)
         write_out(json.dumps(result, ensure_ascii=False) + "\n", flush=True)
     else:
         write_out("\n", flush=True)

@@ -32,6 +32,7 @@ from localspec.server.middleware import CLIENT_CLOSED, CLIENT_LEFT, KeyGate, Req
 from localspec.server.schema import Request, RequestError, matches_model, parse_chat, parse_completion
 from localspec.server.slot import Busy, EngineSlot
 from localspec.server.stream import ClientGone, EventStream, stream_chunks, whole_reply
+from localspec.tools import ToolCallReader, tool_format, tools_grammar
 
 if TYPE_CHECKING:
     from localspec.engine import Engine, GenerateOptions
@@ -176,24 +177,29 @@ class _Routes:
     async def _generate(self, parsed: Request, request: HttpRequest) -> Response:
         self._check_model(parsed.model)
         reply = responses.Reply.new(parsed.endpoint, self._model.id)
-        run = await self._slot.open(prepare_for(parsed, self._base))
+        run = await self._slot.open(prepare_for(parsed, self._base, self._model.id))
         drafter = drafter_label(parsed, self._model.drafters)
+        reader = tool_reader(parsed, run.generation.engine.target.chat_template())
         if parsed.stream:
-            return EventStream(stream_chunks(run, parsed, reply, drafter), on_disconnect=run.cancel,
+            return EventStream(stream_chunks(run, parsed, reply, drafter, reader), on_disconnect=run.cancel,
                                on_close=run.close)
-        return await whole_reply(run, reply, drafter, request.receive)
+        return await whole_reply(run, reply, drafter, request.receive, reader)
 
 
-def prepare_for(parsed: Request, base: "GenerateOptions | None" = None) -> Callable[["Engine"], "Generation"]:
+def prepare_for(parsed: Request, base: "GenerateOptions | None" = None,
+                served_as: str | None = None) -> Callable[["Engine"], "Generation"]:
     """The work done on the engine's thread before a generation starts: the prompt's tokens (the
-    model's own chat template for a chat), the check that it fits, the options (``base`` with the
-    request's own fields)."""
+    model's own chat template for a chat, with the tools offered), the check that it fits, the options
+    (``base`` with the request's own fields, and the grammar a forced tool choice needs). ``served_as``:
+    the model's name in errors (the served id; None: the GGUF's own name)."""
 
     def prepare(engine: "Engine") -> "Generation":
         from localspec.engine import GenerateOptions
 
         chat = parsed.endpoint == "chat"
-        tokens = engine.chat_tokens(parsed.messages) if chat else engine.tokenize(parsed.prompt)
+        grammar = tool_grammar(parsed, engine.target.chat_template(), served_as or engine.target.name)
+        tools = [t.as_openai() for t in parsed.tools] if parsed.calls_tools else None
+        tokens = engine.chat_tokens(parsed.messages, tools=tools) if chat else engine.tokenize(parsed.prompt)
         if len(tokens) >= engine.n_ctx:
             raise RequestError(
                 f"the prompt is {len(tokens)} tokens but the context holds {engine.n_ctx}, and at least one "
@@ -202,17 +208,54 @@ def prepare_for(parsed: Request, base: "GenerateOptions | None" = None) -> Calla
         room = engine.n_ctx - len(tokens)  # no max_tokens: until a stop or the end of the context, as OpenAI does
         opts = dataclasses.replace(base or GenerateOptions(), max_tokens=parsed.max_tokens or room,
                                    sampling=parsed.sampling, stop=parsed.stop, speculative=parsed.speculative,
-                                   drafter=parsed.drafter, grammar=parsed.grammar, json_schema=parsed.json_schema,
+                                   drafter=parsed.drafter, grammar=grammar or parsed.grammar,
+                                   json_schema=parsed.json_schema,
                                    logprobs=parsed.logprobs, penalties=parsed.penalties)
         try:
             return engine.generate(tokens, opts)
         except InvalidOptionError as err:
+            if err.param in ("grammar", "json_schema") and grammar is not None:
+                raise unenforceable(err) from None
             if err.param in ("grammar", "json_schema") and parsed.constraint_param:
                 raise RequestError(err.named(parsed.constraint_param), param=parsed.constraint_param,
                                    code="invalid_value") from None
             raise
 
     return prepare
+
+
+def tool_grammar(parsed: Request, template: str | None, model_name: str) -> str | None:
+    """The grammar that enforces ``parsed.tool_choice`` (required, or a named function) in the call syntax
+    of the model's template; None when nothing is forced. A request offering tools to a model whose
+    template renders none is refused (400), whatever the choice but none."""
+    if not parsed.calls_tools:
+        return None
+    fmt = tool_format(template)
+    if fmt is None:
+        raise RequestError(f"model {shown(model_name, quote=chr(34))}'s chat template has no tool format, so it "
+                           "cannot be offered tools; send the request without tools (or tool_choice none), or "
+                           "serve a model whose template renders tools (Qwen2.5, Qwen3, Llama 3.1 and later)",
+                           param="tools", code="unsupported_value")
+    forced = parsed.forced_tools
+    if not forced:
+        return None
+    try:
+        return tools_grammar(fmt, forced, parallel=parsed.parallel_tool_calls and parsed.tool_choice == "required")
+    except InvalidOptionError as err:
+        raise unenforceable(err) from None
+
+
+def unenforceable(err: InvalidOptionError) -> RequestError:
+    """The 400 for tools whose calls no grammar can force (a ``parameters`` schema the converter cannot
+    express, or a grammar llama.cpp cannot compile)."""
+    return RequestError(f"tools: a function's parameters cannot be enforced: {err}", param="tools",
+                        code="invalid_value")
+
+
+def tool_reader(parsed: Request, template: str | None) -> ToolCallReader | None:
+    """What reads the calls out of the reply when tools were offered (None: the text is the reply)."""
+    fmt = tool_format(template) if parsed.calls_tools else None
+    return ToolCallReader(fmt, [t.name for t in parsed.tools]) if fmt is not None else None
 
 
 def drafter_label(parsed: Request, drafters: tuple[str, ...]) -> str:

@@ -11,11 +11,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from localspec.chat import ToolCall
 from localspec.events import GenerationStats, TokenLogprob
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 """The engine's finish reasons as OpenAI's: a full context is a length limit too. A cancelled
-generation has no OpenAI reason: its client left, or the server is stopping (an error event)."""
+generation has no OpenAI reason: its client left, or the server is stopping (an error event). A reply
+that stopped after calling tools finishes with ``tool_calls`` (``finish_reason``)."""
+
+
+def finish_reason(engine_reason: str, called: bool) -> str:
+    """OpenAI's finish reason for the engine's, ``called`` when the reply holds tool calls."""
+    reason = FINISH_REASONS[engine_reason]
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 @dataclass(frozen=True)
@@ -140,12 +148,16 @@ def logprobs(endpoint: str, items: Sequence[TokenLogprob], piece: Callable[[int]
 
 
 # --- whole bodies -----------------------------------------------------------------------------
-def body(reply: Reply, text: str, finish_reason: str, stats: GenerationStats, cached: int,
-         drafter: str, token_logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The non-streamed response; ``token_logprobs``: the choice's ``logprobs`` (``logprobs()``), if asked for."""
+def body(reply: Reply, text: str | None, finish_reason: str, stats: GenerationStats, cached: int,
+         drafter: str, token_logprobs: dict[str, Any] | None = None,
+         tool_calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
+    """The non-streamed response; ``token_logprobs``: the choice's ``logprobs`` (``logprobs()``), if asked for;
+    ``tool_calls``: the calls read from the reply (``text`` is then what else it said, or None)."""
     choice: dict[str, Any] = {"index": 0, "logprobs": token_logprobs, "finish_reason": finish_reason}
     if reply.endpoint == "chat":
         choice["message"] = {"role": "assistant", "content": text}
+        if tool_calls:
+            choice["message"]["tool_calls"] = [c.as_openai() for c in tool_calls]
     else:
         choice["text"] = text
     return {"id": reply.id, "object": reply.object, "created": reply.created, "model": reply.model,
@@ -154,9 +166,10 @@ def body(reply: Reply, text: str, finish_reason: str, stats: GenerationStats, ca
 
 # --- stream chunks ----------------------------------------------------------------------------
 def chunk(reply: Reply, text: str | None, *, finish_reason: str | None = None, first: bool = False,
-          token_logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+          token_logprobs: dict[str, Any] | None = None,
+          tool_calls: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One ``chat.completion.chunk`` / streamed ``text_completion``: text (None: none) or the finish, with
-    its tokens' ``logprobs`` when asked for."""
+    its tokens' ``logprobs`` when asked for; ``tool_calls``: a chat delta's calls (``call_deltas``)."""
     choice: dict[str, Any] = {"index": 0, "logprobs": token_logprobs, "finish_reason": finish_reason}
     if reply.endpoint == "chat":
         delta: dict[str, Any] = {}
@@ -164,11 +177,20 @@ def chunk(reply: Reply, text: str | None, *, finish_reason: str | None = None, f
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = list(tool_calls)
         choice["delta"] = delta
     else:
         choice["text"] = text or ""
     return {"id": reply.id, "object": reply.chunk_object, "created": reply.created, "model": reply.model,
             "choices": [choice]}
+
+
+def call_deltas(call: ToolCall, index: int) -> list[dict[str, Any]]:
+    """A call as the deltas OpenAI streams it in: its index, id, type and name first (arguments empty),
+    then its arguments; a client joins each index's arguments in order."""
+    return [{"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}},
+            {"index": index, "function": {"arguments": call.arguments}}]
 
 
 def usage_chunk(reply: Reply, stats: GenerationStats, cached: int) -> dict[str, Any]:

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from localspec.chat import Message
+from localspec.chat import Message, ToolCall
 from localspec.errors import InvalidOptionError, LocalspecError, shown
 from localspec.logprobs import MAX_TOP_LOGPROBS
 from localspec.penalties import DEFAULT_LAST_N, Penalties
 from localspec.sampling import SamplingParams
+from localspec.tools import Tool
 
 OFF_WORDS = ("off", "plain", "none")
 """``{"localspec": {"draft": "off"}}``: plain decoding for this request."""
@@ -73,6 +75,24 @@ class Request:
     constraint_param: str | None = None  # the field the grammar or schema came from, for its errors
     logprobs: int | None = None  # alternatives per token (0..20); None: no log-probabilities
     penalties: Penalties | None = None
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"  # auto, none, required, or function (the one named ``tool_name``)
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the model is offered tools (and may, or must, call them)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def forced_tools(self) -> tuple[Tool, ...]:
+        """The tools a grammar makes the reply call (required: any of them; a named one: that one)."""
+        if self.tool_choice == "required":
+            return self.tools
+        if self.tool_choice == "function":
+            return tuple(t for t in self.tools if t.name == self.tool_name)
+        return ()
 
 
 # --- the tables -------------------------------------------------------------------------------
@@ -80,15 +100,16 @@ MAPPED_COMMON = ("model", "stream", "stream_options", "temperature", "top_p", "t
                  "max_tokens", "localspec", "grammar", "json_schema", "logprobs", "presence_penalty",
                  "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias")
 MAPPED = {
-    "chat": MAPPED_COMMON + ("messages", "max_completion_tokens", "response_format", "top_logprobs"),
+    "chat": MAPPED_COMMON + ("messages", "max_completion_tokens", "response_format", "top_logprobs", "tools",
+                             "tool_choice", "parallel_tool_calls"),
     "completion": MAPPED_COMMON + ("prompt",),
 }
 
-IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-           "prompt_cache_retention", "safety_identifier", "cache_prompt")
+IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+           "safety_identifier", "cache_prompt")
 """Dropped: none of them can change the reply. ``store`` asks OpenAI to keep the reply (nothing is kept
-here), ``parallel_tool_calls`` matters only with tools (refused), ``cache_prompt`` is llama-server's
-switch for what this server always does (keep the conversation's prefix in the cache)."""
+here), ``cache_prompt`` is llama-server's switch for what this server always does (keep the
+conversation's prefix in the cache)."""
 
 
 def _absent(value: Any) -> bool:
@@ -104,7 +125,7 @@ def _empty(value: Any) -> bool:
     return value is None or value == [] or value == {}
 
 
-_NO_TOOLS = "tool calling is not supported"
+_LEGACY_FUNCTIONS = "functions and function_call are the retired names of tools and tool_choice; send those"
 
 # name -> (does this value change nothing?, why any other value is refused)
 _NEUTRAL_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -113,10 +134,8 @@ _NEUTRAL_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
 NEUTRAL: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "chat": {
         **_NEUTRAL_COMMON,
-        "tools": (_empty, _NO_TOOLS),
-        "tool_choice": (_is("none"), _NO_TOOLS),
-        "functions": (_empty, _NO_TOOLS),
-        "function_call": (_is("none"), _NO_TOOLS),
+        "functions": (_empty, _LEGACY_FUNCTIONS),
+        "function_call": (_is("none"), _LEGACY_FUNCTIONS),
         "modalities": (_is(["text"]), "only text is generated"),
         "audio": (_absent, "only text is generated"),
         "prediction": (_absent, "predicted outputs are not supported (the drafters already propose the reply)"),
@@ -143,8 +162,15 @@ def parse_chat(body: Any, *, drafters: Sequence[str] = ()) -> Request:
     if limit is not None and legacy is not None and limit != legacy:
         raise RequestError(f"max_tokens {legacy} and max_completion_tokens {limit} disagree; send one of them",
                            param="max_tokens", code="invalid_value")
-    return _request("chat", fields, drafters, messages=messages,
-                    max_tokens=limit if limit is not None else legacy)
+    tools = parse_tools(fields.get("tools"))
+    choice, name = parse_tool_choice(fields.get("tool_choice"), tools)
+    parallel = _boolean(fields, "parallel_tool_calls", True)
+    request = _request("chat", fields, drafters, messages=messages, max_tokens=limit if limit is not None else legacy,
+                       tools=tools, tool_choice=choice, tool_name=name, parallel_tool_calls=parallel)
+    if request.forced_tools and request.constraint_param is not None:
+        raise RequestError(f"tool_choice {_show(fields.get('tool_choice'))} and {request.constraint_param} both "
+                           "constrain the reply; send one of them", param="tool_choice", code="invalid_value")
+    return request
 
 
 def parse_completion(body: Any, *, drafters: Sequence[str] = ()) -> Request:
@@ -310,11 +336,84 @@ def parse_penalties(fields: Mapping[str, Any]) -> Penalties | None:
     return penalties
 
 
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def parse_tools(value: Any) -> tuple[Tool, ...]:
+    """``tools``: a list of ``{"type": "function", "function": {name, description, parameters, strict}}``,
+    each name as OpenAI allows it (letters, digits, _ and -, at most 64) and used once."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _wrong_type("tools", value, 'a list of {"type": "function", "function": {...}} objects')
+    tools: list[Tool] = []
+    for i, item in enumerate(value):
+        where = f"tools[{i}]"
+        _object_of(item, where, ("type", "function"), '{"type": "function", "function": {"name": ...}}')
+        if item.get("type") != "function":
+            raise RequestError(f"{where}.type {_show(item.get('type'))} is not supported: only function tools are",
+                               param=f"{where}.type", code="invalid_value")
+        function = item.get("function")
+        _object_of(function, f"{where}.function", ("name", "description", "parameters", "strict"),
+                   'an object like {"name": "get_weather", "parameters": {...}}')
+        name = function.get("name")
+        if name is None:
+            raise RequestError(f"{where}.function.name is required: the name the model calls the tool by",
+                               param=f"{where}.function.name", code="missing_required_parameter")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise RequestError(f"{where}.function.name {_show(name)} is not a tool name: use letters, digits, _ "
+                               "and -, at most 64", param=f"{where}.function.name", code="invalid_value")
+        if any(t.name == name for t in tools):
+            raise RequestError(f"{where}.function.name {_show(name)} names a tool twice",
+                               param=f"{where}.function.name", code="invalid_value")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise _wrong_type(f"{where}.function.description", description, "a string")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise _wrong_type(f"{where}.function.parameters", parameters, "a JSON Schema object")
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise _wrong_type(f"{where}.function.strict", strict, "true or false")
+        tools.append(Tool(name, description, parameters))
+    return tuple(tools)
+
+
+def parse_tool_choice(value: Any, tools: Sequence[Tool]) -> tuple[str, str | None]:
+    """``tool_choice`` as (choice, name): auto (the default with tools), none (the default without),
+    required, or ``{"type": "function", "function": {"name": ...}}`` naming one of ``tools``."""
+    if value is None:
+        return ("auto" if tools else "none"), None
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise RequestError(f"tool_choice {_show(value)} is not one of auto, none, required, or "
+                               '{"type": "function", "function": {"name": ...}}', param="tool_choice",
+                               code="invalid_value")
+        if value != "none" and not tools:
+            raise RequestError(f"tool_choice {_show(value)} needs tools; send the functions in tools",
+                               param="tool_choice", code="invalid_value")
+        return value, None
+    _object_of(value, "tool_choice", ("type", "function"), '{"type": "function", "function": {"name": ...}}')
+    function = value.get("function")
+    if value.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise RequestError('tool_choice must be auto, none, required, or {"type": "function", "function": '
+                           '{"name": ...}}', param="tool_choice", code="invalid_value")
+    name = function["name"]
+    if not any(t.name == name for t in tools):
+        have = ", ".join(t.name for t in tools) or "none"
+        raise RequestError(f"tool_choice names {_show(name)}, which is not in tools (they are: {have})",
+                           param="tool_choice", code="invalid_value")
+    return "function", name
+
+
 def parse_messages(value: Any) -> tuple[Message, ...]:
-    """Chat messages: role system/developer/user/assistant, content a string or a list of text parts.
+    """Chat messages: role system/developer/user/assistant/tool, content a string or a list of text parts.
 
     ``developer`` is OpenAI's newer name for the system role and becomes ``system``, the role
-    chat templates know. Text parts are joined with newlines; any other part is refused.
+    chat templates know. Text parts are joined with newlines; any other part is refused. An
+    assistant message may carry ``tool_calls``; a ``tool`` message answers one by ``tool_call_id``.
     """
     if value is None or value is _MISSING:
         raise RequestError("messages is required: a list of {role, content} objects", param="messages",
@@ -326,11 +425,10 @@ def parse_messages(value: Any) -> tuple[Message, ...]:
     return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(value))
 
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 # Keys an echoed assistant message carries (the openai package writes them back as null or empty).
 _MESSAGE_NEUTRAL: dict[str, Callable[[Any], bool]] = {
-    "refusal": _absent, "tool_calls": _empty, "function_call": _absent, "audio": _absent,
-    "annotations": _empty, "tool_call_id": _absent,
+    "refusal": _absent, "function_call": _absent, "audio": _absent, "annotations": _empty,
 }
 
 
@@ -340,23 +438,68 @@ def _message(value: Any, where: str) -> Message:
     role = value.get("role")
     if not isinstance(role, str):
         raise _wrong_type(f"{where}.role", role, "a string")
-    if role == "tool" or role == "function":
-        raise RequestError(f"{where}.role {_show(role)} is not supported: {_NO_TOOLS}", param=f"{where}.role",
-                           code="unsupported_value")
+    if role == "function":
+        raise RequestError(f"{where}.role \"function\" is not supported: {_LEGACY_FUNCTIONS} (answer a call "
+                           "with role tool)", param=f"{where}.role", code="unsupported_value")
     if role not in _ROLES:
-        raise RequestError(f"{where}.role {_show(role)} is not a role; use system, user or assistant",
+        raise RequestError(f"{where}.role {_show(role)} is not a role; use system, user, assistant or tool",
                            param=f"{where}.role", code="invalid_value")
     for key, item in value.items():
-        if key in ("role", "content", "name"):  # name: who spoke; templates do not render it
+        if key in ("role", "content", "name", "tool_calls", "tool_call_id"):  # name: who spoke; not rendered
             continue
         neutral = _MESSAGE_NEUTRAL.get(key)
         if neutral is None:
             raise RequestError(f"unknown field {where}.{key}", param=f"{where}.{key}", code="unknown_parameter")
         if not neutral(item):
-            why = _NO_TOOLS if key.startswith(("tool", "function")) else "only text messages are supported"
+            why = _LEGACY_FUNCTIONS if key == "function_call" else "only text messages are supported"
             raise RequestError(f"{where}.{key} is not supported: {why}", param=f"{where}.{key}",
                                code="unsupported_parameter")
-    return Message(_ROLES[role], _content(value.get("content"), f"{where}.content", role))
+    calls = _tool_calls(value.get("tool_calls"), f"{where}.tool_calls", role)
+    call_id = value.get("tool_call_id")
+    if role == "tool":
+        if not isinstance(call_id, str) or not call_id:
+            raise RequestError(f"{where}.tool_call_id is required: the id of the call this message answers",
+                               param=f"{where}.tool_call_id", code="missing_required_parameter")
+    elif call_id is not None:
+        raise RequestError(f"{where}.tool_call_id belongs on a tool message, not on role {_show(role)}",
+                           param=f"{where}.tool_call_id", code="invalid_value")
+    content = _content(value.get("content"), f"{where}.content", "assistant" if calls else role)
+    return Message(_ROLES[role], content, tool_calls=calls, tool_call_id=call_id if role == "tool" else None)
+
+
+def _tool_calls(value: Any, where: str, role: str) -> tuple[ToolCall, ...]:
+    """An assistant message's ``tool_calls`` (echoed back): each ``{id, type: function, function: {name,
+    arguments}}`` with the arguments JSON text, as the reply gave them."""
+    if _empty(value):
+        return ()
+    if role != "assistant":
+        raise RequestError(f"{where} belongs on an assistant message, not on role {_show(role)}", param=where,
+                           code="invalid_value")
+    if not isinstance(value, list):
+        raise _wrong_type(where, value, "a list of tool calls")
+    calls: list[ToolCall] = []
+    for j, call in enumerate(value):
+        at = f"{where}[{j}]"
+        _object_of(call, at, ("id", "type", "function"), '{"id": ..., "type": "function", "function": {...}}')
+        function = call.get("function")
+        _object_of(function, f"{at}.function", ("name", "arguments"), '{"name": ..., "arguments": "{...}"}')
+        call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+        if call.get("type", "function") != "function":
+            raise RequestError(f"{at}.type {_show(call.get('type'))} is not supported: only function calls are",
+                               param=f"{at}.type", code="invalid_value")
+        if not isinstance(call_id, str):
+            raise _wrong_type(f"{at}.id", call_id, "a string (the id the reply gave the call)")
+        if not isinstance(name, str):
+            raise _wrong_type(f"{at}.function.name", name, "a string")
+        if not isinstance(arguments, str):
+            raise _wrong_type(f"{at}.function.arguments", arguments, "a string of JSON, as the reply gave it")
+        try:
+            json.loads(arguments)
+        except json.JSONDecodeError as err:
+            raise RequestError(f"{at}.function.arguments is not JSON: {err}", param=f"{at}.function.arguments",
+                               code="invalid_value") from None
+        calls.append(ToolCall(call_id, name, arguments))
+    return tuple(calls)
 
 
 def _content(value: Any, where: str, role: str) -> str:

@@ -14,11 +14,13 @@ from typing import Any, AsyncIterator, Callable
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from localspec.chat import ToolCall
 from localspec.events import DoneEvent, StepEvent, TokenEvent, TokenLogprob
 from localspec.server import responses
 from localspec.server.middleware import CLIENT_LEFT
 from localspec.server.schema import Request, RequestError
 from localspec.server.slot import Busy, Run
+from localspec.tools import Content, ToolCallReader
 
 log = logging.getLogger("localspec.server")
 
@@ -27,8 +29,10 @@ class ClientGone(Exception):
     """The client hung up before its whole reply was ready (the generation was cancelled for it)."""
 
 
-async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: Receive) -> Response:
-    """A non-streamed reply; the client leaving before it is ready cancels the generation too."""
+async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: Receive,
+                      reader: ToolCallReader | None = None) -> Response:
+    """A non-streamed reply; the client leaving before it is ready cancels the generation too. With
+    ``reader`` (tools offered), the calls in the reply come back as ``message.tool_calls``."""
     async with run:
         watch = asyncio.ensure_future(wait_for_disconnect(receive))
         watch.add_done_callback(lambda task: task.cancelled() or run.cancel())
@@ -51,14 +55,18 @@ async def whole_reply(run: Run, reply: responses.Reply, drafter: str, receive: R
     cached = run.generation.cached_tokens
     asked = run.generation.opts.logprobs is not None
     token_logprobs = responses.logprobs(reply.endpoint, lps, run.generation.engine.target.piece) if asked else None
-    return JSONResponse(responses.body(reply, done.text, responses.FINISH_REASONS[done.finish_reason],
-                                       done.stats, cached, drafter, token_logprobs))
+    content, calls = reader.whole(done.text) if reader is not None else (done.text, [])
+    return JSONResponse(responses.body(reply, content, responses.finish_reason(done.finish_reason, bool(calls)),
+                                       done.stats, cached, drafter, token_logprobs, calls))
 
 
-async def stream_chunks(run: Run, parsed: Request, reply: responses.Reply, drafter: str) -> AsyncIterator[bytes]:
+async def stream_chunks(run: Run, parsed: Request, reply: responses.Reply, drafter: str,
+                        reader: ToolCallReader | None = None) -> AsyncIterator[bytes]:
     """The reply as server-sent events: one text chunk per speculative step (the tokens it accepted
     together), the finish chunk with ``timings`` and ``speculative``, the usage chunk when asked, then
-    ``[DONE]``. A generation that fails midway ends the stream with an error event."""
+    ``[DONE]``. A generation that fails midway ends the stream with an error event. With ``reader``
+    (tools offered), text that may begin a call is held back, and each call is sent as ``delta.tool_calls``
+    (id and name, then arguments) when it is complete."""
     async with run:
         if reply.endpoint == "chat":
             yield sse(responses.chunk(reply, "", first=True))
@@ -76,13 +84,20 @@ async def stream_chunks(run: Run, parsed: Request, reply: responses.Reply, draft
                         lps.append(event.logprob)
                 elif (pending or lps) and isinstance(event, (StepEvent, DoneEvent)):
                     text = "".join(pending)
-                    token_logprobs = responses.logprobs(reply.endpoint, lps, piece, offset) if lps else None
-                    yield sse(responses.chunk(reply, text, token_logprobs=token_logprobs))
-                    offset += len(text)
+                    if reader is None:
+                        token_logprobs = responses.logprobs(reply.endpoint, lps, piece, offset) if lps else None
+                        yield sse(responses.chunk(reply, text, token_logprobs=token_logprobs))
+                        offset += len(text)
+                        lps.clear()
+                    else:
+                        for payload in _reader_chunks(reply, reader, reader.feed(text), lps, piece):
+                            yield sse(payload)
                     pending.clear()
-                    lps.clear()
                 if isinstance(event, DoneEvent):
                     done = event
+                    if reader is not None:
+                        for payload in _reader_chunks(reply, reader, reader.finish(), lps, piece):
+                            yield sse(payload)
         except Exception as err:
             log.error("a streamed generation failed: %s: %s", type(err).__name__, err)
             failure = RequestError(f"the generation failed: {type(err).__name__}: {err}", status=500,
@@ -98,11 +113,33 @@ async def stream_chunks(run: Run, parsed: Request, reply: responses.Reply, draft
             return
         cached = run.generation.cached_tokens
         extras = responses.extras(done.stats, cached, drafter)
-        final = responses.chunk(reply, None, finish_reason=responses.FINISH_REASONS[done.finish_reason])
+        final = responses.chunk(reply, None, finish_reason=responses.finish_reason(done.finish_reason,
+                                                                               bool(reader and reader.calls)))
         yield sse({**final, **extras})
         if parsed.include_usage:
             yield sse({**responses.usage_chunk(reply, done.stats, cached), **extras})
         yield DONE
+
+
+def _reader_chunks(reply: responses.Reply, reader: ToolCallReader, items: list[Content | ToolCall],
+                   lps: list[TokenLogprob], piece: Callable[[int], bytes]) -> list[dict[str, Any]]:
+    """The chunks for what ``reader`` just gave out: content text, and each whole call as two deltas
+    (numbered on from the calls before it). The first chunk carries the pending tokens' ``lps``, which are
+    then cleared; with no chunk they wait for the next."""
+    out: list[dict[str, Any]] = []
+    index = reader.calls - sum(isinstance(item, ToolCall) for item in items)
+    for item in items:
+        token_logprobs = responses.logprobs(reply.endpoint, lps, piece) if lps and not out else None
+        if isinstance(item, Content):
+            out.append(responses.chunk(reply, item.text, token_logprobs=token_logprobs))
+            continue
+        first, rest = responses.call_deltas(item, index)
+        index += 1
+        out.append(responses.chunk(reply, None, tool_calls=[first], token_logprobs=token_logprobs))
+        out.append(responses.chunk(reply, None, tool_calls=[rest]))
+    if out:
+        lps.clear()
+    return out
 
 
 DONE = b"data: [DONE]\n\n"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tiny_gguf import RandomWeights, gguf_writer
+from tiny_gguf import RandomWeights, add_llama, gguf_writer
 
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_LAYER, N_FF = 64, 64, 1, 256, 2, 128
 
@@ -25,37 +25,9 @@ def write_wide_attention_model(path: Path, *, seed: int = 0, n_head: int = N_HEA
     """Write the model to ``path`` (via ``path.partial``, then renamed) and return ``path``. Other head
     counts and sizes make other attention shapes for ``benchmarks/bench_cpu_switch.py`` (e.g. fewer
     query heads than threads, where a decode's attention has fewer rows than threads)."""
-    import gguf
-
-    weights = RandomWeights(seed)
-    normal, ones = weights.normal, weights.ones
     with gguf_writer(path, "llama", "random-llama-wide-attention") as (writer, n_vocab):
-        writer.add_embedding_length(N_EMBD)
-        writer.add_block_count(N_LAYER)
-        writer.add_feed_forward_length(N_FF)
-        writer.add_head_count(n_head)
-        writer.add_head_count_kv(n_head_kv)
-        writer.add_key_length(head_dim)
-        writer.add_value_length(head_dim)
-        writer.add_rope_dimension_count(head_dim)
-        writer.add_rope_freq_base(10000.0)
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-        writer.add_tensor("token_embd.weight", normal(n_vocab, N_EMBD, std=1.0))
-        writer.add_tensor("output_norm.weight", ones(N_EMBD))
-        writer.add_tensor("output.weight", normal(n_vocab, N_EMBD, std=1.0))
-        q_width = n_head * head_dim
-        for i in range(N_LAYER):
-            p = f"blk.{i}."
-            writer.add_tensor(p + "attn_norm.weight", ones(N_EMBD))
-            writer.add_tensor(p + "attn_q.weight", normal(q_width, N_EMBD, std=N_EMBD ** -0.5))
-            writer.add_tensor(p + "attn_k.weight", normal(n_head_kv * head_dim, N_EMBD, std=N_EMBD ** -0.5))
-            writer.add_tensor(p + "attn_v.weight", normal(n_head_kv * head_dim, N_EMBD, std=N_EMBD ** -0.5))
-            writer.add_tensor(p + "attn_output.weight", normal(N_EMBD, q_width, std=q_width ** -0.5))
-            writer.add_tensor(p + "ffn_norm.weight", ones(N_EMBD))
-            writer.add_tensor(p + "ffn_gate.weight", normal(N_FF, N_EMBD, std=N_EMBD ** -0.5))
-            writer.add_tensor(p + "ffn_up.weight", normal(N_FF, N_EMBD, std=N_EMBD ** -0.5))
-            writer.add_tensor(p + "ffn_down.weight", normal(N_EMBD, N_FF, std=N_FF ** -0.5))
+        add_llama(writer, RandomWeights(seed), n_vocab, n_embd=N_EMBD, n_layer=N_LAYER, n_ff=N_FF, n_head=n_head,
+                  n_head_kv=n_head_kv, head_dim=head_dim)
     return path
 
 

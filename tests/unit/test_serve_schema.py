@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.chat import Message
+from localspec.chat import Message, ToolCall
 from localspec.penalties import Penalties
 from localspec.sampling import SamplingParams
 from localspec.server.schema import (
@@ -104,8 +104,8 @@ def test_logprobs_and_penalties_become_options() -> None:
 
 
 @pytest.mark.parametrize("field,value", [
-    ("n", 2), ("tools", [{"type": "function"}]), ("tool_choice", "auto"),
-    ("functions", [{}]), ("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
+    ("n", 2), ("functions", [{}]), ("function_call", "auto"), ("audio", {"voice": "x"}),
+    ("modalities", ["text", "audio"]),
 ])
 def test_features_this_server_lacks_are_refused(field: str, value: object) -> None:
     err = refused(parse_chat, {"messages": HELLO, field: value}, field, code="unsupported_parameter")
@@ -113,9 +113,10 @@ def test_features_this_server_lacks_are_refused(field: str, value: object) -> No
 
 
 @pytest.mark.parametrize("field,value,quoted", [
-    ("tools", [{"type": "function"}], 'tools [{"type": "function"}] '),
-    ("tool_choice", "auto", 'tool_choice "auto" '), ("n", None, None), ("temperature", "hot", 'the string "hot"'),
-    ("messages", [{"role": "tool", "content": "x"}], 'role "tool" '), ("stream", None, None),
+    ("functions", [{"name": "f"}], 'functions [{"name": "f"}] '),
+    ("tool_choice", "sometimes", 'tool_choice "sometimes" '), ("n", None, None),
+    ("temperature", "hot", 'the string "hot"'),
+    ("messages", [{"role": "function", "content": "x"}], 'role "function" '), ("stream", None, None),
     ("messages", [{"role": "robot", "content": "x"}], 'role "robot" '), ("top_k", 2.5, "the number 2.5"),
 ])
 def test_values_are_quoted_as_the_client_wrote_them_in_json(field: str, value: object, quoted: str | None) -> None:
@@ -173,7 +174,7 @@ def test_messages_are_checked_one_by_one() -> None:
     refused(parse_chat, {"messages": ["hi"]}, "messages[0]", code="invalid_type")
     refused(parse_chat, {"messages": [*HELLO, {"role": "robot", "content": "x"}]}, "messages[1].role",
             code="invalid_value")
-    refused(parse_chat, {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages[0].role",
+    refused(parse_chat, {"messages": [{"role": "function", "content": "x", "name": "f"}]}, "messages[0].role",
             code="unsupported_value")
     refused(parse_chat, {"messages": [{"role": "user", "content": 3}]}, "messages[0].content", code="invalid_type")
     refused(parse_chat, {"messages": [{"role": "user", "content": "x", "mood": "happy"}]}, "messages[0].mood",
@@ -182,7 +183,7 @@ def test_messages_are_checked_one_by_one() -> None:
     refused(parse_chat, {"messages": [{"role": "user", "content": [image]}]}, "messages[0].content[0].type",
             code="unsupported_value")
     calls = {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}
-    refused(parse_chat, {"messages": [*HELLO, calls]}, "messages[1].tool_calls", code="unsupported_parameter")
+    refused(parse_chat, {"messages": [*HELLO, calls]}, "messages[1].tool_calls[0].function", code="invalid_type")
 
 
 def test_message_forms_clients_send() -> None:
@@ -272,3 +273,79 @@ def test_a_constraint_becomes_the_requests_grammar_or_schema(fields, grammar, sc
 ])
 def test_a_malformed_constraint_names_its_field(fields, param, code) -> None:
     refused(parse_chat, {"messages": HELLO, **fields}, param, code=code)
+
+
+# --- tools (issue 42 item 2) ------------------------------------------------------------------
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                             "parameters": {"type": "object",
+                                                            "properties": {"city": {"type": "string"}},
+                                                            "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+def test_tools_and_each_tool_choice_are_taken() -> None:
+    req = parse_chat({"messages": HELLO, "tools": [WEATHER, TIME]})
+    assert [t.name for t in req.tools] == ["get_weather", "get_time"]
+    assert req.tools[0].parameters["required"] == ["city"] and req.tools[0].description == "The weather in a city"
+    assert req.tools[1].parameters == {"type": "object", "properties": {}}  # no parameters: an empty object
+    assert (req.tool_choice, req.calls_tools, req.forced_tools) == ("auto", True, ())
+    none = parse_chat({"messages": HELLO, "tools": [WEATHER], "tool_choice": "none"})
+    assert not none.calls_tools and none.forced_tools == ()
+    required = parse_chat({"messages": HELLO, "tools": [WEATHER, TIME], "tool_choice": "required",
+                           "parallel_tool_calls": False})
+    assert required.forced_tools == required.tools and required.parallel_tool_calls is False
+    named = parse_chat({"messages": HELLO, "tools": [WEATHER, TIME],
+                        "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    assert (named.tool_choice, named.tool_name) == ("function", "get_time")
+    assert [t.name for t in named.forced_tools] == ["get_time"]
+    assert parse_chat({"messages": HELLO}).tool_choice == "none"
+
+
+@pytest.mark.parametrize("fields,param,code,needle", [
+    ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools[0].function.name",
+     "missing_required_parameter", "is required"),
+    ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools[0].function.name",
+     "invalid_value", "not a tool name"),
+    ({"tools": [TIME, TIME]}, "tools[1].function.name", "invalid_value", "names a tool twice"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type", "invalid_value", "only function tools"),
+    ({"tools": {"get_time": {}}}, "tools", "invalid_type", "a list"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+     "tools[0].function.parameters", "invalid_type", "JSON Schema"),
+    ({"tool_choice": "required"}, "tool_choice", "invalid_value", "needs tools"),
+    ({"tools": [TIME], "tool_choice": "sometimes"}, "tool_choice", "invalid_value", "not one of"),
+    ({"tools": [TIME], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
+     "invalid_value", "not in tools (they are: get_time)"),
+    ({"tools": [TIME], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "invalid_value", "both constrain the reply"),
+    ({"tools": [TIME], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "invalid_type", "true or false"),
+])
+def test_bad_tools_are_refused_naming_the_field(fields: dict, param: str, code: str, needle: str) -> None:
+    err = refused(parse_chat, {"messages": HELLO, **fields}, param, code=code)
+    assert needle in str(err), str(err)
+
+
+def test_a_tool_round_trip_comes_back_as_messages() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    req = parse_chat({"messages": [*HELLO, {"role": "assistant", "content": None, "tool_calls": [call]},
+                                   {"role": "tool", "tool_call_id": "call_1", "content": "4 degrees"}],
+                      "tools": [WEATHER]})
+    assistant, tool = req.messages[1:]
+    assert assistant.content == "" and assistant.tool_calls == (ToolCall("call_1", "get_weather", '{"city": "Oslo"}'),)
+    assert tool == Message("tool", "4 degrees", tool_call_id="call_1")
+    assert assistant.as_dict()["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}  # templates take objects
+    assert tool.as_dict() == {"role": "tool", "content": "4 degrees", "tool_call_id": "call_1"}
+
+
+@pytest.mark.parametrize("message,param,code", [
+    ({"role": "tool", "content": "4 degrees"}, "messages[1].tool_call_id", "missing_required_parameter"),
+    ({"role": "user", "content": "x", "tool_call_id": "call_1"}, "messages[1].tool_call_id", "invalid_value"),
+    ({"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}, "messages[1].tool_calls", "invalid_value"),
+    ({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]},
+     "messages[1].tool_calls[0].function.arguments", "invalid_value"),
+    ({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+     "messages[1].tool_calls[0].function.arguments", "invalid_type"),
+])
+def test_bad_tool_messages_are_refused(message: dict, param: str, code: str) -> None:
+    refused(parse_chat, {"messages": [*HELLO, message]}, param, code=code)
