@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,84 +26,12 @@ from localspec.errors import (
 )
 from localspec.constraints import GrammarShaper, grammar_text
 from localspec.generation import Generation
-from localspec.logprobs import check_top_logprobs
-from localspec.penalties import Penalties
+from localspec.options import GenerateOptions
 from localspec.models.split import DeviceSplit
-from localspec.policy.controller import DRAFT_LEN_MAX, Controller
+from localspec.policy.controller import Controller
 from localspec.policy.costs import CostModel
-from localspec.sampling import RowShaper, Sampler, SamplingParams
-from localspec.validation import check_load_options, is_int, is_real, out_of_range
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    """How to generate.
-
-    ``draft_len`` is gamma, a fixed number of tokens drafted per step (up to
-    ``DRAFT_LEN_MAX``); None (the default) lets the controller choose each step
-    from the measured costs and acceptance, including 0 (plain decoding) when
-    drafting would not pay. ``p_min``: a draft model stops drafting where its own
-    top probability falls below it.
-
-    ``grammar`` (GBNF text) or ``json_schema`` (a JSON Schema as a mapping or JSON text; True: any
-    JSON object) constrains the output: every row, verified or drafted, is masked by the grammar's state
-    after the tokens before it, so speculation stays exact (``localspec.constraints``). A grammar that
-    cannot finish within ``max_tokens`` ends with ``finish_reason == "length"``.
-    """
-
-    max_tokens: int = 256
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()
-    draft_len: int | None = None
-    p_min: float = 0.0
-    speculative: bool = True
-    drafter: str | None = None  # from Engine.drafter_names() (a comma list combines); None: all configured
-    grammar: str | None = None
-    json_schema: object = None
-    logprobs: int | None = None
-    """Each TokenEvent's ``logprob`` with this many alternatives (0..20; None: none, and no work for them)."""
-    penalties: Penalties | None = None
-    """Repetition penalties and logit bias, applied to every target row (None: none)."""
-
-    def __post_init__(self) -> None:
-        # One stop string given alone is that string, not its characters.
-        # None is no stop string (as OpenAI's API takes it); anything else not iterable is left for validate.
-        if self.stop is None:
-            object.__setattr__(self, "stop", ())
-        elif isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        elif not isinstance(self.stop, tuple) and isinstance(self.stop, Iterable):
-            object.__setattr__(self, "stop", tuple(self.stop))
-
-    def validate(self) -> None:
-        """Raise ``InvalidOptionError`` naming the first option of a wrong type or out of range."""
-        if not isinstance(self.sampling, SamplingParams):
-            raise InvalidOptionError(f"sampling must be a SamplingParams, not {type(self.sampling).__name__}",
-                                     param="sampling")
-        self.sampling.validate()
-        if not isinstance(self.stop, tuple):
-            raise InvalidOptionError(f"stop must be a string or a list of strings, not {type(self.stop).__name__}",
-                                     param="stop")
-        check_top_logprobs(self.logprobs)
-        if self.penalties is not None:
-            self.penalties.validate()
-        bad = next((s for s in self.stop if not isinstance(s, str) or not s), None)
-        if bad is not None:
-            raise InvalidOptionError(f"stop {bad!r} is not a stop string: give non-empty text", param="stop")
-        if not is_int(self.max_tokens) or self.max_tokens < 1:
-            raise out_of_range("max_tokens", self.max_tokens, "an integer >= 1", "e.g. 256")
-        if self.draft_len is not None and (not is_int(self.draft_len) or not 0 <= self.draft_len <= DRAFT_LEN_MAX):
-            raise out_of_range("draft_len", self.draft_len, f"an integer in 0..{DRAFT_LEN_MAX}",
-                               "or None to let the controller choose each step")
-        if not is_real(self.p_min) or not 0.0 <= self.p_min < 1.0:
-            raise out_of_range("p_min", self.p_min, "in [0, 1)", "0 switches it off")
-        if not isinstance(self.speculative, bool):
-            raise InvalidOptionError(f"speculative must be True or False, not {self.speculative!r}",
-                                     param="speculative")
-        if self.drafter is not None and not isinstance(self.drafter, str):
-            raise InvalidOptionError(f"drafter must be a drafter's name (str) or None, not "
-                                     f"{type(self.drafter).__name__}", param="drafter")
-        grammar_text(self.grammar, self.json_schema)  # both given, or a schema the converter cannot express
+from localspec.sampling import RowShaper, Sampler
+from localspec.validation import check_load_options
 
 
 class _Claim:
@@ -529,7 +456,7 @@ class Engine:
         try:
             generation = Generation(self, tokens, opts)
         except BaseException:
-            self._release(claim)
+            self.release(claim)
             raise
         with self._turn:
             self._active = generation
@@ -560,8 +487,13 @@ class Engine:
         if self._closed:
             raise EngineStateError(CLOSED)
 
-    def _release(self, generation: Generation | _Claim) -> None:
-        """A generation has finished with the caches; the next one may start."""
+    def holds(self, generation: Generation) -> bool:
+        """Whether ``generation`` has the caches now (it is the one unfinished generation, and the
+        engine is open): the only one that may decide they are spoilt (``invalidate``)."""
+        return self._active is generation and not self._closed
+
+    def release(self, generation: Generation | _Claim) -> None:
+        """A generation has finished with the caches (or let them go); the next one may start."""
         with self._turn:
             if self._active is generation:
                 self._active = None
@@ -592,7 +524,7 @@ class Engine:
             active = self._active
         if active is not None:
             with active.stepping:  # wait out a step in progress
-                self._release(active)
+                self.release(active)
         for listener in self._listeners:
             listener.close()
         # The drafters' contexts before the target's: the MTP head's, the assistant's, EAGLE-3's and DFlash's

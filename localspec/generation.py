@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, ContextManager, Iterator, Protocol
 
 from localspec.errors import EngineStateError
 from localspec.events import (
@@ -32,7 +32,45 @@ from localspec.speculative import speculative_step
 from localspec.textstream import TokenReleaser
 
 if TYPE_CHECKING:
-    from localspec.engine import Engine, GenerateOptions
+    from localspec.backend import Context, Model
+    from localspec.drafting.base import Drafter
+    from localspec.options import GenerateOptions
+    from localspec.sampling import RowShaper
+
+
+class EngineSide(Protocol):
+    """What a generation uses of the engine that made it (``Engine`` is one): its caches and model, the
+    turn it holds them by, and how it gives them back. It knows no more of the engine than this."""
+
+    ctx: "Context"
+    target: "Model"
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def draft_len_limit(self) -> int | None: ...
+
+    @property
+    def tree_nodes_limit(self) -> int: ...
+
+    def shaper(self, opts: "GenerateOptions", start: int) -> "RowShaper | None": ...
+
+    def make_drafters(self, sampler: Sampler, opts: "GenerateOptions") -> "list[Drafter]": ...
+
+    def controller(self) -> Controller: ...
+
+    def costs_pending(self) -> bool: ...
+
+    def turn(self) -> ContextManager[object]: ...
+
+    def check_open(self) -> None: ...
+
+    def holds(self, generation: "Generation") -> bool: ...
+
+    def release(self, generation: "Generation") -> None: ...
+
+    def invalidate(self) -> None: ...
 
 
 SUPERSEDED = ("this generation was ended when its thread started another on the same engine (one generation "
@@ -126,7 +164,7 @@ class Generation(Iterator[Event]):
     generated and measured so far.
     """
 
-    def __init__(self, engine: Engine, prompt: list[int], opts: GenerateOptions) -> None:
+    def __init__(self, engine: EngineSide, prompt: list[int], opts: GenerateOptions) -> None:
         self.engine = engine
         self.owner = threading.get_ident()  # the thread that started it (Engine.generate's wait)
         # Held while the loop runs (a step, the prefill): cancel() and Engine.close() never act mid-step.
@@ -197,7 +235,7 @@ class Generation(Iterator[Event]):
                 if not self._started:  # nothing decoded yet: end without a prefill
                     self._events.close()
                     self._events = self._finish("cancelled")
-                self.engine._release(self)
+                self.engine.release(self)
             finally:
                 self.stepping.release()
 
@@ -210,7 +248,7 @@ class Generation(Iterator[Event]):
                 return
             self._superseded = True
             self._events.close()
-            self.engine._release(self)
+            self.engine.release(self)
 
     def run(self) -> DoneEvent:
         """Consume the remaining events; the final DoneEvent (for callers that need no streaming)."""
@@ -230,7 +268,7 @@ class Generation(Iterator[Event]):
             self.result = DoneEvent("interrupted", "".join(self.text_parts), tuple(self.tokens), self.stats())
             with self.stepping:
                 self._events.close()  # (already finished when the exception came from the loop itself)
-                self.engine._release(self)
+                self.engine.release(self)
         return self.result
 
     # --- the loop's stages ---------------------------------------------------
@@ -327,7 +365,7 @@ class Generation(Iterator[Event]):
         self.tally.end = time.perf_counter()
         self._remember(reason)
         self.result = DoneEvent(reason, "".join(self.text_parts), tuple(self.tokens), self.stats())
-        self.engine._release(self)  # done with the caches: the DoneEvent's reader may start another
+        self.engine.release(self)  # done with the caches: the DoneEvent's reader may start another
         yield self.result
 
     def _remember(self, reason: str) -> None:
@@ -367,8 +405,8 @@ class Generation(Iterator[Event]):
             raise
         except BaseException:
             # The caches may be mid-step; the next generation starts from scratch.
-            if self.engine._active is self and not self.engine._closed:  # (not after cancel() let it go)
+            if self.engine.holds(self):  # (not after cancel() let it go)
                 self.engine.invalidate()
             raise
         finally:
-            self.engine._release(self)
+            self.engine.release(self)

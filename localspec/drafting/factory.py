@@ -34,7 +34,7 @@ from localspec.llama_facts import DRAFT_N_UBATCH
 from localspec.sampling import Sampler
 
 if TYPE_CHECKING:
-    from localspec.engine import GenerateOptions
+    from localspec.options import GenerateOptions
 
 DrafterFactory = Callable[[Sampler, "GenerateOptions"], Drafter]
 

@@ -110,7 +110,6 @@ plain at any length up to the probe's.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
