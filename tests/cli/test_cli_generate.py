@@ -90,7 +90,9 @@ def test_a_draft_of_another_tokenizer_drafts_by_text(smollm2_path, gemma_path):
                      "--max-tokens", "8", "--draft-max", "3")
     assert proc.returncode == 0, proc.stderr
     notices = [ln for ln in proc.stderr.splitlines() if "drafts by text" in ln]
-    assert len(notices) == 1 and notices[0].startswith("localspec: draft Gemma 3 270m has another tokenizer")
+    # The models as the user named them (here their files), not their GGUF general.name.
+    assert len(notices) == 1 and notices[0].startswith(
+        f"localspec: draft {gemma_path.name} has another tokenizer than {smollm2_path.name}: it drafts by text")
     assert proc.stdout.strip()
     assert "; draft model: another tokenizer, drafting by text" in proc.stderr  # the stats name the pair kind
 
