@@ -429,10 +429,14 @@ class Controller:
         for DFlash, nothing but its nodes' Python work) and to verify (1 + k + m rows). Only the best
         is built (ranked as ``plan`` ranks, the catch-up spread over ``horizon``), and a depth whose
         trees cannot beat the best of ``chains`` even at the largest gain per node is not priced: a plan
-        would otherwise price 72 trees every step."""
+        would otherwise price 72 trees every step.
+
+        A fixed draft length (``draft_len``) grows no tree: it drafts a chain of exactly that many tokens,
+        whatever the clock says. A tree's width follows measured costs, so it varied from run to run, and
+        with it which random numbers a seeded step consumed and which siblings counted as drafted."""
         width, most = drafter.tree_width, self.tree_nodes_limit
         lengths = [k for k in self._lengths(limit) if k <= TREE_DEPTH_MAX and k < most]
-        if width <= 1 or not lengths:
+        if width <= 1 or not lengths or self.draft_len is not None:
             return []
         name = drafter.name
         state = self._states[name]

@@ -176,10 +176,13 @@ def test_no_tree_beyond_what_the_target_can_verify() -> None:
     assert 0 < decision.tree_nodes <= 6
 
 
-def test_a_fixed_draft_length_fixes_the_trees_depth_not_its_width() -> None:
-    ctl = teach_all(tree_controller(GPU, draft_len=4))
-    decision = plan(ctl)
-    assert decision.draft_len == 4 and decision.tree_nodes > 4
+def test_a_fixed_draft_length_drafts_a_chain_whatever_trees_would_gain() -> None:
+    # Costs under which the adaptive controller grows a tree at depth 4: a fixed length of 4 still drafts
+    # a chain of 4, so a seeded run consumes the same random numbers whatever the clock measured.
+    assert plan(teach_all(tree_controller(GPU, draft_len_limit=4))).tree_nodes > 4
+    decision = plan(teach_all(tree_controller(GPU, draft_len=4)))
+    assert decision.draft_len == 4 and decision.tree_nodes == 0
+    assert decision.reason.startswith("dflash k=4: draft length fixed at 4")
 
 
 def test_trees_are_priced_no_deeper_than_the_cap() -> None:
