@@ -330,7 +330,7 @@ def replay_on_lookup_replies(engine, label: str, runs: list["Run"], prompt_token
         ours = replayed(run.prompt, reply)
         bound = oracle(NgramDrafter(max_branches=1), prompt_tokens[run.prompt], reply, measured, **depth)["speedup"]
         k = int(run.system.split("@")[1])
-        costs.depth = len(prompt_tokens[run.prompt]) + len(reply) // 2  # llama-lookup's steps: at their mean depth
+        costs.kv_depth = len(prompt_tokens[run.prompt]) + len(reply) // 2  # llama-lookup's steps: at their mean depth
         steps = run.tokens - run.extra["accepted"]
         lookup_ms = lookup_steps_ms(costs, run.tokens, run.extra["accepted"], run.extra["drafted"], k)
         plain = next((r for r in runs if (r.model, r.prompt, r.system, r.round)

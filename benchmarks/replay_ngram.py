@@ -140,7 +140,7 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
         n, verified = _accepted(proposal, reply, i) if proposal is not None else (0, 0)
         depth = min(len(proposal), decision.draft_len) if proposal is not None else 0
         tokens = tuple(reply[i:i + n + 1])
-        truth.depth = len(history) - 1  # the cells this step's decode attends to
+        truth.kv_depth = len(history) - 1  # the cells this step's decode attends to
         history.extend(tokens)
         if proposal is not None:
             drafter.verified(depth)
@@ -177,7 +177,7 @@ def oracle(drafter, prompt: list[int], reply: list[int], costs: dict[int, float]
 
     history, i, steps, ms = list(prompt), 0, 0, 0.0
     while i < len(reply):
-        truth.depth = len(history) - 1
+        truth.kv_depth = len(history) - 1
         right = 0
         if len(reply) - i > 1:
             proposal = drafter.propose(history, min(cap, len(reply) - i - 1))
@@ -224,7 +224,7 @@ def _plain_ms(truth, prompt: int, tokens: int) -> float:
     """Plain decoding of ``tokens`` after ``prompt`` tokens at the costs ``truth``, each step at its depth."""
     total = 0.0
     for j in range(tokens):
-        truth.depth = prompt + j - 1
+        truth.kv_depth = prompt + j - 1
         total += _step_ms(truth, 0)
     return total
 

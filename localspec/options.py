@@ -13,7 +13,7 @@ from localspec.constraints import grammar_text
 from localspec.errors import InvalidOptionError
 from localspec.logprobs import check_top_logprobs
 from localspec.penalties import Penalties
-from localspec.policy.controller import DRAFT_LEN_MAX
+from localspec.policy.controller import check_draft_len
 from localspec.sampling import SamplingParams
 from localspec.validation import is_int, is_real, out_of_range
 
@@ -23,7 +23,7 @@ class GenerateOptions:
     """How to generate.
 
     ``draft_len`` is gamma, a fixed number of tokens drafted per step (up to
-    ``DRAFT_LEN_MAX``); None (the default) lets the controller choose each step
+    ``localspec.policy.controller.DRAFT_LEN_MAX``); None (the default) lets the controller choose each step
     from the measured costs and acceptance, including 0 (plain decoding) when
     drafting would not pay. ``p_min``: a draft model stops drafting where its own
     top probability falls below it.
@@ -75,9 +75,7 @@ class GenerateOptions:
             raise InvalidOptionError(f"stop {bad!r} is not a stop string: give non-empty text", param="stop")
         if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise out_of_range("max_tokens", self.max_tokens, "an integer >= 1", "e.g. 256")
-        if self.draft_len is not None and (not is_int(self.draft_len) or not 0 <= self.draft_len <= DRAFT_LEN_MAX):
-            raise out_of_range("draft_len", self.draft_len, f"an integer in 0..{DRAFT_LEN_MAX}",
-                               "or None to let the controller choose each step")
+        check_draft_len(self.draft_len)
         if not is_real(self.p_min) or not 0.0 <= self.p_min < 1.0:
             raise out_of_range("p_min", self.p_min, "in [0, 1)", "0 switches it off")
         if not isinstance(self.speculative, bool):

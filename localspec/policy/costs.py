@@ -11,9 +11,11 @@ thermal throttling or another process moves the estimates within a few dozen
 steps.
 
 Costs grow with the context: every row of a batch attends to every cached
-cell. ``per_cell`` (measured at a second depth) says by how much, per k, and
-``depth`` (set by the controller as the context grows) says where the next
-decode stands; without it the estimates are those of the depth measured.
+cell. ``per_cell`` (measured at a second KV depth) says by how much, per k, and
+``kv_depth`` (set by the controller as the context grows: the cached cells the
+next decode attends to) says where the next decode stands; without it the
+estimates are those of the KV depth measured (``measured_depth``). "Depth" here
+is always that KV depth, never a draft tree's.
 
 Pure arithmetic: measuring a model and caching what was measured is
 ``localspec.policy.measure``.
@@ -63,7 +65,7 @@ class _Line:
     """``ms(n) = fixed + per_token * n``, refitted with exponential forgetting.
 
     The prior line enters the fit as two fixed pseudo-observations (n = 0 and
-    n = 4), so a drafter always observed at one depth still gets a sensible slope.
+    n = 4), so a drafter always observed at one draft length still gets a sensible slope.
     """
 
     def __init__(self, fixed_ms: float, per_token_ms: float) -> None:
@@ -164,9 +166,9 @@ class CostModel:
     * ``verify_ms(k)``: one target decode of ``k`` tokens (a plain step is k = 1;
       verifying a draft of d tokens is k = d + 1), interpolated between measured
       points and extrapolated linearly beyond them; ``k`` may be fractional
-      (an expected batch size). At ``depth`` cached cells it adds
-      ``(depth - measured_depth) * per_cell(k)`` (``per_cell`` interpolated the
-      same way; none given: no change with depth). With a sliding ``window``,
+      (an expected batch size). At ``kv_depth`` cached cells it adds
+      ``(kv_depth - measured_depth) * per_cell(k)`` (``per_cell`` interpolated the
+      same way; none given: no change with the KV depth). With a sliding ``window``,
       cells past it count ``past_window`` each (the share of the layers that
       still attend to them).
     * ``draft_ms(name, n)``: proposing ``n`` tokens with drafter ``name``
@@ -188,7 +190,7 @@ class CostModel:
         self.measured: dict[int, float] = dict(points)
         self._points = points
         self._ks = sorted(points)
-        # ms per cached cell for a decode of k tokens, and the depth ``verify`` was measured at
+        # ms per cached cell for a decode of k tokens, and the KV depth ``verify`` was measured at
         # Every row of a batch attends to every cached cell, so a batch of more rows never costs less per
         # cell than one of fewer: measured ones that say so (a difference of two timings, taken apart
         # in time, which a load change in between can swallow) are raised to the smaller batch's.
@@ -212,124 +214,126 @@ class CostModel:
         self._tree: dict[str, _Line] = {}  # per further node of a tree (see tree_draft_ms)
         self._draft_models: dict[str, CostModel] = {}
         self._catch_up_passes: dict[str, int] = {}
-        self.depth = measured_depth  # cached cells the next decode attends to (``Controller.plan`` sets it)
+        self.kv_depth = measured_depth  # cached cells the next decode attends to (``Controller.plan`` sets it)
         self._overhead = _Line(*overhead)
 
     # --- estimates ---------------------------------------------------------
     @property
-    def depth(self) -> int:
+    def kv_depth(self) -> int:
         """Cached cells the next decode attends to. A draft model's (and an MTP head's) context holds
         the same text, so setting it sets theirs too."""
-        return self._depth
+        return self._kv_depth
 
-    @depth.setter
-    def depth(self, cells: int) -> None:
-        self._depth = cells
+    @kv_depth.setter
+    def kv_depth(self, cells: int) -> None:
+        self._kv_depth = cells
         for model in self._draft_models.values():
-            model.depth = cells
+            model.kv_depth = cells
 
-    def verify_ms(self, k: float, *, depth: int | None = None) -> float:
-        """Milliseconds of one target decode of ``k`` >= 1 tokens after ``depth`` cached cells (default: ``depth``)."""
+    def verify_ms(self, k: float, *, kv_depth: int | None = None) -> float:
+        """Milliseconds of one target decode of ``k`` >= 1 tokens after ``kv_depth`` cached cells (default:
+        the model's ``kv_depth``)."""
         if k < 1:
             raise ValueError(f"a decode holds at least one token, not {k}")
         base = _interpolate(self._points, k, self._ks)
-        return self._scale * (base + self._depth_ms(k, base, self._depth if depth is None else depth))
+        return self._scale * (base + self._kv_depth_ms(k, base, self._kv_depth if kv_depth is None else kv_depth))
 
     def verify_ms_at(self, ks: Sequence[float]) -> list[float]:
-        """``verify_ms(k)`` for each of ``ks`` (ascending, each >= 1) at the current depth, in one walk along
+        """``verify_ms(k)`` for each of ``ks`` (ascending, each >= 1) at the current KV depth, in one walk along
         the measured points: a plan prices every batch its options would verify (up to 125 with a 4-leaf
         tree 31 deep), and searching the points for each was most of its time."""
         if ks and ks[0] < 1:
             raise ValueError(f"a decode holds at least one token, not {ks[0]}")
         base = _interpolate_sorted(self._points, ks, self._ks)
-        cells = self._cells(self._depth)
+        cells = self._cells(self._kv_depth)
         if cells is None:
             return [self._scale * b for b in base]
         per_cell = _interpolate_sorted(self.per_cell, ks, self._cell_ks)
         return [self._scale * (b + max(-0.5 * b, cells * c)) for b, c in zip(base, per_cell)]
 
-    def depth_ms(self, k: float) -> float:
-        """What the current ``depth`` adds to a decode of ``k`` tokens (negative: shallower than measured)."""
-        return self._scale * self._depth_ms(k, _interpolate(self._points, k, self._ks), self._depth)
+    def kv_depth_ms(self, k: float) -> float:
+        """What the current ``kv_depth`` adds to a decode of ``k`` tokens (negative: shallower than measured)."""
+        return self._scale * self._kv_depth_ms(k, _interpolate(self._points, k, self._ks), self._kv_depth)
 
-    def _depth_ms(self, k: float, base: float, depth: int) -> float:
-        """What ``depth`` adds to (or, shallower than measured, takes from) a decode of ``k`` tokens: never
-        more than half of ``base`` taken off (a model's weights cost the same at any depth)."""
-        cells = self._cells(depth)
+    def _kv_depth_ms(self, k: float, base: float, kv_depth: int) -> float:
+        """What ``kv_depth`` adds to (or, shallower than measured, takes from) a decode of ``k`` tokens: never
+        more than half of ``base`` taken off (a model's weights cost the same at any KV depth)."""
+        cells = self._cells(kv_depth)
         if cells is None:
             return 0.0
         return max(-0.5 * base, cells * _interpolate(self.per_cell, k, self._cell_ks))
 
-    def _cells(self, depth: int) -> float | None:
-        """The cached cells a decode at ``depth`` pays for beyond (or, negative, short of) the measured
-        depth, a cell past a sliding window counting ``past_window``; None when depth changes nothing
-        (no per-cell costs, or the measured depth itself)."""
-        if not self.per_cell or depth == self.measured_depth:
+    def _cells(self, kv_depth: int) -> float | None:
+        """The cached cells a decode at ``kv_depth`` pays for beyond (or, negative, short of) the measured
+        KV depth, a cell past a sliding window counting ``past_window``; None when the KV depth changes nothing
+        (no per-cell costs, or the measured KV depth itself)."""
+        if not self.per_cell or kv_depth == self.measured_depth:
             return None
         if not self.window:
-            return depth - self.measured_depth
+            return kv_depth - self.measured_depth
         w, at = self.window, self.measured_depth
-        return (min(depth, w) - min(at, w)) + self.past_window * (max(depth, w) - max(at, w))
+        return (min(kv_depth, w) - min(at, w)) + self.past_window * (max(kv_depth, w) - max(at, w))
 
     def relative(self, k: float) -> float:
         """``verify_ms(k) / verify_ms(1)``: ~1 on a GPU for k <= 8, ~k/2 on a small CPU."""
         return self.verify_ms(k) / self.verify_ms(1)
 
-    def draft_ms(self, name: str, n: float) -> float:
-        """Milliseconds for drafter ``name`` to propose ``n`` tokens (0 when n is 0)."""
-        if n <= 0:
+    def draft_ms(self, name: str, draft_len: float) -> float:
+        """Milliseconds for drafter ``name`` to propose ``draft_len`` tokens (0 when draft_len is 0)."""
+        if draft_len <= 0:
             return 0.0
-        return self._line(name).ms(n) + self._draft_depth_ms(name, n)
+        return self._line(name).ms(draft_len) + self._draft_kv_depth_ms(name, draft_len)
 
-    def tree_draft_ms(self, name: str, n: int, nodes: float) -> float:
-        """Milliseconds for drafter ``name`` to grow a tree of ``nodes`` tokens ``n`` deep.
+    def tree_draft_ms(self, name: str, draft_len: int, nodes: float) -> float:
+        """Milliseconds for drafter ``name`` to grow a tree of ``nodes`` tokens ``draft_len`` deep.
 
         A draft model (``set_model_drafter``) decodes the tree level by level
         (``draft_tree.grow_tree`` asks for every waiting node at once): as many
-        decodes as its chain of n tokens, the ``nodes - n`` further nodes as extra
-        rows in them. A node at the last depth is never decoded, and with n = 1
+        decodes as its chain of draft_len tokens, the ``nodes - draft_len`` further nodes as extra
+        rows in them. A node at the last tree depth is never decoded, and with draft_len = 1
         none is. Any other drafter drafts a tree from what its chain costs
         already (a DFlash block is one pass whatever grows from it).
         Besides, each further node costs Python work (drawing it from q over the
         vocabulary, the verification's bookkeeping): a line in the further nodes,
         learned from every tree observed (``observe_tree_draft``).
         """
-        extra = nodes - n
-        chain = self.draft_ms(name, n)
+        extra = nodes - draft_len
+        chain = self.draft_ms(name, draft_len)
         if extra <= 0:
             return chain
-        return chain + self._tree_rows_ms(name, n, extra) + self._tree_line(name).ms(extra)
+        return chain + self._tree_rows_ms(name, draft_len, extra) + self._tree_line(name).ms(extra)
 
-    def tree_draft_ms_at(self, name: str, n: int, extras: Sequence[int]) -> list[float]:
-        """``tree_draft_ms(name, n, n + m)`` for each m of ``extras`` (ascending), the draft model's decodes
-        read in one walk along its measured points."""
-        chain = self.draft_ms(name, n)
+    def tree_draft_ms_at(self, name: str, draft_len: int, extras: Sequence[int]) -> list[float]:
+        """``tree_draft_ms(name, draft_len, draft_len + m)`` for each m of ``extras`` (ascending), the draft
+        model's decodes read in one walk along its measured points."""
+        chain = self.draft_ms(name, draft_len)
         line = self._tree_line(name)
         model = self._draft_models.get(name)
         rows = [0.0] * len(extras)
-        if model is not None and n > 1:
-            levels = n - 1
-            for r, count in Counter(self._level_rows(name, n)).items():
+        if model is not None and draft_len > 1:
+            levels = draft_len - 1
+            for r, count in Counter(self._level_rows(name, draft_len)).items():
                 one = model.verify_ms(r)
                 at = model.verify_ms_at([r * (1 + m / levels) for m in extras])
                 rows = [total + count * max(0.0, v - one) for total, v in zip(rows, at)]
         return [chain + r + line.ms(m) if m > 0 else chain for m, r in zip(extras, rows)]
 
-    def _tree_rows_ms(self, name: str, n: int, extra: float) -> float:
-        """What ``extra`` further nodes add to a draft model's decodes of an ``n``-deep tree."""
+    def _tree_rows_ms(self, name: str, draft_len: int, extra: float) -> float:
+        """What ``extra`` further nodes add to a draft model's decodes of a ``draft_len``-deep tree."""
         model = self._draft_models.get(name)
-        if model is None or n <= 1:
+        if model is None or draft_len <= 1:
             return 0.0
         # The decodes after the catch-up's, each of 1 + extra / levels nodes on average.
-        grow = 1 + extra / (n - 1)
-        return sum(max(0.0, model.verify_ms(r * grow) - model.verify_ms(r)) for r in self._level_rows(name, n))
+        grow = 1 + extra / (draft_len - 1)
+        return sum(max(0.0, model.verify_ms(r * grow) - model.verify_ms(r))
+                   for r in self._level_rows(name, draft_len))
 
-    def _level_rows(self, name: str, n: int) -> list[int]:
-        """The rows a node takes in each of the n - 1 decodes of an ``n``-deep tree after the catch-up's:
-        one, but for chained MTP heads (``set_model_drafter``'s ``passes``) a node at depth d < passes
+    def _level_rows(self, name: str, draft_len: int) -> list[int]:
+        """The rows a node takes in each of the draft_len - 1 decodes of a ``draft_len``-deep tree after the
+        catch-up's: one, but for chained MTP heads (``set_model_drafter``'s ``passes``) a node at tree depth d < passes
         rebuilds its draft region, d + 1 rows (``drafting/mtp_tree.py``)."""
         heads = self._catch_up_passes.get(name, 1)
-        return [d + 1 if d < heads else 1 for d in range(1, n)]
+        return [d + 1 if d < heads else 1 for d in range(1, draft_len)]
 
     def _tree_line(self, name: str) -> _Line:
         line = self._tree.get(name)
@@ -337,21 +341,23 @@ class CostModel:
             line = self._tree[name] = _Line(0.0, TREE_NODE_MS)
         return line
 
-    def observe_tree_draft(self, name: str, n: int, nodes: int, ms: float) -> None:
-        """Learn from drafter ``name`` growing a tree of ``nodes`` tokens ``n`` deep in ``ms``: what it took
-        beyond its chain's estimate and the draft model's extra rows teaches the per-node line."""
-        extra = nodes - n
+    def observe_tree_draft(self, name: str, draft_len: int, nodes: int, ms: float) -> None:
+        """Learn from drafter ``name`` growing a tree of ``nodes`` tokens ``draft_len`` deep in ``ms``: what it
+        took beyond its chain's estimate and the draft model's extra rows teaches the per-node line."""
+        extra = nodes - draft_len
         if extra > 0 and ms >= 0 and math.isfinite(ms):
-            self._tree_line(name).observe(extra, max(0.0, ms - self.draft_ms(name, n) - self._tree_rows_ms(name, n, extra)))
+            own = ms - self.draft_ms(name, draft_len) - self._tree_rows_ms(name, draft_len, extra)
+            self._tree_line(name).observe(extra, max(0.0, own))
 
-    def _draft_depth_ms(self, name: str, n: float) -> float:
-        """What the depth adds to a draft model's ``n``-token draft: its catch-up decodes of ~2 tokens (one
-        per pass) and n - 1 one-token decodes, each attending to the whole context (see
-        set_model_drafter). The line itself holds the draft's cost at the model's measured depth."""
+    def _draft_kv_depth_ms(self, name: str, draft_len: float) -> float:
+        """What the KV depth adds to a draft model's ``draft_len``-token draft: its catch-up decodes of ~2
+        tokens (one per pass) and draft_len - 1 one-token decodes, each attending to the whole context (see
+        set_model_drafter). The line itself holds the draft's cost at the model's measured KV depth."""
         model = self._draft_models.get(name)
         if model is None:
             return 0.0
-        return self._catch_up_passes[name] * model.depth_ms(2) + max(0.0, n - 1) * model.depth_ms(1)
+        return (self._catch_up_passes[name] * model.kv_depth_ms(2)
+                + max(0.0, draft_len - 1) * model.kv_depth_ms(1))
 
     def overhead_ms(self, n: float = 0) -> float:
         """Python time of one step verifying ``n`` draft tokens (plain decoding: n = 0)."""
@@ -387,17 +393,17 @@ class CostModel:
         An MTP head is such a drafter, V its own decode costs (one NextN block
         and the output matrix); ``passes``: the catch-up decodes the history
         once per chained head (each head is its own layer), ``passes * V(2) - V(1)``
-        fixed; a tree's node at depth d < passes decodes d + 1 rows (``_level_rows``).
+        fixed; a tree's node at tree depth d < passes decodes d + 1 rows (``_level_rows``).
 
-        The line holds V at the depth ``draft_model`` was measured at; from then on
-        the draft model follows this model's ``depth`` (its context holds the same
-        text), and ``draft_ms`` adds what that depth costs its decodes."""
+        The line holds V at the KV depth ``draft_model`` was measured at; from then on
+        the draft model follows this model's ``kv_depth`` (its context holds the same
+        text), and ``draft_ms`` adds what that KV depth costs its decodes."""
         at = draft_model.measured_depth
-        one = draft_model.verify_ms(1, depth=at)
-        self.set_draft_cost(name, max(0.0, passes * draft_model.verify_ms(2, depth=at) - one), one)
+        one = draft_model.verify_ms(1, kv_depth=at)
+        self.set_draft_cost(name, max(0.0, passes * draft_model.verify_ms(2, kv_depth=at) - one), one)
         self._draft_models[name] = draft_model
         self._catch_up_passes[name] = max(1, passes)
-        draft_model.depth = self._depth
+        draft_model.kv_depth = self._kv_depth
 
     def catch_up_ms(self, name: str, behind: int) -> float:
         """What drafter ``name`` pays beyond ``draft_ms`` to decode the ``behind`` tokens it lacks.
@@ -411,7 +417,7 @@ class CostModel:
         if model is None or behind <= 2:
             return 0.0
         passes = self._catch_up_passes.get(name, 1)
-        batch = model.verify_ms(behind, depth=max(0, self._depth + 1 - behind))
+        batch = model.verify_ms(behind, kv_depth=max(0, self._kv_depth + 1 - behind))
         return passes * max(0.0, batch - model.verify_ms(2))
 
     def _line(self, name: str) -> _Line:
@@ -437,14 +443,14 @@ class CostModel:
             base = _interpolate(self._points, k)
         if k not in self._points:
             self._ks = sorted([*self._ks, k])
-        # The point holds the cost at the measured depth and moves by the same share; the per-cell
-        # costs were measured and the scale follows the machine, depth included.
+        # The point holds the cost at the measured KV depth and moves by the same share; the per-cell
+        # costs were measured and the scale follows the machine, KV depth included.
         self._points[k] = base * math.exp(_ALPHA_POINT * rest)
 
-    def observe_draft(self, name: str, n: int, ms: float) -> None:
-        """Learn from drafter ``name`` proposing ``n`` tokens in ``ms`` (at the current ``depth``)."""
+    def observe_draft(self, name: str, draft_len: int, ms: float) -> None:
+        """Learn from drafter ``name`` proposing ``draft_len`` tokens in ``ms`` (at the current ``kv_depth``)."""
         if ms >= 0 and math.isfinite(ms):
-            self._line(name).observe(n, max(0.0, ms - self._draft_depth_ms(name, n)))
+            self._line(name).observe(draft_len, max(0.0, ms - self._draft_kv_depth_ms(name, draft_len)))
 
     def observe_overhead(self, n: int, ms: float) -> None:
         """Learn from a step's Python time (``StepEvent.python_ms``) with ``n`` draft tokens."""
@@ -457,7 +463,7 @@ class CostModel:
             "verify_ms": {str(k): v for k, v in self.points.items()},
             "measured_ms": {str(k): v for k, v in sorted(self.measured.items())},
             "per_cell_ms": {str(k): v for k, v in sorted(self.per_cell.items())},
-            "depth": self.depth, "measured_depth": self.measured_depth, "window": self.window,
+            "depth": self.kv_depth, "measured_depth": self.measured_depth, "window": self.window,
             "past_window": self.past_window,
             "scale": self._scale,
             "overhead": self._overhead.to_dict(),

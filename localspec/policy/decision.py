@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from localspec.drafting.base import Drafter, Proposal, TreeProposal
-from localspec.events import per_step
+from localspec.events import StepEvent, per_step
 
 
 @per_step
@@ -97,6 +97,26 @@ class ControllerStats:
     def measured_gain(self) -> float:
         """Measured speedup of the drafting steps over plain (1.0 before any)."""
         return self.measured_plain_ms / self.measured_ms if self.measured_ms > 0 else 1.0
+
+    def count(self, step: StepEvent, decision: Decision, t0: float) -> None:
+        """Tally a step taken as ``decision`` planned it (``t0``: the plain step's time then). A probe
+        counts as a probe only: the gains compare the steps that drafted to win."""
+        self.steps += 1
+        name = decision.name
+        row = self.choices.setdefault(name or "plain", {})
+        row[decision.draft_len] = row.get(decision.draft_len, 0) + 1
+        if decision.probe and name is not None:
+            self.probes += 1
+        elif name is None:
+            self.plain_steps += 1
+        else:
+            self.draft_steps += 1
+            self.expected_tokens += decision.expected_tokens
+            self.expected_ms += decision.expected_ms
+            self.expected_plain_ms += decision.expected_tokens * t0
+            self.measured_tokens += step.emitted
+            self.measured_ms += step.step_ms
+            self.measured_plain_ms += step.emitted * t0
 
     def since(self, before: "ControllerStats") -> "ControllerStats":
         """The counts added after ``before`` (a copy taken earlier), e.g. one generation's."""

@@ -13,7 +13,7 @@ step a drafter goes unobserved discounts it by ``idle_decay`` (so evidence
 from long ago weighs little against a fresh probe).
 
 A lookup decides no length: it offers its candidates as deep as the
-controller's limit, with their ``Evidence`` (match length, occurrences, how
+controller lets a step draft, with their ``Evidence`` (match length, occurrences, how
 the occurrences agree by depth). The controller learns acceptance by
 position per class of evidence (``evidence_class``: match-length class
 times agreement class), from verified steps and from the scored unused

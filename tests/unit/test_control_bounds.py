@@ -131,9 +131,9 @@ def test_every_cost_is_priced_at_the_depth_the_step_decodes_at() -> None:
     ctl = Controller(costs, [Named("d")])
     teach(ctl, "d", [0.9] * 16)
     shallow = plan(ctl, history=range(1))
-    assert costs.depth == 0 and shallow.expected_ms == pytest.approx(ctl.step_ms("d", shallow.draft_len))
+    assert costs.kv_depth == 0 and shallow.expected_ms == pytest.approx(ctl.step_ms("d", shallow.draft_len))
     deep = plan(ctl, history=range(3001))
-    assert costs.depth == 3000  # the cells the step's decode attends to: all but the last token
+    assert costs.kv_depth == 3000  # the cells the step's decode attends to: all but the last token
     assert costs.plain_ms() == pytest.approx(5.4 + 30.0 + costs.overhead_ms(0))
     assert deep.expected_ms == pytest.approx(ctl.step_ms("d", deep.draft_len))
     assert deep.speedup > shallow.speedup and deep.draft_len >= shallow.draft_len

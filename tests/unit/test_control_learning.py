@@ -9,7 +9,6 @@ from controller_sim import (
     CPU,
     GPU,
     ROOM,
-    Clock,
     Named,
     Sim,
     controller,
@@ -19,12 +18,14 @@ from controller_sim import (
 )
 
 from localspec.drafting.base import Proposal
+from localspec.errors import InvalidOptionError
 from localspec.policy.controller import LOOKUP_RETIME, Controller
 from localspec.policy.costs import CostModel
 from localspec.policy.decision import Decision
 from localspec.policy.estimates import (
     DecayingAcceptance,
 )
+from localspec.policy.sim_clock import SimClock
 
 
 # --- following the text --------------------------------------------------------------
@@ -120,7 +121,7 @@ class SpikyLookup(Named):
     """A cheap lookup taking 0.03 ms of the simulated clock, except the ``spikes``-th calls, caught by a
     garbage collection (4 ms)."""
 
-    def __init__(self, clock: Clock, spikes: set[int]) -> None:
+    def __init__(self, clock: SimClock, spikes: set[int]) -> None:
         super().__init__("ngram", cheap=True, tokens=(-1,) * 8)
         self.clock, self.spikes, self.calls = clock, spikes, 0
 
@@ -135,7 +136,7 @@ def test_a_lookup_caught_by_a_pause_is_still_asked_before_planning() -> None:
     its estimate past a plain step's 2%: a lookup no longer asked is not timed again, and the copy it
     would have offered goes undrafted (SmolLM2's rename reply, replayed with two such pauses: 85 -> 141
     steps)."""
-    clock = Clock()
+    clock = SimClock()
     lookup = SpikyLookup(clock, {10, 11, 12, 30, 31})
     ctl = Controller(CostModel(CPU), [lookup], clock=clock)
     history = [0]
@@ -151,7 +152,7 @@ class ColdLookup(Named):
     """A cheap lookup whose first ``slow`` calls take 0.5 ms of the simulated clock (cold caches after
     the prompt's indexing), every later one 0.03 ms."""
 
-    def __init__(self, clock: Clock, slow: int) -> None:
+    def __init__(self, clock: SimClock, slow: int) -> None:
         super().__init__("ngram", cheap=True, tokens=(-1,) * 8)
         self.clock, self.slow, self.calls = clock, slow, 0
 
@@ -165,7 +166,7 @@ def test_a_lookup_slow_at_first_is_timed_again_and_asked_every_step_once_fast() 
     """A cold start: SmolLM2's extract reply copied 50 tokens of the minutes undrafted because its first
     timed lookups were slow, the estimate passed 2% of a plain step, and a lookup not asked was never
     timed again ("speculation off ... probing again in 58 steps")."""
-    clock = Clock()
+    clock = SimClock()
     lookup = ColdLookup(clock, slow=3)
     ctl = Controller(CostModel(CPU), [lookup], clock=clock)
     history = [0]
@@ -213,7 +214,7 @@ def test_the_controllers_own_time_is_handed_to_the_step() -> None:
     asking it first is what the 2% rule bounds. Pricing the options happens whether a drafter was asked
     or not, so it is planning: with observing the step before, it is handed to the step as
     ``planning_ms``, which the engine counts in the step's Python time (and the overhead estimate learns)."""
-    clock = Clock()
+    clock = SimClock()
     lookup = SpikyLookup(clock, set())  # 0.03 ms a lookup
     ctl = SlowController(CostModel(CPU), [lookup], clock=clock, pricing_ms=0.05, observe_ms=0.1)
     decisions = run_plain(ctl, 30)
@@ -257,7 +258,7 @@ def test_a_fixed_length_above_the_automatic_cap_is_honoured() -> None:
     ctl = controller(CPU, "a", draft_len=40)
     assert plan(ctl).draft_len == 40 > ctl.draft_len_cap
     assert controller(CPU, "a").plan([0], room=64, remaining=ROOM).draft_len <= ctl.draft_len_cap
-    with pytest.raises(ValueError, match="0..64"):
+    with pytest.raises(InvalidOptionError, match="0..64"):  # the options' own check (check_draft_len)
         controller(CPU, "a", draft_len=65)
 
 

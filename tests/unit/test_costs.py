@@ -84,16 +84,16 @@ def test_drift_seen_at_one_k_moves_every_k() -> None:
 def test_a_deeper_context_costs_what_each_cell_adds() -> None:
     model = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=100)
     assert model.verify_ms(1) == pytest.approx(5.4)  # at the depth measured
-    model.depth = 1100
+    model.kv_depth = 1100
     assert model.verify_ms(1) == pytest.approx(5.4 + 1000 * 0.01)
     assert model.verify_ms(16) == pytest.approx(41.1 + 1000 * 0.1)
     assert model.verify_ms(8.5) == pytest.approx(CostModel(CPU).verify_ms(8.5) + 1000 * (0.01 + 0.09 * 7.5 / 15))
     assert model.plain_ms() == pytest.approx(model.verify_ms(1) + model.overhead_ms(0))
-    model.depth = 0  # shallower than measured: cheaper, never below half the measured cost
+    model.kv_depth = 0  # shallower than measured: cheaper, never below half the measured cost
     assert 0.5 * 5.4 <= model.verify_ms(1) < 5.4
     # observing exactly what it predicts at depth leaves the estimates; a machine twice as slow
     # doubles every cost, depth included, and the points keep the measured depth's costs
-    model.depth = 1100
+    model.kv_depth = 1100
     for _ in range(50):
         model.observe_verify(1, 5.4 + 10.0)
     assert model.verify_ms(1) == pytest.approx(15.4) and model.points[1] == pytest.approx(5.4)
@@ -101,23 +101,23 @@ def test_a_deeper_context_costs_what_each_cell_adds() -> None:
         model.observe_verify(1, 2 * (5.4 + 10.0))
         model.observe_verify(16, 2 * (41.1 + 100.0))
     assert model.verify_ms(1) == pytest.approx(30.8, rel=0.02) and model.verify_ms(16) == pytest.approx(282.2, rel=0.02)
-    model.depth = 100  # the point took a little of the drift while the scale caught up: within 10%
+    model.kv_depth = 100  # the point took a little of the drift while the scale caught up: within 10%
     assert model.verify_ms(1) == pytest.approx(10.8, rel=0.1)
 
 
 def test_a_sliding_window_model_pays_its_global_layers_share_past_the_window() -> None:
     """Up to the window every layer attends to a new cell; past it only the global layers do (Gemma 3: 1/6)."""
     model = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=0, window=512, past_window=1 / 6)
-    assert model.verify_ms(16, depth=256) == pytest.approx(41.1 + 25.6)
-    assert model.verify_ms(16, depth=512) == pytest.approx(41.1 + 51.2)
-    assert model.verify_ms(16, depth=2048) == pytest.approx(41.1 + 51.2 + 1536 * 0.1 / 6)
+    assert model.verify_ms(16, kv_depth=256) == pytest.approx(41.1 + 25.6)
+    assert model.verify_ms(16, kv_depth=512) == pytest.approx(41.1 + 51.2)
+    assert model.verify_ms(16, kv_depth=2048) == pytest.approx(41.1 + 51.2 + 1536 * 0.1 / 6)
     beyond = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=600, window=512, past_window=0.5)
-    assert beyond.verify_ms(1, depth=600 + 1000) == pytest.approx(5.4 + 1000 * 0.01 * 0.5)
-    assert beyond.verify_ms(1, depth=400) == pytest.approx(5.4 - 1.12 - 88 * 0.01 * 0.5)
+    assert beyond.verify_ms(1, kv_depth=600 + 1000) == pytest.approx(5.4 + 1000 * 0.01 * 0.5)
+    assert beyond.verify_ms(1, kv_depth=400) == pytest.approx(5.4 - 1.12 - 88 * 0.01 * 0.5)
     # without the share, nothing past the window counts (what a model without global layers pays)
     flat = CostModel(CPU, per_cell={1: 0.01, 16: 0.1}, measured_depth=0, window=512)
-    assert flat.verify_ms(16, depth=4096) == flat.verify_ms(16, depth=512)
-    assert CostModel(CPU, per_cell={1: 0.01}).verify_ms(1, depth=4096) == pytest.approx(5.4 + 40.96)  # no window
+    assert flat.verify_ms(16, kv_depth=4096) == flat.verify_ms(16, kv_depth=512)
+    assert CostModel(CPU, per_cell={1: 0.01}).verify_ms(1, kv_depth=4096) == pytest.approx(5.4 + 40.96)  # no window
 
 
 @pytest.mark.parametrize("points, per_cell, measured_depth, window", [
@@ -132,7 +132,7 @@ def test_a_plans_table_of_verify_costs_is_verify_ms_exactly(points, per_cell, me
     model = CostModel(points, per_cell=per_cell, measured_depth=measured_depth, window=window)
     model.observe_verify(13, 50.0)  # a learned point and a moved scale
     for depth in (0, measured_depth, 250, 2000):
-        model.depth = depth
+        model.kv_depth = depth
         for ks in (list(range(1, 126)), [1.0 + 1.37 * k for k in range(40)], [1, 1, 2.5, 2.5, 200]):
             assert model.verify_ms_at(ks) == [model.verify_ms(k) for k in ks]
     with pytest.raises(ValueError, match="at least one token"):
@@ -145,7 +145,7 @@ def test_a_larger_batch_never_costs_less_per_cell() -> None:
     batch's, never below 0."""
     model = CostModel(CPU, per_cell={16: 0.0, 1: 0.0007, 4: 0.0046, 2: -1.0}, measured_depth=0)
     assert model.per_cell == {1: 0.0007, 2: 0.0007, 4: 0.0046, 16: 0.0046}
-    model.depth = 1000
+    model.kv_depth = 1000
     assert model.verify_ms(16) == pytest.approx(41.1 + 4.6)
     assert CostModel(CPU, per_cell={1: -0.1}).per_cell == {1: 0.0}
 
@@ -158,26 +158,26 @@ def test_a_draft_model_deep_in_the_context_costs_what_its_cells_add() -> None:
     draft_model = CostModel({1: 2.0, 2: 3.0, 4: 5.0}, per_cell={1: 0.002, 4: 0.008}, measured_depth=100)
     model.set_model_drafter("draft", draft_model)
     assert model.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0)  # at the depth measured
-    model.depth = 1100
-    assert draft_model.depth == 1100
+    model.kv_depth = 1100
+    assert draft_model.kv_depth == 1100
     # the 2-token catch-up (0.004 ms a cell) and three one-token decodes (0.002 each) over 1,000 more cells
     assert model.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0 + 1000 * (0.004 + 3 * 0.002))
     # a catch-up batch attends to the cells before it: 500 tokens after 601 cells, a prefill after none
     assert model.catch_up_ms("draft", 500) == pytest.approx(
-        draft_model.verify_ms(500, depth=601) - draft_model.verify_ms(2))
+        draft_model.verify_ms(500, kv_depth=601) - draft_model.verify_ms(2))
     assert model.catch_up_ms("draft", 1101) == pytest.approx(
-        draft_model.verify_ms(1101, depth=0) - draft_model.verify_ms(2))
-    assert draft_model.verify_ms(500, depth=601) > draft_model.verify_ms(500, depth=0)
+        draft_model.verify_ms(1101, kv_depth=0) - draft_model.verify_ms(2))
+    assert draft_model.verify_ms(500, kv_depth=601) > draft_model.verify_ms(500, kv_depth=0)
     # observing at depth exactly what is predicted there leaves the line as it was
     for _ in range(100):
         model.observe_draft("draft", 4, model.draft_ms("draft", 4))
         model.observe_draft("draft", 8, model.draft_ms("draft", 8))
-    model.depth = 100
+    model.kv_depth = 100
     assert model.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0, rel=0.01)
     # a draft model measured without a second depth (or a lookup) costs the same at any depth
     flat = CostModel(CPU)
     flat.set_model_drafter("draft", CostModel({1: 2.0, 2: 3.0}))
-    flat.depth = 5000
+    flat.kv_depth = 5000
     assert flat.draft_ms("draft", 4) == pytest.approx(1.0 + 4 * 2.0) and flat.draft_ms("ngram", 4) > 0
 
 
