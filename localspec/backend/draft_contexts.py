@@ -493,11 +493,11 @@ class DFlashContext(_TapContext):
     """A DFlash (or DSpark) draft model run beside its target's context.
 
     ``inject(features, positions)`` writes rows of the target's tapped layer inputs
-    (``Context.layer_features``) into the draft's cache; ``draft_block(token, position, k)``
+    (``Context.layer_features``) into the draft's cache; ``draft_block(token, position, draft_len)``
     decodes the block that drafts ``k`` tokens after ``token`` at ``position``, and
     ``logits(i)`` (i = 1..k) is the distribution of the token i places after ``token``;
     ``confidence(i)``: a DSpark confidence head's score for it (None without one).
-    ``block_size``: the block the draft was trained on; ``max_drafts``: the most tokens a pass
+    ``block_size``: the block the draft was trained on; ``max_draft_len``: the most tokens a pass
     drafts (``block_size - 1``; a DSpark trained anchor-first, ``block_size``).
     """
 
@@ -507,7 +507,7 @@ class DFlashContext(_TapContext):
         self.markov = DSPARK_MARKOV_TENSOR in tensors  # a DSpark draft
         self.anchor_first = self.markov and (draft.metadata("dflash.sample_from_anchor") or "true") == "true"
         self.has_confidence = self.markov and "conf_proj.weight" in tensors
-        self.max_drafts = self.block_size if self.anchor_first else max(1, self.block_size - 1)
+        self.max_draft_len = self.block_size if self.anchor_first else max(1, self.block_size - 1)
         self.mask_token = int(llama_cpp.llama_vocab_mask(llama_cpp.llama_model_get_vocab(draft._model)))
         causal = (draft.metadata("dflash.attention.causal") or "false") == "true"
         self._open(draft, target, what="DFlash", n_batch=n_batch, n_threads=n_threads, n_seq=1)
@@ -537,12 +537,12 @@ class DFlashContext(_TapContext):
                 llama_cpp.llama_batch_ext_set_pos(b, idx, self._pos)
             self._run(b)
 
-    def draft_block(self, token: int, position: int, k: int) -> None:
-        """Decode the block that drafts ``k`` tokens after ``token`` at ``position``: ``[token, MASK * k]``
-        (anchor first: ``[token, MASK * (k - 1)]``), every row an output."""
-        if not 1 <= k <= self.max_drafts:
-            raise ValueError(f"a pass drafts 1 to {self.max_drafts} tokens, not {k}")
-        n = k if self.anchor_first else k + 1
+    def draft_block(self, token: int, position: int, draft_len: int) -> None:
+        """Decode the block that drafts ``draft_len`` tokens after ``token`` at ``position``:
+        ``[token, MASK * draft_len]`` (anchor first: ``[token, MASK * (draft_len - 1)]``), every row an output."""
+        if not 1 <= draft_len <= self.max_draft_len:
+            raise ValueError(f"a pass drafts 1 to {self.max_draft_len} tokens, not {draft_len}")
+        n = draft_len if self.anchor_first else draft_len + 1
         if n > self.n_batch:
             raise ValueError(f"a block of {n} tokens exceeds n_batch={self.n_batch}")
         b = self._batch
@@ -571,7 +571,7 @@ class DFlashContext(_TapContext):
             raise RuntimeError(f"llama_process (DFlash) failed with code {rc}")
 
     def logits(self, i: int) -> np.ndarray:
-        """The logits of draft ``i`` (1..k) of the last ``draft_block``."""
+        """The logits of draft ``i`` (1..draft_len) of the last ``draft_block``."""
         return self._logits_row(self._row(i), lambda: f"no DFlash logits for draft {i}")
 
     def confidence(self, i: int) -> float | None:

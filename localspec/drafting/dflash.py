@@ -93,13 +93,13 @@ class BlockHead(DraftCache, Protocol):
     drafts ``k`` tokens in one pass (``logits(i)``, ``confidence(i)`` for draft i = 1..k)."""
 
     n_embd: int
-    max_drafts: int
+    max_draft_len: int
     markov: bool  # a DSpark draft
     has_confidence: bool  # a DSpark confidence head: ``confidence(i)`` is its score (else None)
 
     def inject(self, features: np.ndarray, positions: Sequence[int]) -> None: ...
 
-    def draft_block(self, token: int, position: int, k: int) -> None: ...
+    def draft_block(self, token: int, position: int, draft_len: int) -> None: ...
 
     def logits(self, i: int) -> np.ndarray: ...
 
@@ -114,7 +114,7 @@ def drafter_name(head: BlockHead) -> str:
 class DFlashDrafter(FedDrafter):
     """Drafts a block with a DFlash model; the drafter protocol.
 
-    Proposes at most ``head.max_drafts`` tokens (the block it was trained on holds the
+    Proposes at most ``head.max_draft_len`` tokens (the block it was trained on holds the
     last token and the masks). ``p_min``: the block is cut at the first row whose
     confidence (a DSpark's head), or else top probability, falls below it. ``propose_tree``: a tree of the nodes the controller
     asks for, grown from the same one pass (``draft_tree.grow_tree``; the block's row i
@@ -132,14 +132,14 @@ class DFlashDrafter(FedDrafter):
                          max_row_bytes=max_row_bytes)
         self.name = drafter_name(head)
         self.tree_width = tree_width
-        self.max_block = max(1, head.max_drafts)
+        self.max_draft_len = max(1, head.max_draft_len)
 
     def _feed(self, tokens: Sequence[int], positions: Sequence[int], rows: np.ndarray,
               outputs: Sequence[bool]) -> None:
         self.head.inject(rows, positions)
 
     def _longest(self, draft_len: int) -> int:
-        return min(draft_len, self.max_block)
+        return min(draft_len, self.max_draft_len)
 
     def _tree_nodes(self, history: Sequence[int], nodes: int) -> int:
         return nodes if self.tree_width > 0 else 0  # a tree costs no sequences: one pass drafts every depth
@@ -161,7 +161,7 @@ class DFlashDrafter(FedDrafter):
         finally:
             self.head.rollback_to(last)  # the block's rows are not features
 
-    def _block_tree(self, k: int, nodes: int) -> TreeProposal:
+    def _block_tree(self, draft_len: int, nodes: int) -> TreeProposal:
         """A tree from the block just decoded: the children of a node at depth d drawn from row d + 1."""
         rows: dict[int, np.ndarray] = {}
 
@@ -173,5 +173,5 @@ class DFlashDrafter(FedDrafter):
         def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
             return [q_one(len(path) + 1) for path in paths]
 
-        return grow_tree(q_at, max_nodes=nodes, max_depth=k, max_width=self.tree_width,
+        return grow_tree(q_at, max_nodes=nodes, draft_len=draft_len, max_width=self.tree_width,
                          rng=None if self.sampler.params.greedy else self.sampler.rng, drafter=self.name)

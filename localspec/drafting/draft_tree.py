@@ -66,9 +66,9 @@ def tree_q(logits: np.ndarray, sampler: Sampler, history: Sequence[int] = (), pa
 QBatch = Callable[[Sequence[tuple[int, ...]]], Sequence[np.ndarray]]
 
 
-def grow_tree(q_at: QBatch, *, max_nodes: int, max_depth: int, max_width: int,
+def grow_tree(q_at: QBatch, *, max_nodes: int, draft_len: int, max_width: int,
               rng: np.random.Generator | None, drafter: str = "") -> TreeProposal:
-    """A tree of at most ``max_nodes`` nodes, ``max_depth`` deep, ``max_width`` children a node.
+    """A tree of at most ``max_nodes`` nodes, ``draft_len`` deep, ``max_width`` children a node.
 
     ``rng`` None: deterministic (temperature 0), the children being q's most probable tokens in
     order; else children are drawn from q without replacement and the proposal carries ``child_q``.
@@ -113,7 +113,7 @@ def grow_tree(q_at: QBatch, *, max_nodes: int, max_depth: int, max_width: int,
         depths.append(1 if node == ROOT else depths[node] + 1)
         scores.append(parent_score * prob)
         paths[child] = (*paths[node], tok)
-        if depths[child] < max_depth and len(tokens) < max_nodes:
+        if depths[child] < draft_len and len(tokens) < max_nodes:
             heapq.heappush(slots, (-scores[child], order, child))
             waiting.append(child)
             order += 1
@@ -127,12 +127,12 @@ def grow_tree(q_at: QBatch, *, max_nodes: int, max_depth: int, max_width: int,
 
 def grow_on_node_sequences(remove_seq: Callable[[int], None], seq_of: dict[tuple[int, ...], int],
                            q_at: QBatch, sampler: Sampler, *,
-                           max_nodes: int, max_depth: int, max_width: int, drafter: str) -> TreeProposal:
+                           max_nodes: int, draft_len: int, max_width: int, drafter: str) -> TreeProposal:
     """``grow_tree`` over ``q_at``, which decodes each node on a sequence of a draft cache's own (``seq_of``:
     path -> sequence, the root's 0); every node sequence is removed afterwards (``remove_seq``), whatever
     happened, so the cache holds the history again."""
     try:
-        return grow_tree(q_at, max_nodes=max_nodes, max_depth=max_depth, max_width=max_width,
+        return grow_tree(q_at, max_nodes=max_nodes, draft_len=draft_len, max_width=max_width,
                          rng=None if sampler.params.greedy else sampler.rng, drafter=drafter)
     finally:
         for seq in range(1, len(seq_of)):

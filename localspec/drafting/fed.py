@@ -228,7 +228,7 @@ class FedDrafter(ListeningDrafter):
         """A tree grown level by level, each node on a sequence of its own fed its parent's output
         (``grow_fed_tree``); the root's children sit one past the catch-up's last row."""
         return grow_fed_tree(self.head, self.sampler, row, self._end(history), max_nodes=nodes,
-                             max_depth=draft_len, max_width=self.tree_width, drafter=self.name)
+                             draft_len=draft_len, max_width=self.tree_width, drafter=self.name)
 
     def reset(self) -> None:
         # The head's cache may keep a prefix the new history shares (its rows came from the target's);
@@ -236,7 +236,7 @@ class FedDrafter(ListeningDrafter):
         pass
 
 
-def grow_fed_tree(head: FedHead, sampler: Sampler, row: int, first_pos: int, *, max_nodes: int, max_depth: int,
+def grow_fed_tree(head: FedHead, sampler: Sampler, row: int, first_pos: int, *, max_nodes: int, draft_len: int,
                   max_width: int, drafter: str) -> TreeProposal:
     """``draft_tree.grow_tree`` for a head fed its parent's hidden row, after a catch-up that left the root's
     logits and hidden row at batch row ``row``.
@@ -268,4 +268,4 @@ def grow_fed_tree(head: FedHead, sampler: Sampler, row: int, first_pos: int, *, 
         return out
 
     return grow_on_node_sequences(head.remove_seq, seq_of, q_at, sampler, max_nodes=max_nodes,
-                                  max_depth=max_depth, max_width=max_width, drafter=drafter)
+                                  draft_len=draft_len, max_width=max_width, drafter=drafter)

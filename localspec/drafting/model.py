@@ -118,7 +118,7 @@ class ModelDrafter(DrafterBase):
             return [tree_q(self.ctx.logits(i), self.sampler, history, path) for i, path in enumerate(paths)]
 
         return grow_on_node_sequences(self.ctx.remove_seq, seq_of, q_at, self.sampler, max_nodes=nodes,
-                                      max_depth=draft_len, max_width=self.tree_width, drafter=self.name)
+                                      draft_len=draft_len, max_width=self.tree_width, drafter=self.name)
 
     def _draft(self, history: Sequence[int], draft_len: int) -> Proposal:
         pos = len(self.ctx.tokens)

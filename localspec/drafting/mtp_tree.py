@@ -115,7 +115,7 @@ def batch_rows(nodes: Sequence[NodeDecode]) -> BatchRows:
 
 
 def grow_chained_tree(head: FedHead, sampler: Sampler, row: int, *, n_heads: int, x_last: int, pos0: int,
-                      target_row: np.ndarray, max_nodes: int, max_depth: int, max_width: int,
+                      target_row: np.ndarray, max_nodes: int, draft_len: int, max_width: int,
                       drafter: str) -> TreeProposal:
     """``grow_tree`` for chained heads, after a catch-up that left head 0's logits and hidden output for
     ``x_last`` (at ``pos0``) at batch row ``row``; ``target_row``: the target's hidden row before ``x_last``.
@@ -148,4 +148,4 @@ def grow_chained_tree(head: FedHead, sampler: Sampler, row: int, *, n_heads: int
         return [q_of[path] for path in paths]
 
     return grow_on_node_sequences(head.remove_seq, seq_of, q_at, sampler, max_nodes=max_nodes,
-                                  max_depth=max_depth, max_width=max_width, drafter=drafter)
+                                  draft_len=draft_len, max_width=max_width, drafter=drafter)

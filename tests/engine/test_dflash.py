@@ -94,7 +94,7 @@ def test_dspark_rows_are_dflash_rows_biased_by_the_token_before(pair, dspark_fil
     models = {"dflash": Model(dflash_path), **{k: Model(p) for k, p in dspark_files.items()}}
     heads = {k: DFlashContext(m, tctx, n_threads=1) for k, m in models.items()}
     try:
-        assert [(h.markov, h.anchor_first, h.has_confidence, h.max_drafts) for h in heads.values()] == [
+        assert [(h.markov, h.anchor_first, h.has_confidence, h.max_draft_len) for h in heads.values()] == [
             (False, False, False, 3), (True, True, True, 4), (True, False, False, 3)]
         tctx.enable_layer_taps(heads["dflash"].layers)
         prompt = target.tokenize(PROMPT)
