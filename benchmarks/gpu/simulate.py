@@ -39,6 +39,7 @@ from localspec.policy.controller import DRAFT_LEN_CAP, Controller  # noqa: E402
 from localspec.policy.costs import CostModel  # noqa: E402
 from localspec.drafting.base import DrafterBase, Proposal  # noqa: E402
 from localspec.events import StepEvent  # noqa: E402
+from localspec.policy.sim_clock import SimClock  # noqa: E402
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -85,17 +86,6 @@ def load_costs(path: Path) -> GpuCosts:
 
 
 # --- the simulation ---------------------------------------------------------------
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def spend(self, ms: float) -> None:
-        self.now += ms / 1e3
-
-
 # A lookup's proposal (ngram and its kind): a fixed cost of microseconds (localspec.policy.costs' prior).
 LOOKUP_MS = (0.05, 0.001)
 DRAFTERS = ("draft", "lookup")
@@ -106,7 +96,7 @@ class _SimDrafter(DrafterBase):
     ``agree(k)``. ``costs`` given: a draft model, which catches up on the tokens it has not decoded,
     then decodes one token per drafted token. None: a lookup costing ``LOOKUP_MS``."""
 
-    def __init__(self, name: str, clock: _Clock, costs: CostModel | None, agree: Callable[[int], int]) -> None:
+    def __init__(self, name: str, clock: SimClock, costs: CostModel | None, agree: Callable[[int], int]) -> None:
         self.name = name
         self.clock, self.costs, self.agree = clock, costs, agree
         self.synced = 0
@@ -179,7 +169,7 @@ def simulate(costs: GpuCosts, agree: Callable[[int], int], *, drafter_kind: str 
     ``drafter_kind``: "draft" (the file's draft model) or "lookup" (``LOOKUP_MS``)."""
     if drafter_kind not in DRAFTERS:
         raise ValueError(f"drafter_kind must be one of {DRAFTERS}, not {drafter_kind!r}")
-    clock = _Clock()
+    clock = SimClock()
     truth = CostModel(costs.target)
     model = drafter_kind == "draft"
     drafter = _SimDrafter(drafter_kind, clock, CostModel(costs.draft) if model else None, agree)

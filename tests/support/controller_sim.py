@@ -20,6 +20,7 @@ from localspec.events import StepEvent
 from localspec.policy.controller import Controller
 from localspec.policy.costs import CostModel
 from localspec.policy.decision import Decision
+from localspec.policy.sim_clock import SimClock
 
 # ms for one decode of k tokens: SmolLM2-135M on 2 CPU threads, and a GPU that verifies 8 for the price of 1.
 CPU = {1: 5.4, 2: 11.3, 4: 16.2, 8: 24.9, 16: 41.1}
@@ -28,19 +29,6 @@ LOOKUP = (0.3, 0.0)      # ms: fixed, per token
 CHEAP_LOOKUP = (0.02, 0.0)  # an n-gram lookup: asked before planning every step
 DRAFT_MODEL = (1.0, 5.0)  # a draft model as slow as the CPU target: never worth it there
 ROOM = 10**6
-
-
-class Clock:
-    """Simulated seconds."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def spend(self, ms: float) -> None:
-        self.now += ms / 1e3
 
 
 class SimDrafter(DrafterBase):
@@ -94,7 +82,7 @@ class Sim:
                  upkeep: tuple[str, ...] = (), extra: Mapping[str, int] | None = None, seed: int = 0,
                  prompt: int = 10, **controller_kw) -> None:
         self.truth = CostModel(points)
-        self.clock = Clock()
+        self.clock = SimClock()
         self.rng = random.Random(seed)
         self.step = 0
         self.history = list(range(prompt))
