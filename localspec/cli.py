@@ -9,7 +9,9 @@ import os
 import sys
 from typing import NoReturn, Sequence
 
-from localspec.commands.common import Terminated, check_stdout, flag_message, repair_text_options
+from localspec.commands.flags import flag_message
+from localspec.commands.signals import Terminated
+from localspec.commands.streams import check_stdout, repair_text_options
 from localspec.errors import LocalspecError
 
 # Subcommand modules, in the order `--help` lists them.

@@ -2,7 +2,7 @@
 API's keywords go through the same functions, so both refuse the same values with the same line.
 
 Each failure is one ``InvalidOptionError`` whose ``param`` is the core's name for the option
-(``n_ctx``, ``max_tokens``); the CLI renames it to its flag (``commands.common.FLAGS``).
+(``n_ctx``, ``max_tokens``); the CLI renames it to its flag (``commands.flags.FLAGS``).
 """
 
 from __future__ import annotations

@@ -7,13 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from localspec.commands.common import (
-    add_model_options,
-    check_engine_options,
+from localspec.commands.flags import add_model_options, check_engine_options
+from localspec.commands.loading import guard_remote_devices, load_settings
+from localspec.commands.refs import (
     check_registry_pair,
     fetch_models,
-    guard_remote_devices,
-    load_settings,
     pair_notice,
     reference,
     resolve_draft_refs,

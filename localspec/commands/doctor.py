@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from localspec import doctor
-from localspec.commands.common import MODEL_REF_HELP, OFF
+from localspec.commands.flags import MODEL_REF_HELP
+from localspec.commands.refs import OFF
 from localspec.models.hub_errors import human_size
 
 EXIT_FAILED = 1
@@ -49,7 +50,7 @@ def register(subparsers: Any) -> None:
 def _model_path(ref: str | None) -> tuple[str, Path | None]:
     if ref is None:
         return doctor.default_model()
-    from localspec.commands.common import resolve_name
+    from localspec.commands.refs import resolve_name
     from localspec.models.registry_file import load_registry
 
     resolved = resolve_name(ref, load_registry())
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
 def _pair(model: str | None, draft: str, target: Path | None) -> doctor.PairFinding | None:
     """``--draft`` resolved as ``generate`` resolves it (an unknown name is the same one-line error) and
     judged against the model (``target``: its file, None when not downloaded). None: no draft model."""
-    from localspec.commands.common import check_registry_pair, resolve_draft_refs, resolve_ref, same_family_draft
+    from localspec.commands.refs import check_registry_pair, resolve_draft_refs, resolve_ref, same_family_draft
     from localspec.drafting.by_text import SAME_VOCAB, TEXT_PAIR
     from localspec.errors import LocalspecError
     from localspec.models import hub

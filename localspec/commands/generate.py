@@ -9,21 +9,17 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from localspec.commands.common import (
-    Terminated,
+from localspec.commands.flags import (
     add_model_options,
     add_sampling_options,
     check_engine_options,
-    check_registry_pair,
     generate_options,
-    load_engine,
     parse_ctx,
-    read_prompt,
-    resolve_draft_refs,
-    resolve_ref,
-    stop_on_signals,
-    write_out,
 )
+from localspec.commands.loading import load_engine
+from localspec.commands.refs import check_registry_pair, resolve_draft_refs, resolve_ref
+from localspec.commands.signals import Terminated, stop_on_signals
+from localspec.commands.streams import read_prompt, write_out
 from localspec.errors import InvalidOptionError
 from localspec.events import DoneEvent, GenerationStats, PrefillEvent, TokenEvent, TokenLogprob
 

@@ -78,7 +78,7 @@ def check_output(path: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from localspec.backend import Model
-    from localspec.commands.common import resolve_model
+    from localspec.commands.refs import resolve_model
     from localspec.drafting.corpus import build_store_from_corpus, iter_corpus
     from localspec.errors import StoreError
     from localspec.models.gguf_info import tokenizer_fingerprint
@@ -168,7 +168,7 @@ def verify(args: argparse.Namespace) -> int:
 
     fingerprint = n_vocab = None
     if args.model is not None:
-        from localspec.commands.common import resolve_model
+        from localspec.commands.refs import resolve_model
         from localspec.models.gguf_info import read_info, tokenizer_fingerprint
 
         model_path = resolve_model(args.model, offline=args.offline)

@@ -6,15 +6,8 @@ import argparse
 import json
 import sys
 
-from localspec.commands.common import (
-    MODEL_REF_HELP,
-    model_header,
-    parse_ctx,
-    parse_size,
-    parse_sizes,
-    resolve_draft_refs,
-    resolve_name,
-)
+from localspec.commands.flags import MODEL_REF_HELP, parse_ctx, parse_size, parse_sizes
+from localspec.commands.refs import model_header, resolve_draft_refs, resolve_name
 from localspec.drafting.by_text import TEXT_PAIR, TEXT_PAIR_COST
 from localspec.errors import InvalidOptionError
 from localspec.models.gguf_info import read_info

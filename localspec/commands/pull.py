@@ -15,7 +15,8 @@ from typing import Any
 
 from localspec.models import hub
 from localspec.models.hub_errors import human_size
-from localspec.commands.common import resolve_name, stop_on_signals
+from localspec.commands.refs import resolve_name
+from localspec.commands.signals import stop_on_signals
 from localspec.models.registry_file import load_registry
 
 

@@ -16,18 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from localspec.commands.common import (
-    OFF,
-    DraftRefs,
+from localspec.commands.flags import (
     add_model_options,
     add_sampling_options,
     check_engine_options,
+    generate_options,
+)
+from localspec.commands.loading import guard_remote_devices, load_settings
+from localspec.commands.refs import (
+    DraftRefs,
+    OFF,
     check_registry_pair,
     drafts_for_itself,
     fetch_models,
-    generate_options,
-    guard_remote_devices,
-    load_settings,
     pair_notice,
     reference,
     resolve_draft_refs,

@@ -15,14 +15,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localspec.commands.common import (
-    add_model_options,
-    check_engine_options,
-    load_engine,
-    resolve_draft_refs,
-    resolve_ref,
-    stop_on_signals,
-)
+from localspec.commands.flags import add_model_options, check_engine_options
+from localspec.commands.loading import load_engine
+from localspec.commands.refs import resolve_draft_refs, resolve_ref
+from localspec.commands.signals import stop_on_signals
 from localspec.errors import InvalidOptionError, LocalspecError
 
 if TYPE_CHECKING:

@@ -196,7 +196,7 @@ def nvidia_smi_vram() -> Vram | None:
 def detect_vram() -> Vram | None:
     """The free memory of the first GPU llama.cpp can use, else nvidia-smi's first GPU; None if unknown.
 
-    The one-card plan's memory; with several GPUs ``commands.common.load_settings`` plans over each
+    The one-card plan's memory; with several GPUs ``commands.loading.load_settings`` plans over each
     one's free memory instead (``split_settings``).
     """
     from localspec.backend import gpu_devices

@@ -88,7 +88,7 @@ def test_every_command_repairs_its_text_options(argv: list[str], capsys: pytest.
     """What argparse hands over for invalid bytes in argv (lone surrogates) is repaired at the CLI edge for
     every command that takes text, `run --system` included (the app died on it)."""
     from localspec import cli
-    from localspec.commands.common import repair_text_options
+    from localspec.commands.streams import repair_text_options
 
     args = cli.build_parser().parse_args(argv)
     repair_text_options(args)

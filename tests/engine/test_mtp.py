@@ -268,7 +268,7 @@ def test_missing_nextn_functions_refuse_mtp(agreeing_path, monkeypatch):
 
 def test_the_app_switch_offers_mtp(agreeing_path):
     """``run`` loads mtp beside the model-free drafters; the app's ctrl+o cycles engine.drafter_names()."""
-    from localspec.commands.common import DraftRefs, drafts_for_itself, with_mtp
+    from localspec.commands.refs import DraftRefs, drafts_for_itself, with_mtp
     from localspec.commands.run import switchable_drafters
 
     assert drafts_for_itself(agreeing_path)
@@ -309,7 +309,7 @@ def test_hidden_rows_are_found_by_position_and_token():
 def test_draft_mtp_parses_and_names_itself():
     specs = parse_draft("MTP,ngram")
     assert [(s.kind, s.name) for s in specs] == [("mtp", "mtp"), ("ngram", "ngram")]
-    from localspec.commands.common import DraftRefs, with_mtp
+    from localspec.commands.refs import DraftRefs, with_mtp
 
     assert [s.name for s in with_mtp(DraftRefs(None, parse_draft("ngram"))).specs] == ["mtp", "ngram"]
     assert [s.name for s in with_mtp(DraftRefs(None, specs)).specs] == ["mtp", "ngram"]  # not twice

@@ -189,7 +189,7 @@ def test_drafter_switch_changes_what_the_next_reply_uses(engine: Engine, tmp_pat
 def test_the_switch_offers_every_model_free_drafter_and_starts_on_the_choice(smollm2_path: Path,
                                                                              smollm2_q4_0_path: Path,
                                                                              tmp_path: Path) -> None:
-    from localspec.commands.common import DraftRefs, resolve_name
+    from localspec.commands.refs import DraftRefs, resolve_name
     from localspec.commands.run import switchable_drafters
 
     # `run --draft <model>`: ngram and lookahead are loaded too, the first reply drafts with the model only.
@@ -220,7 +220,7 @@ def test_the_switch_offers_every_model_free_drafter_and_starts_on_the_choice(smo
 
 
 def test_model_free_drafters_are_not_added_when_drafting_is_off() -> None:
-    from localspec.commands.common import DraftRefs
+    from localspec.commands.refs import DraftRefs
     from localspec.commands.run import switchable_drafters
     from localspec.drafting.specs import parse_draft
 

@@ -10,7 +10,7 @@ import pytest
 import localspec
 from localspec import GenerateOptions, cli
 from localspec.api import options
-from localspec.commands.common import FLAGS, flag_message
+from localspec.commands.flags import FLAGS, flag_message
 from localspec.errors import InvalidOptionError
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from localspec.models import placement
-from localspec.commands.common import parse_ctx
+from localspec.commands.flags import parse_ctx
 from localspec.errors import InvalidOptionError
 from localspec.models.placement import DEFAULT_CTX, LoadSettings, Vram, manual_settings, planned_settings
 from localspec.models.memory import GIB

@@ -10,7 +10,7 @@ import pytest
 from localspec.errors import InvalidOptionError
 from localspec.models.gguf_info import GGUFInfo, read_info
 from model_shapes import LLAMA_1B, LLAMA_70B, QWEN3_06B, QWEN3_14B, synthetic
-from localspec.commands.common import parse_size
+from localspec.commands.flags import parse_size
 from localspec.commands.plan import format_plan
 from localspec.models.memory import GIB, compute_buffer_bytes, kv_cache_bytes, place
 from localspec.models.planner import plan

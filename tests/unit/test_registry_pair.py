@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.commands.common import check_registry_pair
+from localspec.commands.refs import check_registry_pair
 from localspec.errors import IncompatibleDraftError, UnsupportedModelError
 from localspec.models.registry_file import load_registry
 
@@ -14,7 +14,7 @@ from localspec.models.registry_file import load_registry
 def test_families_that_differ_draft_by_text_and_the_notice_names_the_family_draft():
     """Issue 43: a draft model of another family is no longer refused; it drafts by text, and the notice
     names the draft the registry knows in the target's own family."""
-    from localspec.commands.common import same_family_draft
+    from localspec.commands.refs import same_family_draft
     from localspec.pairing import text_pair_notice
 
     registry = load_registry()

@@ -10,7 +10,7 @@ import sys
 
 CHILD = r"""
 import os, signal, sys, time
-from localspec.commands.common import Terminated, stop_on_signals
+from localspec.commands.signals import Terminated, stop_on_signals
 stop_on_signals()
 try:
     print("ready", flush=True)  # inside the try: a signal from here on is caught
