@@ -222,6 +222,17 @@ class Controller:
         return (self.expected_tokens(name, draft_len),
                 self.step_ms(name, draft_len, catch_up_ms=self.costs.catch_up_ms(name, behind)))
 
+    def _asked_options(self, drafter: Drafter, proposal: Proposal | TreeProposal, max_draft_len: int) -> list[Option]:
+        """The best option from the proposal ``drafter`` made while planning (``pricing.asked_options``)."""
+        return pricing.asked_options(self.costs, self._states[drafter.name], drafter, proposal, max_draft_len,
+                                     fixed=self.draft_len, ends_line=self.ends_line)
+
+    def _options(self, drafter: Drafter, max_draft_len: int, behind: int, horizon: float) -> list[Option]:
+        """The options of a drafter asked only once chosen, ``behind`` tokens behind (``pricing.options``)."""
+        state = self._states[drafter.name]
+        return pricing.options(self.costs, state, drafter, max_draft_len, width=state.width, behind=behind,
+                               horizon=horizon, fixed=self.draft_len, tree_nodes_limit=self.tree_nodes_limit)
+
     # --- planning -----------------------------------------------------------
     def _max_draft_len(self, room: int, remaining: int) -> tuple[int, str]:
         """The most tokens this step may draft, and when that is 0, why (in words)."""
@@ -302,17 +313,14 @@ class Controller:
         horizon = float(max(1, min(remaining, self.catch_up_horizon)))
         waiting = ""  # a drafter left out of the first step, and why
         for name, drafter in self._members.items():
-            state = self._states[name]
             if name in self._asked:
-                options += pricing.asked_options(self.costs, state, drafter, self._asked[name], max_draft_len,
-                                                 fixed=self.draft_len, ends_line=self.ends_line)
+                options += self._asked_options(drafter, self._asked[name], max_draft_len)
                 continue
             behind = drafter.behind(history)
             if self._first_token_waits(behind):
                 waiting = f"{name} is {behind} tokens behind"
                 continue
-            options += pricing.options(self.costs, state, drafter, max_draft_len, width=state.width, behind=behind,
-                                       horizon=horizon, fixed=self.draft_len, tree_nodes_limit=self.tree_nodes_limit)
+            options += self._options(drafter, max_draft_len, behind, horizon)
         best = max(options, key=lambda o: o.tokens / o.ranked_ms(horizon), default=None)
         if best is None and waiting:
             return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"plain: the first token waits for no catch-up "

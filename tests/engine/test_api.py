@@ -55,12 +55,6 @@ def test_generate_streams_events_that_add_up(engine):
     assert again.tokens == done.tokens
 
 
-def test_options_default_to_the_adaptive_controller():
-    from localspec.api import options
-
-    assert options().draft_len is None and GenerateOptions().draft_len is None
-
-
 def test_cancel_stops_a_generation(engine):
     gen = engine.generate(PROMPT, GenerateOptions(max_tokens=200, draft_len=2))
     for event in gen:

@@ -10,7 +10,7 @@ import pytest
 import localspec
 from localspec import GenerateOptions, cli
 from localspec.api import options
-from localspec.commands.flags import FLAGS, flag_message
+from localspec.commands.flags import FLAGS, flag_message, generate_options
 from localspec.errors import InvalidOptionError
 
 
@@ -60,3 +60,12 @@ def test_stop_none_is_no_stop_string_and_one_string_is_one() -> None:
 def test_a_message_quotes_a_string_as_a_string() -> None:
     with pytest.raises(InvalidOptionError, match=r"^max_tokens '4' is not a number"):
         options(max_tokens="4")
+
+
+def test_the_cli_and_the_api_ask_the_same_generation_by_default() -> None:
+    """Given nothing, `localspec generate`, ``localspec.options()`` and ``GenerateOptions()`` ask for the same
+    generation: the same sampling and stopping, and the draft length left to the adaptive controller
+    (``draft_len`` None), not fixed by one front end."""
+    from_cli = generate_options(cli.build_parser().parse_args(["generate", "-p", "hi"]))
+    assert from_cli == options() == GenerateOptions()
+    assert GenerateOptions().draft_len is None

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from controller_sim import CPU, GPU, Named, plan, step_event, teach
 
-from localspec.policy.controller import TREE_DEPTH_MAX, Controller
+from localspec.policy.controller import Controller
+from localspec.policy.pricing import TREE_DEPTH_MAX
 from localspec.policy.costs import TREE_NODE_MS, CostModel
 from localspec.policy.decision import Decision
 from localspec.policy.estimates import tree_expected_tokens

@@ -37,10 +37,20 @@ def test_speculative_says_what_drafting_did() -> None:
     assert responses.speculative(GenerationStats(), "off")["controller"] is None
 
 
-def test_usage_and_finish_reasons() -> None:
+def test_usage() -> None:
     assert responses.usage(STATS, 30) == {"prompt_tokens": 40, "completion_tokens": 30, "total_tokens": 70,
                                           "prompt_tokens_details": {"cached_tokens": 30}}
-    assert responses.FINISH_REASONS == {"stop": "stop", "length": "length", "context": "length"}
+
+
+@pytest.mark.parametrize("engine_reason, called, openai", [
+    ("stop", False, "stop"), ("stop", True, "tool_calls"),  # a reply that ends after calling tools says so
+    ("length", False, "length"), ("length", True, "length"),  # cut short: its calls may be incomplete
+    ("context", False, "length"), ("context", True, "length"),  # a full context is a length limit too
+])
+def test_finish_reasons_are_openais(engine_reason: str, called: bool, openai: str) -> None:
+    """Each finish reason of the engine that has an OpenAI one (a cancelled reply ends in an error event
+    instead) reads as OpenAI's, and only a reply that stopped by itself claims tool calls."""
+    assert responses.finish_reason(engine_reason, called) == openai
 
 
 def test_bodies_and_chunks_have_openais_shape() -> None:
