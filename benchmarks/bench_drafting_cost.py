@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from localspec.drafting.ngram import NgramDrafter, NgramIndex
+from localspec.drafting.ngram import NgramDrafter
+from localspec.drafting.ngram_index import NgramIndex
 from localspec.drafting.suffix_array import build_suffix_array, open_store, write_store
 
 VOCAB = 50_000

@@ -32,7 +32,8 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.drafting.ngram import Lookup, NgramDrafter, cut_at_separator, rank_continuations
+from localspec.drafting.lookup import Lookup, cut_at_separator, rank_continuations
+from localspec.drafting.ngram import NgramDrafter
 from localspec.drafting.suffix_array import Store, build_suffix_array
 from localspec.errors import StoreError
 from localspec.drafting.personal_log import (RECORD_HEAD, Scan, Unusable, aside_path,

@@ -13,7 +13,7 @@ import os
 from typing import Sequence
 
 from localspec.drafting.base import DrafterBase, Proposal, TreeProposal
-from localspec.drafting.ngram import proposal_from_lookup
+from localspec.drafting.lookup import proposal_from_lookup
 from localspec.drafting.suffix_array import Store, open_store
 
 # How much of the history is searched for a suffix match: matches longer than

@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from localspec.drafting.ngram import Candidate, Lookup, cut_at_separator, rank_continuations
+from localspec.drafting.lookup import Candidate, Lookup, cut_at_separator, rank_continuations
 from localspec.errors import StoreError
 from localspec.paths import atomic_write
 

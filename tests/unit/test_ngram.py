@@ -14,15 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localspec.drafting.base import Drafter, Evidence, Proposal, TreeProposal
-from localspec.drafting.ngram import (
-    Candidate,
-    Lookup,
-    NgramDrafter,
-    NgramIndex,
-    LOOP_MAX_RUN,
-    proposal_from_lookup,
-    strongest,
-)
+from localspec.drafting.lookup import Candidate, Lookup, proposal_from_lookup, strongest
+from localspec.drafting.loops import LOOP_MAX_RUN
+from localspec.drafting.ngram import NgramDrafter
+from localspec.drafting.ngram_index import NgramIndex
 
 tokens = st.lists(st.integers(0, 3), max_size=80)
 

@@ -1,0 +1,207 @@
+"""The context's own n-gram index: every n-gram of the history mapped to the positions right after its
+occurrences, kept up to date token by token, and asked for the longest suffix of the history seen before
+(exactly, or with one token substituted). Pure Python on token lists."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from localspec.drafting.lookup import Lookup, as_list, continuation, cut_at_separator, rank_continuations
+
+
+class NgramIndex:
+    """An incrementally built index from n-grams to the positions following them.
+
+    Cost: ``extend`` does (n_max - n_min + 1) dict updates per new token;
+    ``truncate`` undoes them per removed token (position lists grow in order,
+    so the stale entry is always the last one; removal is exact, not lazy).
+    ``lookup`` looks at the ``max_occurrences`` most recent occurrences only,
+    so it stays cheap when a short n-gram occurs thousands of times.
+    ``max_match`` > n_max lets a full-length match grow backwards, token by
+    token, up to ``max_match`` tokens at each of those occurrences; only the
+    occurrences with the longest match are then kept. Text that repeats a
+    source with many look-alike spans (code: ``self.items[name]`` in every
+    method) is then continued from the one place it is copying, not from a
+    vote among every place that shares the last few tokens.
+    Negative tokens are separators: no continuation runs past one, and as no
+    context contains one, no match spans one.
+    """
+
+    def __init__(self, n_min: int = 1, n_max: int = 4, *, max_occurrences: int = 32, recency_decay: float = 0.95,
+                 max_match: int | None = None):
+        if not 1 <= n_min <= n_max:
+            raise ValueError("need 1 <= n_min <= n_max")
+        if max_occurrences < 1 or not 0 < recency_decay <= 1:
+            raise ValueError("need max_occurrences >= 1 and 0 < recency_decay <= 1")
+        if max_match is not None and max_match < n_max:
+            raise ValueError("need max_match >= n_max")
+        self.n_min, self.n_max = n_min, n_max
+        self.max_match = n_max if max_match is None else max_match
+        self.max_occurrences = max_occurrences
+        self._weights = [recency_decay**r for r in range(max_occurrences)]  # most recent first
+        self._tokens: list[int] = []
+        self._index: dict[tuple[int, ...], list[int]] = {}
+        self._has_separators = False
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The indexed history itself (not a copy: read it, never change it)."""
+        return self._tokens
+
+    def tail(self, k: int) -> list[int]:
+        """The last ``k`` indexed tokens (fewer if the history is shorter)."""
+        return self._tokens[-k:] if k > 0 else []
+
+    def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
+        """Append ``tokens`` and index every n-gram that now ends in them."""
+        new = as_list(tokens)
+        if not new:
+            return
+        self._has_separators = self._has_separators or min(new) < 0
+        h, idx = self._tokens, self._index
+        start = len(h)
+        h.extend(new)
+        end = len(h)
+        if end - start <= 16:
+            # A decode step adds a few tokens: a plain loop beats setting up zips.
+            for p in range(start + 1, end + 1):
+                for n in range(self.n_min, min(self.n_max, p) + 1):
+                    key = tuple(h[p - n : p])
+                    positions = idx.get(key)
+                    if positions is None:
+                        idx[key] = [p]
+                    else:
+                        positions.append(p)
+            return
+        for n in range(self.n_min, self.n_max + 1):
+            lo = max(start + 1, n)  # first end position p whose n-gram h[p-n:p] is new
+            if lo > end:
+                continue
+            # zip over shifted slices builds the n-tuples in C, not per token in Python
+            keys = zip(*(h[lo - n + j : end - n + j + 1] for j in range(n)))
+            for p, key in zip(range(lo, end + 1), keys):
+                positions = idx.get(key)
+                if positions is None:
+                    idx[key] = [p]
+                else:
+                    positions.append(p)
+
+    def truncate(self, length: int) -> None:
+        """Roll the history back to its first ``length`` tokens."""
+        h, idx = self._tokens, self._index
+        for p in range(len(h), max(length, 0), -1):
+            for n in range(self.n_min, min(self.n_max, p) + 1):
+                key = tuple(h[p - n : p])
+                positions = idx[key]
+                positions.pop()  # == p: positions are appended in increasing order
+                if not positions:
+                    del idx[key]
+        del h[max(length, 0) :]
+
+    def query(self, draft_len: int, max_candidates: int = 8) -> Lookup | None:
+        """Continue the indexed history itself: its longest suffix seen before (a continuation that
+        runs into the history's end carries on as the text repeats: see ``continuation``)."""
+        return self.lookup(self._tokens, draft_len, max_candidates, repeats=True)
+
+    def lookup(self, context: Sequence[int], draft_len: int, max_candidates: int = 8, *,
+               repeats: bool = False) -> Lookup | None:
+        """Find the longest suffix of ``context`` (n_max down to n_min tokens)
+        that occurs in the index with a continuation, and rank what followed.
+
+        Only the last ``max_match`` tokens of ``context`` are read (see the
+        class notes for matches longer than n_max). Occurrences at the very
+        end of the index (nothing follows yet) do not count, so querying the
+        index with its own history finds *earlier* occurrences only.
+        ``repeats``: ``context`` is the index's own history, so a continuation
+        that reaches its end may carry on through it (``continuation``).
+        """
+        h, end = self._tokens, len(self._tokens)
+        tail = as_list(context[-self.max_match :])
+        for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
+            positions = self._index.get(tuple(tail[len(tail) - n :]))
+            if positions is None:
+                continue
+            occurrences = len(positions) - (positions[-1] >= end)
+            if occurrences == 0:
+                continue
+            recent = positions[-self.max_occurrences - 1 :][::-1]
+            if recent[0] >= end:
+                recent = recent[1:]
+            recent = recent[: self.max_occurrences]
+            if n == self.n_max and len(tail) > n:
+                grown, recent = self._longest(tail, n, recent)
+                if grown > n:  # the evidence is now the occurrences of the longer match
+                    n, occurrences = grown, len(recent)
+            conts = [continuation(h, p, draft_len) if repeats else h[p : p + draft_len] for p in recent]
+            if self._has_separators:
+                conts = [cut_at_separator(c) for c in conts]
+            return rank_continuations(n, occurrences, conts, recent, self._weights, max_candidates)
+        return None
+
+    def gapped(self, draft_len: int, max_candidates: int = 8, *, min_match: int = 6) -> Lookup | None:
+        """Continue the indexed history from the place its end copies but for one token: the longest
+        suffix that occurred before with exactly one token substituted (never the last one), at least
+        ``min_match`` tokens matched besides it. A numbered list's next line (``7.`` after ``6.``) or a
+        copied line after a renamed identifier matches so, where its exact match is a token or two.
+        Returns the occurrences with the longest such match (``Lookup.match_len``: its matched tokens)."""
+        h, end = self._tokens, len(self._tokens)
+        if end < 2:
+            return None
+        positions = self._index.get((h[-1],)) if self.n_min <= 1 else None
+        if not positions:
+            return None
+        recent = [p for p in positions[-self.max_occurrences - 1 :][::-1] if p < end][: self.max_occurrences]
+        limit = self.max_match
+        best, found = 0, []
+        for p in recent:
+            # h[p - 1] == h[-1] (the key): walk back to the first difference, step over it, walk on.
+            # (Allowing a token inserted or dropped there too was tried: more look-alike places then
+            # match, and replayed replies drafted worse.)
+            k = _run_back(h, end - 1, p - 1, limit)
+            if k >= limit or k >= p:
+                continue  # an exact match: the exact lookup's
+            t, q = end - 1 - k, p - 1 - k
+            matched = k + _run_back(h, t - 1, q - 1, limit - k - 1)
+            if matched > best:
+                best, found = matched, [p]
+            elif matched == best and matched:
+                found.append(p)
+        if best < min_match:
+            return None
+        conts = [continuation(h, p, draft_len) for p in found]
+        if self._has_separators:
+            conts = [cut_at_separator(c) for c in conts]
+        return dataclasses.replace(rank_continuations(best, len(found), conts, found, self._weights, max_candidates),
+                                   gapped=True)
+
+    def _longest(self, tail: list[int], n: int, recent: list[int]) -> tuple[int, list[int]]:
+        """Grow the match of ``tail``'s last ``n`` tokens backwards at each occurrence (ending before
+        position p in ``recent``); the longest match length and the occurrences that reach it."""
+        h, limit = self._tokens, len(tail)
+        lengths = []
+        for p in recent:
+            m = n
+            while m < limit and m < p and h[p - m - 1] == tail[-m - 1]:
+                m += 1
+            lengths.append(m)
+        best = max(lengths)
+        if best == n:
+            return n, recent
+        return best, [p for p, m in zip(recent, lengths) if m == best]
+
+
+def _run_back(h: list[int], t: int, q: int, limit: int) -> int:
+    """How many tokens ending at h[t] and at h[q] agree, walking back, at most ``limit`` (0 unless q < t:
+    a span is never matched against itself)."""
+    if q >= t:
+        return 0
+    n = 0
+    while n < limit and q - n >= 0 and h[t - n] == h[q - n]:
+        n += 1
+    return n
