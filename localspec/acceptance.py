@@ -45,6 +45,13 @@ class Tree(Protocol):
         ...
 
 
+class SampledTree(Tree, Protocol):
+    """A tree whose children were drawn from the draft's distributions (``accept_sampled_tree``)."""
+
+    parents: Sequence[int]  # each node's parent (``ROOT`` for depth 1)
+    tokens: Sequence[int]  # each node's token
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The outcome of verifying one draft."""
@@ -341,3 +348,29 @@ def accept_siblings(
                 break  # q's support is exhausted: no further sibling can have been drawn
             q_j /= left
     return SiblingVerdict(None, sample(residual, rng))
+
+
+def accept_sampled_tree(tree: SampledTree, child_q: dict[tuple[int, ...], np.ndarray], rows: Sequence[np.ndarray],
+                        row_of: Callable[[int], int], rng: np.random.Generator) -> TreeAcceptance:
+    """Walk a tree of sampled children: at each node, recursive rejection sampling over its children in
+    the order drawn (``accept_siblings``, with ``child_q[path]`` the draft's q there) against the target's
+    p there (``rows[row_of(node)]``); an accepted child is descended into, a node without children emits
+    the bonus from p. Exact: each position's emitted token follows p given the path (``accept_siblings``),
+    so the walk draws the target's joint distribution."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(node)
+    tokens: list[int] = []
+    nodes: list[int] = []
+    node = ROOT
+    while True:
+        p = rows[row_of(node)]
+        kids = children.get(node, [])
+        if not kids:
+            return TreeAcceptance(tuple(tokens), tuple(nodes), sample(p, rng))
+        verdict = accept_siblings([tree.tokens[k] for k in kids], child_q[tuple(tokens)], p, rng)
+        if verdict.accepted is None:
+            return TreeAcceptance(tuple(tokens), tuple(nodes), verdict.token)
+        node = kids[verdict.accepted]
+        tokens.append(tree.tokens[node])
+        nodes.append(node)

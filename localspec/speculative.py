@@ -22,11 +22,10 @@ import numpy as np
 
 from localspec.acceptance import (
     ROOT,
-    TreeAcceptance,
     Verdict,
     accept_greedy,
     accept_sampled,
-    accept_siblings,
+    accept_sampled_tree,
     accept_tree,
 )
 from localspec.backend import Context
@@ -308,8 +307,8 @@ def _verify_tree(target: Context, history: Sequence[int], proposal: TreeProposal
     if sampler.params.greedy:
         result = accept_tree(tree, lambda node: _argmax(source.logits(row_of(node))))
     elif proposal.child_q is not None:
-        result = _accept_sampled_tree(tree, proposal.child_q, _LazyRows(source, len(tree) + 1, sampler.distribution),
-                                      row_of, sampler)
+        result = accept_sampled_tree(tree, proposal.child_q, _LazyRows(source, len(tree) + 1, sampler.distribution),
+                                     row_of, sampler.rng)
     else:
         rows = _LazyRows(source, len(tree) + 1, sampler.distribution)
         result = accept_tree(tree, lambda node: sample(rows[row_of(node)], sampler.rng))
@@ -384,30 +383,6 @@ def _place_rest(target: Context, history: Sequence[int], accepted: tuple[int, ..
             target.rollback_to(start + k + 1)
             return accepted[:kept], choice
     return accepted, next_token
-
-
-def _accept_sampled_tree(tree, child_q: dict[tuple[int, ...], np.ndarray], rows: Sequence[np.ndarray],  # noqa: ANN001
-                         row_of: Callable[[int], int], sampler: Sampler) -> TreeAcceptance:
-    """Walk a tree of sampled children: at each node, recursive rejection sampling over its children in
-    the order drawn (``accept_siblings``) against the target's p there; an accepted child is descended
-    into, a node without children emits the bonus from p. Exact: see ``acceptance.accept_siblings``."""
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(tree.parents):
-        children.setdefault(parent, []).append(node)
-    tokens: list[int] = []
-    nodes: list[int] = []
-    node = ROOT
-    while True:
-        p = rows[row_of(node)]
-        kids = children.get(node, [])
-        if not kids:
-            return TreeAcceptance(tuple(tokens), tuple(nodes), sample(p, sampler.rng))
-        verdict = accept_siblings([tree.tokens[k] for k in kids], child_q[tuple(tokens)], p, sampler.rng)
-        if verdict.accepted is None:
-            return TreeAcceptance(tuple(tokens), tuple(nodes), verdict.token)
-        node = kids[verdict.accepted]
-        tokens.append(tree.tokens[node])
-        nodes.append(node)
 
 
 def _depth_first(tree) -> list[int]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.acceptance import accept_siblings, draw_siblings
-from test_acceptance import P0, Q0, assert_follows, dist
+from dataclasses import dataclass, field
+
+from localspec.acceptance import ROOT, accept_sampled_tree, accept_siblings, draw_siblings
+from test_acceptance import P0, P1, Q0, Q1, assert_follows, dist
 
 N_TRIALS = 60_000
 
@@ -83,3 +85,45 @@ def test_a_sibling_q_could_not_draw_is_an_error():
         accept_siblings([6], Q, P, np.random.default_rng(0))
     with pytest.raises(ValueError, match="cannot have been drawn"):  # drawn twice without replacement
         accept_siblings([1, 1], dist(0, 1, 1, 0, 0, 0, 0, 0), dist(1, 0, 0, 0, 0, 0, 0, 1), np.random.default_rng(0))
+
+
+@dataclass
+class SampledTree:
+    """A hand-built tree of sampled children: each node's parent and token."""
+
+    parents: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def child(self, node: int, token: int) -> int | None:
+        return next((i for i, (p, t) in enumerate(zip(self.parents, self.tokens)) if p == node and t == token), None)
+
+
+def test_a_tree_of_sampled_children_emits_the_targets_tokens_at_each_depth():
+    """Two siblings drawn from Q0 at the root, two drawn from Q1 under each: the first token emitted
+    follows the root's p (P0) and the second, where the walk went down a node, that node's p (P1), the
+    bonus included. A walk that judged the grandchildren against the root's row would fail the second."""
+    rng = np.random.default_rng(7)
+    first, second = [], []
+    for _ in range(30_000):
+        tree = SampledTree()
+        for token in draw_siblings(Q0, 2, rng):
+            tree.parents.append(ROOT)
+            tree.tokens.append(token)
+            node = len(tree.tokens) - 1
+            for grandchild in draw_siblings(Q1, 2, rng):
+                tree.parents.append(node)
+                tree.tokens.append(grandchild)
+        depth = [0 if parent == ROOT else 1 for parent in tree.parents]
+        child_q = {(): Q0, **{(tree.tokens[n],): Q1 for n in range(len(tree)) if depth[n] == 0}}
+        rows = [P0] + [P1 if d == 0 else P0 for d in depth]  # row 0: the root's; row n + 1: node n's
+        result = accept_sampled_tree(tree, child_q, rows, lambda node: node + 1, rng)
+        emitted = [*result.tokens, result.next_token]
+        first.append(emitted[0])
+        if len(emitted) > 1:
+            second.append(emitted[1])
+    assert_follows(np.array(first), P0)
+    assert len(second) > 5_000  # the walk went down often enough to judge the second position
+    assert_follows(np.array(second), P1)
