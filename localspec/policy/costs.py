@@ -123,6 +123,8 @@ def _interpolate(points: Mapping[int, float], k: float, ks: list[int] | None = N
     if len(ks) == 1:
         return points[ks[0]]
     first, last = ks[0], ks[-1]
+    if k == first:  # a one-token decode, most of all: what the general path below returns there
+        return points[first]
     if first < k <= last:
         i = bisect.bisect_left(ks, k)
         lo, hi = ks[i - 1], ks[i]

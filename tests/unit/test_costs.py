@@ -38,6 +38,15 @@ def test_verify_ms_hits_measured_points_and_interpolates_between() -> None:
     assert model.relative(1) == 1.0
 
 
+def test_one_query_and_a_walk_give_the_same_numbers_at_every_kind_of_point() -> None:
+    """``_interpolate`` (one query, with its shortcuts) and ``_interpolate_sorted`` (a walk) are one curve:
+    the first measured point itself, below it, between points and beyond the last, to the bit."""
+    for curve in (CPU, GPU, {2: 7.0, 4: 9.0, 8: 15.0}):
+        ks = sorted(curve)
+        queries = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 7.5, 8.0, 16.0, 24.0]
+        assert [costs._interpolate(curve, k, ks) for k in queries] == costs._interpolate_sorted(curve, queries, ks)
+
+
 def test_verify_ms_extrapolates_linearly_and_never_falls() -> None:
     model = CostModel(CPU)
     slope = (41.1 - 24.9) / 8
