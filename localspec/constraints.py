@@ -27,6 +27,7 @@ import numpy as np
 
 from localspec.backend.grammar import Grammar, GrammarState, schema_grammar
 from localspec.errors import InvalidOptionError
+from localspec.sampling import ShaperChain
 
 # Candidates asked at once while looking for a greedy row's most probable allowed token.
 _WIDTHS = (16, 256, 4096)
@@ -97,6 +98,12 @@ class GrammarShaper:
             self._paths[key[: i + 1]] = state
         return state
 
+    def forced_text(self, history: Sequence[int], limit: int) -> bytes:
+        """The text the grammar forces right after ``history``, up to ``limit`` bytes
+        (``GrammarState.forced_bytes``: a guess for a drafter, which verification judges like any other)."""
+        state = self.state(history)
+        return state.forced_bytes(limit) if state is not None else b""
+
     def _advance(self, history: Sequence[int]) -> None:
         if len(history) < self._seen:
             raise ValueError("a grammar's history only grows within a generation")
@@ -115,6 +122,16 @@ class GrammarShaper:
         if self.greedy:
             return _masked_for_argmax(state, logits)
         return state.mask(logits)
+
+
+def grammar_shaper(shaper: object) -> GrammarShaper | None:
+    """The ``GrammarShaper`` among a sampler's shapers (itself, or one of a ``ShaperChain``'s); None: the
+    generation is not constrained."""
+    if isinstance(shaper, GrammarShaper):
+        return shaper
+    if isinstance(shaper, ShaperChain):
+        return next((s for s in shaper.shapers if isinstance(s, GrammarShaper)), None)
+    return None
 
 
 def _masked_for_argmax(state: GrammarState, logits: np.ndarray) -> np.ndarray:

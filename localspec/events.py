@@ -207,6 +207,10 @@ class GenerationStats:
         """Generation speed after the prompt was processed."""
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    def drafted_by(self, name: str) -> int:
+        """Draft tokens the drafter ``name`` proposed (``forced``: the text the grammar forced)."""
+        return sum(d.drafted for d in self.drafters if d.name == name)
+
     @property
     def position_acceptance(self) -> tuple[float, ...]:
         return tuple(a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted))

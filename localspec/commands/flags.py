@@ -20,6 +20,7 @@ MODEL_HELP = "a name or alias from `localspec models` (downloaded on first use) 
 DRAFT_HELP = ("drafters, comma-separated: a draft model (name or GGUF path sharing the target's "
               "vocabulary), mtp (the target's own multi-token-prediction layers; the default for a "
               "model that has them), ngram (lookup in the context), lookahead (Jacobi decoding), "
+              "forced (the text a --grammar or --json-schema forces), "
               "rest:STORE (a datastore from `localspec index`); several are combined per step")
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 OFF = "off"
 """``--draft off``: no drafter at all (plain decoding)."""
-DRAFTER_WORDS = ("ngram", "lookahead", "rest", OFF)
+DRAFTER_WORDS = ("ngram", "lookahead", "forced", "rest", OFF)
 """The drafter names ``--draft`` takes beside a model, for "did you mean" on a typo."""
 
 

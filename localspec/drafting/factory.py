@@ -26,9 +26,10 @@ from localspec.drafting.base import Drafter
 from localspec.drafting.by_text import TextDrafter
 from localspec.drafting.dflash import DFLASH, DFlashDrafter, drafter_name
 from localspec.drafting.eagle3 import EAGLE3, Eagle3Drafter
+from localspec.drafting.forced import ForcedDrafter
 from localspec.drafting.model import ModelDrafter
 from localspec.drafting.mtp import MtpDrafter
-from localspec.drafting.specs import MTP, DrafterSpec
+from localspec.drafting.specs import FORCED, MTP, DrafterSpec
 from localspec.errors import InvalidOptionError
 from localspec.llama_facts import DRAFT_N_UBATCH
 from localspec.sampling import Sampler
@@ -231,6 +232,9 @@ KINDS: tuple[Kind, ...] = (
          Lives.LISTENING, trees=lambda draft: True, costs=Measured.HEAD),
     # The model-free lookups: the n-gram index (with the user's past replies), a REST datastore, lookahead.
     Kind("lookup", lambda spec, draft, by_text: spec.kind in ("ngram", "rest", "lookahead"), None, _lookup, Lives.ENGINE),
+    # The text the generation's grammar forces (drafting/forced.py): a lookup over that generation's grammar.
+    Kind(FORCED, lambda spec, draft, by_text: spec.kind == FORCED, None,
+         lambda s, ctx, spec, sampler, opts: ForcedDrafter(s.target, sampler), Lives.GENERATION),
 )
 
 def kind_of(spec: DrafterSpec, draft: Model | None, *, by_text: Callable[[], bool] = lambda: False) -> Kind:

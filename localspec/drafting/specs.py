@@ -1,4 +1,5 @@
-"""What ``--draft`` names: a draft model, ``mtp``, ``ngram``, ``lookahead``, ``rest:STORE``, or a comma list.
+"""What ``--draft`` names: a draft model, ``mtp``, ``ngram``, ``lookahead``, ``forced``, ``rest:STORE``, or a
+comma list.
 
 Parsing is pure; the engine turns specs into drafters.
 """
@@ -15,11 +16,14 @@ NO_DRAFTER = ("off", "none")
 """Words for "no drafter": alone they mean plain decoding; they cannot be one entry of a list."""
 MTP = "mtp"
 """The target's own multi-token-prediction (NextN) layers: no second model, but not free either."""
+FORCED = "forced"
+"""The text a generation's grammar forces (``drafting.forced``): offers nothing without a grammar."""
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """One drafter: ``kind`` is ``model``, ``mtp``, ``ngram``, ``lookahead`` or ``rest``; ``arg`` its model or store.
+    """One drafter: ``kind`` is ``model``, ``mtp``, ``ngram``, ``lookahead``, ``forced`` or ``rest``; ``arg`` its
+    model or store.
 
     A ``model`` is a draft model or Gemma 4's assistant GGUF; which one is read from the file's
     architecture when it loads (``engine.Engine.load``), not from the name.
@@ -53,7 +57,7 @@ def parse_draft(text: str | None) -> list[DrafterSpec]:
         if not part:
             raise InvalidOptionError(f"--draft {text!r} has an empty entry; separate drafters with single commas")
         low = part.lower()
-        if low in MODEL_FREE or low == MTP:
+        if low in MODEL_FREE or low in (MTP, FORCED):
             specs.append(DrafterSpec(low))
         elif low.startswith("rest:"):
             store = part[5:]

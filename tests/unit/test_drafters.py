@@ -17,6 +17,7 @@ def test_parse_draft_lists_and_names():
     assert [s.name for s in specs] == ["ngram", "rest:notes", "draft"]
     assert parse_draft(None) == [] and parse_draft("") == []
     assert parse_draft("LOOKAHEAD") == [DrafterSpec("lookahead")]
+    assert parse_draft("ngram,Forced") == [DrafterSpec("ngram"), DrafterSpec("forced")]
 
 
 @pytest.mark.parametrize("text,needle", [
