@@ -136,7 +136,7 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
     from localspec.drafting.specs import parse_draft
 
     if text is not None and not text.strip():  # --draft "" (an unset shell variable): said, not ignored
-        raise InvalidOptionError("--draft is empty: name a drafter (ngram, lookahead, rest:STORE or a draft model "
+        raise InvalidOptionError("--draft is empty: name a drafter (ngram, lookahead, forced, rest:STORE or a draft model "
                                  "from `localspec models`), give off for plain decoding, or leave --draft out")
     if text is not None and text.strip().lower() in (OFF, "none"):
         return DraftRefs(None, [])
@@ -160,7 +160,7 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
             if hint is None:
                 raise
             raise InvalidOptionError(f"unknown drafter {model.arg!r}; did you mean {hint}? (--draft takes a "
-                                     "draft model from `localspec models`, ngram, lookahead, rest:STORE or off)"
+                                     "draft model from `localspec models`, ngram, lookahead, forced, rest:STORE or off)"
                                      ) from None
     return DraftRefs(ref, [s for s in specs if s.kind != "model"])
 
