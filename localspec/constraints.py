@@ -98,11 +98,12 @@ class GrammarShaper:
             self._paths[key[: i + 1]] = state
         return state
 
-    def forced_text(self, history: Sequence[int], limit: int) -> bytes:
-        """The text the grammar forces right after ``history``, up to ``limit`` bytes
-        (``GrammarState.forced_bytes``: a guess for a drafter, which verification judges like any other)."""
+    def forced_text(self, history: Sequence[int], max_bytes: int) -> tuple[bytes, bytes]:
+        """The text the grammar forces right after ``history``, up to ``max_bytes`` bytes, and the bytes
+        that may follow it (``GrammarState.forced_bytes``: a guess for a drafter, which verification judges
+        like any other)."""
         state = self.state(history)
-        return state.forced_bytes(limit) if state is not None else b""
+        return state.forced_bytes(max_bytes) if state is not None else (b"", b"")
 
     def _advance(self, history: Sequence[int]) -> None:
         if len(history) < self._seen:

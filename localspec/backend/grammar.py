@@ -126,20 +126,23 @@ class GrammarState:
             return False
         return bool(self.allowed(np.array([token], dtype=np.int32))[0])
 
-    def forced_bytes(self, limit: int) -> bytes:
-        """The text this state forces, up to ``limit`` bytes: while exactly one of the grammar's
-        ``byte_tokens`` may come next (and the end of generation may not), that byte, then the next
-        after it. A guess about the text for a drafter, never a rule: it sees only the one-byte tokens of
-        printable ASCII, so where another byte could also come next it may name one that is not forced.
-        One ``apply`` over about a hundred candidates a byte; the state is left as it was."""
+    def forced_bytes(self, max_bytes: int) -> tuple[bytes, bytes]:
+        """The text this state forces, up to ``max_bytes`` bytes, and the bytes that may follow it: while
+        exactly one of the grammar's ``byte_tokens`` may come next (and the end of generation may not),
+        that byte, then the next after it; then the ``byte_tokens``' bytes allowed after the text (the
+        one forced byte when ``max_bytes`` stopped it). A guess about the text for a drafter, never a
+        rule: it sees only the one-byte tokens of printable ASCII, so where another byte could also come
+        next it may name one that is not forced. One ``apply`` over about a hundred candidates a byte;
+        the state is left as it was."""
         ids, chars = self.grammar.byte_tokens()
         out = bytearray()
         state: GrammarState = self
         try:
-            while len(out) < limit:
+            while True:
                 hits = np.flatnonzero(state.allowed(ids))
-                if hits.size != 1 or hits[0] >= len(chars):  # a choice, nothing, or the end may come
-                    break
+                # a choice, nothing, or the end may come: the text ends here
+                if len(out) >= max_bytes or hits.size != 1 or hits[0] >= len(chars):
+                    return bytes(out), bytes(chars[i] for i in hits if i < len(chars))
                 if state is self:
                     state = self.clone()
                 llama_cpp.llama_sampler_accept(state._smpl, int(ids[hits[0]]))  # allowed: just checked
@@ -147,7 +150,6 @@ class GrammarState:
         finally:
             if state is not self:
                 state.free()
-        return bytes(out)
 
     def accept(self, token: int) -> None:
         """Advance past ``token``; ``ValueError`` when this state rules it out (llama.cpp would abort)."""

@@ -43,13 +43,22 @@ class ForcedDrafter(DrafterBase):
         shaper = grammar_shaper(self.sampler.shaper)  # the generation's grammar (None: not constrained)
         if shaper is None or draft_len <= 0:
             return Proposal(drafter=self.name)
-        text = shaper.forced_text(history, BYTES_PER_TOKEN * draft_len)
+        text, after = shaper.forced_text(history, BYTES_PER_TOKEN * draft_len)
         if not text:
             return Proposal(drafter=self.name)
-        tokens = self.target.tokenize(text.decode("ascii"), add_special=False)
+        forced = text.decode("ascii")
+        tokens = self.target.tokenize(forced, add_special=False)
         if b"".join(self.target.piece(t) for t in tokens) != text:  # a tokenizer that adds a space prefix
             return Proposal(drafter=self.name)
-        return Proposal(tuple(tokens[:draft_len]), None, self.name)
+        # The text's last bytes may be written together with what follows them ('{' then '"' as one
+        # '{"'): the tokens kept are those that every byte that may come next leaves as they are.
+        keep = len(tokens)
+        for byte in after.decode("ascii"):
+            spelt = self.target.tokenize(forced + byte, add_special=False)
+            keep = next((i for i, (a, b) in enumerate(zip(tokens[:keep], spelt)) if a != b), keep)
+            if keep == 0:
+                break
+        return Proposal(tuple(tokens[:min(keep, draft_len)]), None, self.name)
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
         pass  # nothing to learn: the grammar alone decides
