@@ -1,9 +1,10 @@
 """The forced-text drafter: what a grammar leaves no choice about, drafted at no model cost.
 
-A JSON schema or a tool-call grammar spells out its keys and punctuation: after ``{"`` the text ``name":``
+A JSON schema or a tool-call grammar spells out its keys and punctuation: after ``{"`` the text ``name"``
 may be the only one the grammar allows. Where the grammar forces text after the history
 (``constraints.GrammarShaper.forced_text``: each byte the only one it allows next), this drafter proposes
-that text in the target's tokens, as the tokenizer splits it. It is a lookup (``cheap``): a grammar check
+that text in the target's tokens, as the tokenizer splits it, less the last tokens that a byte allowed after
+the text would join (``{`` where ``{"`` may come). It is a lookup (``cheap``): a grammar check
 over about a hundred one-byte tokens per forced byte, and none where the grammar allows a choice (most
 positions of free text), so the controller asks it before every step and drafts with it when it offers.
 
