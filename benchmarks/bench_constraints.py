@@ -3,9 +3,9 @@
 Two tasks under a grammar, greedy: a JSON-schema extraction (three texts, one schema) and a tool call
 (a Hermes ``<tool_call>`` forced by the tools grammar, two tools). Each mode runs every prompt once a
 round, the order of the modes turning each round so drift in the machine's speed hits all alike; per task
-and mode it prints the median tok/s, the ratio to plain, tokens per step (tau), acceptance and the share of
-drafted tokens that the forced drafter proposed. Every mode must give plain's tokens (greedy under a
-grammar is exact); a difference is printed and makes the exit code 1.
+and mode it prints the median tok/s, the ratio to plain, tokens per step (tau), acceptance, the share of
+drafted tokens that the forced drafter proposed and the share of those kept. Every mode must give plain's
+tokens (greedy under a grammar is exact); a difference is printed and makes the exit code 1.
 
     python benchmarks/bench_constraints.py [TARGET.gguf] [--draft ngram] [--rounds 5]
         [--llama-server PATH]
@@ -161,9 +161,11 @@ def main() -> int:
                 tokens, steps = sum(s.tokens for s in stats), sum(s.steps for s in stats)
                 drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
                 forced = sum(s.drafted_by("forced") for s in stats)
+                forced_kept = sum(d.accepted for s in stats for d in s.drafters if d.name == "forced")
                 print(f"  {mode:18} {rate[mode]:7.1f} tok/s  x{rate[mode] / rate['plain']:.2f}  "
                       f"tau {tokens / max(steps, 1):.2f}  acceptance {accepted / drafted if drafted else 0:.2f}  "
-                      f"drafted {drafted}  forced share {forced / drafted if drafted else 0:.2f}")
+                      f"drafted {drafted}  forced share {forced / drafted if drafted else 0:.2f}"
+                      + (f", kept {forced_kept / forced:.2f}" if forced else ""))
             if server_rates:
                 med = statistics.median(server_rates)
                 print(f"  {'llama-server':18} {med:7.1f} tok/s  x{med / rate['plain']:.2f}  (plain, its own timings)")
