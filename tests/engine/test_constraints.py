@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from typing import Callable
+
 import numpy as np
 import pytest
 
@@ -93,27 +95,36 @@ def test_a_bad_grammar_or_schema_is_one_clear_error_before_anything_is_decoded(t
     assert done.tokens
 
 
-@pytest.mark.timeout(1200)
-def test_sampled_speculation_under_a_grammar_follows_the_constrained_target(target, smollm2_q4_0_path):
-    """T = 1: a draft model masked by the grammar, verified against the masked target, emits its first two
-    tokens with plain constrained decoding's joint distribution (chi-square)."""
+def colours_at_t1(target: Model, seed: int) -> tuple[Context, list[int], Sampler, dict[tuple[int, int], float],
+                                                Callable[[], None]]:
+    """Two colours under ``COLOURS`` at T = 1: the target's context after the prompt but its last token, the
+    prompt, a sampler, plain constrained decoding's joint distribution of the first two tokens, and a
+    ``restart`` that rolls the context back and gives the sampler a fresh grammar state (called once)."""
     grammar = Grammar(target, COLOURS)
     prompt = target.tokenize("My two favourite colours, in lower case: ")
     tctx = Context(target, n_ctx=256)
     tctx.append(prompt[:-1])
     n0 = len(tctx.tokens)
-    sampler = Sampler(SamplingParams(temperature=1.0, seed=11))
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=seed))
     joint = first_two_joint(tctx, sampler, prompt[-1], GrammarShaper(grammar, len(prompt), greedy=False), prompt)
-    colours = ("red", "blue", "green", "yellow")
-    replies = [f"{a}, {b}" for a in colours for b in colours]
-    assert len(joint) > 5 and all(any(r.startswith(target.detokenize(pair)) for r in replies) for pair in joint)
-    drafter = ModelDrafter(Context(Model(smollm2_q4_0_path), n_ctx=256), sampler)
 
     def restart() -> None:
         tctx.rollback_to(n0)
         sampler.shaper = GrammarShaper(grammar, len(prompt), greedy=False)
 
     restart()
+    return tctx, prompt, sampler, joint, restart
+
+
+@pytest.mark.timeout(1200)
+def test_sampled_speculation_under_a_grammar_follows_the_constrained_target(target, smollm2_q4_0_path):
+    """T = 1: a draft model masked by the grammar, verified against the masked target, emits its first two
+    tokens with plain constrained decoding's joint distribution (chi-square)."""
+    tctx, prompt, sampler, joint, restart = colours_at_t1(target, seed=11)
+    colours = ("red", "blue", "green", "yellow")
+    replies = [f"{a}, {b}" for a in colours for b in colours]
+    assert len(joint) > 5 and all(any(r.startswith(target.detokenize(pair)) for r in replies) for pair in joint)
+    drafter = ModelDrafter(Context(Model(smollm2_q4_0_path), n_ctx=256), sampler)
     # A sampled row is masked whole (tens of ms on a 49k vocabulary here): 200 trials of one-token drafts
     # keep this near a minute (500 took 3.5 min of the suite's 15) and still catch a wrong row or a wrong q
     # (both move the joint by far more than 200 trials can hide).
@@ -145,19 +156,7 @@ def test_sampled_forced_drafts_follow_the_constrained_target(target):
     against the masked target, leaves the first two tokens with plain constrained decoding's joint
     distribution (chi-square): a forced draft is a guess at the target's split of that text, kept with
     p(x) and resampled from the rest when not."""
-    grammar = Grammar(target, COLOURS)
-    prompt = target.tokenize("My two favourite colours, in lower case: ")
-    tctx = Context(target, n_ctx=256)
-    tctx.append(prompt[:-1])
-    n0 = len(tctx.tokens)
-    sampler = Sampler(SamplingParams(temperature=1.0, seed=12))
-    joint = first_two_joint(tctx, sampler, prompt[-1], GrammarShaper(grammar, len(prompt), greedy=False), prompt)
-
-    def restart() -> None:
-        tctx.rollback_to(n0)
-        sampler.shaper = GrammarShaper(grammar, len(prompt), greedy=False)
-
-    restart()
+    tctx, prompt, sampler, joint, restart = colours_at_t1(target, seed=12)
     drafter = ForcedDrafter(target, sampler)
     # The first token is a choice (no draft); the second follows a colour, where ", " is forced and ","
     # drafted (SmolLM2 writes the space with the next colour). 200 trials, as the test above: a wrong row
