@@ -149,7 +149,7 @@ class DFlashDrafter(FedDrafter):
         try:
             self.head.draft_block(history[-1], last, draft_len)
             if nodes > draft_len:
-                return self._block_tree(draft_len, nodes)
+                return self._block_tree(history, draft_len, nodes)
 
             def logits(depth: int, drafted: Sequence[int]) -> np.ndarray | None:
                 confidence = self.head.confidence(depth + 1)
@@ -161,17 +161,22 @@ class DFlashDrafter(FedDrafter):
         finally:
             self.head.rollback_to(last)  # the block's rows are not features
 
-    def _block_tree(self, draft_len: int, nodes: int) -> TreeProposal:
-        """A tree from the block just decoded: the children of a node at depth d drawn from row d + 1."""
+    def _block_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> TreeProposal:
+        """A tree from the block just decoded: the children of a node at depth d drawn from row d + 1, shaped
+        (under a grammar) as the target's row after ``history`` and the node's path: one q per depth
+        without a grammar, one per node with one."""
         rows: dict[int, np.ndarray] = {}
 
-        def q_one(depth: int) -> np.ndarray:
+        def q_one(path: tuple[int, ...]) -> np.ndarray:
+            depth = len(path) + 1
+            if self.sampler.shaper is not None:
+                return tree_q(self.head.logits(depth), self.sampler, history, path)
             if depth not in rows:
                 rows[depth] = tree_q(self.head.logits(depth), self.sampler)
             return rows[depth]
 
         def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-            return [q_one(len(path) + 1) for path in paths]
+            return [q_one(tuple(path)) for path in paths]
 
         return grow_tree(q_at, max_nodes=nodes, draft_len=draft_len, max_width=self.tree_width,
                          rng=None if self.sampler.params.greedy else self.sampler.rng, drafter=self.name)

@@ -227,7 +227,7 @@ class FedDrafter(ListeningDrafter):
     def _tree(self, history: Sequence[int], draft_len: int, nodes: int, row: int) -> Proposal | TreeProposal:
         """A tree grown level by level, each node on a sequence of its own fed its parent's output
         (``grow_fed_tree``); the root's children sit one past the catch-up's last row."""
-        return grow_fed_tree(self.head, self.sampler, row, self._end(history), max_nodes=nodes,
+        return grow_fed_tree(self.head, self.sampler, row, self._end(history), history, max_nodes=nodes,
                              draft_len=draft_len, max_width=self.tree_width, drafter=self.name)
 
     def reset(self) -> None:
@@ -236,10 +236,11 @@ class FedDrafter(ListeningDrafter):
         pass
 
 
-def grow_fed_tree(head: FedHead, sampler: Sampler, row: int, first_pos: int, *, max_nodes: int, draft_len: int,
-                  max_width: int, drafter: str) -> TreeProposal:
+def grow_fed_tree(head: FedHead, sampler: Sampler, row: int, first_pos: int, history: Sequence[int], *, max_nodes: int,
+                  draft_len: int, max_width: int, drafter: str) -> TreeProposal:
     """``draft_tree.grow_tree`` for a head fed its parent's hidden row, after a catch-up that left the root's
-    logits and hidden row at batch row ``row``.
+    logits and hidden row at batch row ``row``. Each node's q is shaped as the target's row after ``history``
+    and the node's path (``tree_q``: a grammar masks it so).
 
     Each level is one batched decode: every waiting node on a sequence of its own (its parent's cells
     shared up to the node's position, ``first_pos`` + depth - 1), fed its parent's hidden output; the
@@ -247,7 +248,7 @@ def grow_fed_tree(head: FedHead, sampler: Sampler, row: int, first_pos: int, *, 
     """
     seq_of: dict[tuple[int, ...], int] = {(): 0}
     hidden_of: dict[tuple[int, ...], np.ndarray] = {(): np.array(head.hidden(row))}
-    root = tree_q(head.logits(row), sampler)
+    root = tree_q(head.logits(row), sampler, history)
 
     def q_at(paths: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
         if list(paths) == [()]:
@@ -264,7 +265,7 @@ def grow_fed_tree(head: FedHead, sampler: Sampler, row: int, first_pos: int, *, 
         out = []
         for i, path in enumerate(paths):
             hidden_of[path] = np.array(head.hidden(i))
-            out.append(tree_q(head.logits(i), sampler))
+            out.append(tree_q(head.logits(i), sampler, history, path))
         return out
 
     return grow_on_node_sequences(head.remove_seq, seq_of, q_at, sampler, max_nodes=max_nodes,

@@ -134,5 +134,6 @@ class MtpDrafter(FedDrafter):
             return super()._tree(history, draft_len, nodes, row)
         pos0 = len(history) - 1
         return grow_chained_tree(self.head, self.sampler, row, n_heads=self.n_heads, x_last=history[-1], pos0=pos0,
-                                 target_row=self.rows.row(history, pos0 - 1), max_nodes=nodes, draft_len=draft_len,
+                                 target_row=self.rows.row(history, pos0 - 1), history=history, max_nodes=nodes,
+                                 draft_len=draft_len,
                                  max_width=self.tree_width, drafter=self.name)

@@ -115,17 +115,18 @@ def batch_rows(nodes: Sequence[NodeDecode]) -> BatchRows:
 
 
 def grow_chained_tree(head: FedHead, sampler: Sampler, row: int, *, n_heads: int, x_last: int, pos0: int,
-                      target_row: np.ndarray, max_nodes: int, draft_len: int, max_width: int,
-                      drafter: str) -> TreeProposal:
+                      target_row: np.ndarray, history: Sequence[int], max_nodes: int, draft_len: int,
+                      max_width: int, drafter: str) -> TreeProposal:
     """``grow_tree`` for chained heads, after a catch-up that left head 0's logits and hidden output for
-    ``x_last`` (at ``pos0``) at batch row ``row``; ``target_row``: the target's hidden row before ``x_last``.
+    ``x_last`` (at ``pos0``) at batch row ``row``; ``target_row``: the target's hidden row before ``x_last``;
+    each node's q is shaped as the target's row after ``history`` and the node's path (``tree_q``).
 
     Every node decoded takes a sequence (``max_nodes`` within the head's), removed afterwards: the head's
     cache then holds the history again (sequence 0).
     """
     seq_of: dict[Path, int] = {(): 0}
     hidden_of: dict[Path, np.ndarray] = {(): np.array(head.hidden(row))}
-    root = tree_q(head.logits(row), sampler)
+    root = tree_q(head.logits(row), sampler, history)
 
     def q_at(paths: Sequence[Path]) -> list[np.ndarray]:
         if list(paths) == [()]:
@@ -144,7 +145,7 @@ def grow_chained_tree(head: FedHead, sampler: Sampler, row: int, *, n_heads: int
             head.decode(rows.tokens, rows.positions, fed, rows.outputs, rows.seqs)
             for i, node in enumerate(batch, start=rows.first_output):
                 hidden_of[node.path] = np.array(head.hidden(i))
-                q_of[node.path] = tree_q(head.logits(i), sampler)
+                q_of[node.path] = tree_q(head.logits(i), sampler, history, node.path)
         return [q_of[path] for path in paths]
 
     return grow_on_node_sequences(head.remove_seq, seq_of, q_at, sampler, max_nodes=max_nodes,
