@@ -1,6 +1,7 @@
 """Draft trees from a draft model and an EAGLE-3 draft (grown level by level, one sequence per decoded
 node) and, through the engine, the controller's choice of chain or tree for them and for a DFlash draft,
-on real llama.cpp.
+on real llama.cpp; and the trees of every drafter fed the target's rows (MTP heads, EAGLE-3, DFlash) under
+a grammar.
 
 The tiny models: ``tests/support/eagle3_model.py``'s dense ``llama`` target, a one-layer ``llama`` of the same
 seed as its draft model (the same embedding and output matrix: it agrees with the target often, not always),
@@ -16,8 +17,10 @@ import pytest
 from greedy import assert_matches_plain, plain_greedy
 from stats import assert_first_two_follow, first_two_joint
 
-from localspec.backend import Context, Eagle3Context, Model, MtpContext, batch_invariant
+from localspec.backend import Context, DFlashContext, Eagle3Context, Grammar, Model, MtpContext, batch_invariant
+from localspec.constraints import GrammarShaper
 from localspec.drafting.base import TreeProposal
+from localspec.drafting.dflash import DFlashDrafter
 from localspec.drafting.eagle3 import Eagle3Drafter
 from localspec.drafting.model import ModelDrafter
 from localspec.drafting.mtp import MtpDrafter
@@ -410,3 +413,89 @@ def test_smollm2_with_its_q4_0_copy_as_a_tree_drafter_is_plain_greedy(smollm2_pa
         dctx.close()
         target.close()
         draft.close()
+
+
+# Under a grammar (the trees of the drafters fed the target's rows): words in lower case, a mask that
+# rules out most of the vocabulary.
+LETTERS = "root ::= [a-z ]+"
+GRAMMAR_TOKENS = 24
+
+
+def constrained_greedy(target: Model, grammar: Grammar, prompt: list[int]) -> list[int]:
+    """Plain decoding under the grammar: each row masked by the state after the tokens before it."""
+    ctx = Context(target, n_ctx=256, n_threads=1)
+    shaper = GrammarShaper(grammar, len(prompt), greedy=True)
+    try:
+        history = list(prompt)
+        ctx.append(history)
+        for _ in range(GRAMMAR_TOKENS):
+            history.append(int(np.argmax(shaper.shape(ctx.logits(-1), history, ()))))
+            ctx.append(history[-1:])
+        return history
+    finally:
+        ctx.close()
+
+
+def grown_trees(tctx: Context, drafter, sampler: Sampler, prompt: list[int], want: list[int]) -> int:
+    """Speculative steps, each verifying a tree the drafter grew under the grammar, until ``want``'s length;
+    asserts the output is ``want`` when greedy, and when sampled that every proposed node is a token the
+    grammar allows after its path; returns the trees that branched."""
+    greedy = sampler.params.greedy
+    check = GrammarShaper(sampler.shaper.grammar, len(prompt), greedy=False)  # masks whole rows
+    history = list(prompt)
+    tctx.append(history[:-1])
+    branched = 0
+    while len(history) < len(want):
+        proposal = drafter.propose_tree(history, 3, 6)
+        if isinstance(proposal, TreeProposal):
+            tree = proposal.tree
+            branched += len(tree.leaves) > 1
+            for node in range(0 if greedy else len(tree)):
+                path = tuple(tree.tokens[n] for n in tree.path(node))
+                allowed = check.shape(np.zeros(tctx.model.n_vocab, dtype=np.float32), history, path[:-1])
+                assert np.isfinite(allowed[path[-1]]), f"node {node} proposes a token the grammar rules out"
+        speculative_step(tctx, history, drafter, sampler, 3, proposal=proposal)
+    if greedy:
+        assert history[:len(want)] == want
+    return branched
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("kind", ["mtp", "chained", "eagle3", "dflash"])
+def test_a_fed_drafters_tree_under_a_grammar_is_masked_along_each_path(tiny, kind, temperature):
+    """Trees grown by the drafters fed the target's rows, under a grammar: each node's q is masked by the
+    grammar's state along the node's own path (``draft_tree.tree_q`` given the history and the path).
+    Sampled, no child the grammar rules out is proposed; greedy, a row is masked only as far as its argmax
+    needs (``GrammarShaper``'s lazy mask), so a lesser sibling may be one verification rejects, and the
+    output is plain constrained greedy token for token. Before the history was passed, growing such a
+    tree raised ``a grammar's history only grows``."""
+    fed = kind in ("mtp", "chained")
+    target = Model(tiny[kind] if fed else tiny["target"], load_mtp=fed)
+    draft = None if fed else Model(tiny[kind])
+    grammar = Grammar(target, LETTERS)
+    prompt = target.tokenize(PROMPT)
+    want = constrained_greedy(target, grammar, prompt)
+    tctx = Context(target, n_ctx=256, n_threads=1, n_seq=1 + 8)
+    greedy = temperature == 0.0
+    sampler = Sampler(SamplingParams(temperature=temperature, seed=5), GrammarShaper(grammar, len(prompt), greedy=greedy))
+    if kind == "dflash":
+        head = DFlashContext(draft, tctx, n_threads=1)
+        tctx.enable_layer_taps(head.layers)
+        drafter = DFlashDrafter(head, tctx, sampler, tree_width=3)
+    elif kind == "eagle3":
+        head = Eagle3Context(draft, tctx, n_threads=1, n_seq=tctx.n_seq)
+        tctx.enable_layer_taps(head.layers)
+        drafter = Eagle3Drafter(head, tctx, sampler)
+    else:
+        tctx.enable_hidden_rows()
+        head = MtpContext(tctx, n_threads=1, n_seq=8)
+        drafter = MtpDrafter(head, tctx, sampler)
+    try:
+        assert grown_trees(tctx, drafter, sampler, prompt, want) > 0, "no tree branched: nothing was masked per path"
+    finally:
+        drafter.close()
+        head.close()
+        tctx.close()
+        target.close()
+        if draft is not None:
+            draft.close()
