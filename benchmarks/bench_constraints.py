@@ -139,6 +139,7 @@ def main() -> int:
         for task, (prompts, grammar) in tasks(engine).items():
             results: dict[str, list] = {m: [] for m in modes}
             server_rates: list[float] = []
+            server_tokens: dict[int, list[int]] = {}
             outputs: dict[tuple[str, int], tuple[int, ...]] = {}
             names = list(modes)
             for r in range(args.rounds):
@@ -151,9 +152,10 @@ def main() -> int:
                         results[mode].append(done.stats)
                         outputs.setdefault((mode, i), done.tokens)
                 if server is not None:
-                    for prompt in prompts:
-                        rate, _ = server.complete(prompt, grammar, args.max_tokens)
+                    for i, prompt in enumerate(prompts):
+                        rate, tokens = server.complete(prompt, grammar, args.max_tokens)
                         server_rates.append(rate)
+                        server_tokens.setdefault(i, tokens)
             print(f"{task} ({len(prompts)} prompts x {args.rounds} rounds, up to {args.max_tokens} tokens)")
             rate = {m: statistics.median(s.tokens / s.elapsed_s for s in results[m] if s.elapsed_s > 0)
                     for m in results}
@@ -168,7 +170,11 @@ def main() -> int:
                       + (f", kept {forced_kept / forced:.2f}" if forced else ""))
             if server_rates:
                 med = statistics.median(server_rates)
-                print(f"  {'llama-server':18} {med:7.1f} tok/s  x{med / rate['plain']:.2f}  (plain, its own timings)")
+                # its tokens hold the end-of-turn token the reply stopped at, which ours leave out
+                agree = sum(server_tokens.get(i, [])[:len(outputs[("plain", i)])] == list(outputs[("plain", i)])
+                            and len(server_tokens[i]) <= len(outputs[("plain", i)]) + 1 for i in range(len(prompts)))
+                print(f"  {'llama-server':18} {med:7.1f} tok/s  x{med / rate['plain']:.2f}  (plain, its own timings; "
+                      f"its tokens are localspec plain's on {agree} of {len(prompts)} prompts)")
             for mode in names[1:]:
                 for i in range(len(prompts)):
                     if outputs[(mode, i)] != outputs[("plain", i)]:
