@@ -7,7 +7,7 @@ import json
 import sys
 
 from localspec.commands.flags import MODEL_REF_HELP, parse_ctx, parse_size, parse_sizes
-from localspec.commands.refs import model_header, resolve_draft_refs, resolve_name
+from localspec.commands.refs import NO_MODEL_DRAFTERS, model_header, resolve_draft_refs, resolve_name
 from localspec.drafting.by_text import TEXT_PAIR, TEXT_PAIR_COST
 from localspec.errors import InvalidOptionError
 from localspec.models.gguf_info import read_info
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("target", metavar="TARGET", help="target model: " + MODEL_REF_HELP)
     p.add_argument("--draft", metavar="DRAFT", default=None,
                    help="draft model sharing the target's vocabulary: " + MODEL_REF_HELP + "; drafters "
-                        "that need no model (ngram, lookahead, forced, rest:STORE) are accepted as --draft takes them "
+                        f"that need no model ({NO_MODEL_DRAFTERS}) are accepted as --draft takes them "
                         "and add nothing to the plan")
     p.add_argument("--vram", metavar="SIZE[,SIZE]", default="24GiB",
                    help="GPU memory, e.g. 24GiB, 24G, 24000MB or 24 (GiB), or one size per GPU, e.g. "

@@ -21,6 +21,8 @@ OFF = "off"
 """``--draft off``: no drafter at all (plain decoding)."""
 DRAFTER_WORDS = ("ngram", "lookahead", "forced", "rest", OFF)
 """The drafter names ``--draft`` takes beside a model, for "did you mean" on a typo."""
+NO_MODEL_DRAFTERS = "ngram, lookahead, forced, rest:STORE"
+"""The drafters that need no model, as the error lines and help name them."""
 
 
 def resolve_name(text: str, registry: Registry | None = None) -> Resolved:
@@ -136,7 +138,7 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
     from localspec.drafting.specs import parse_draft
 
     if text is not None and not text.strip():  # --draft "" (an unset shell variable): said, not ignored
-        raise InvalidOptionError("--draft is empty: name a drafter (ngram, lookahead, forced, rest:STORE or a draft model "
+        raise InvalidOptionError(f"--draft is empty: name a drafter ({NO_MODEL_DRAFTERS} or a draft model "
                                  "from `localspec models`), give off for plain decoding, or leave --draft out")
     if text is not None and text.strip().lower() in (OFF, "none"):
         return DraftRefs(None, [])
@@ -160,7 +162,7 @@ def resolve_draft_refs(text: str | None, registry: Registry | None = None) -> Dr
             if hint is None:
                 raise
             raise InvalidOptionError(f"unknown drafter {model.arg!r}; did you mean {hint}? (--draft takes a "
-                                     "draft model from `localspec models`, ngram, lookahead, forced, rest:STORE or off)"
+                                     f"draft model from `localspec models`, {NO_MODEL_DRAFTERS} or off)"
                                      ) from None
     return DraftRefs(ref, [s for s in specs if s.kind != "model"])
 
