@@ -138,14 +138,16 @@ class Controller:
         self._step = 0
         self._pending: tuple[Decision, float] | None = None  # the planned decision and T0 then
         self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
+        self._retimed: set[str] = set()  # of those, the ones asked only to be timed again (past lookup_share)
         self._unused = UnusedProposals()
         self._last_used: str | None = None  # the drafter the last observed step verified
         self._plan_started = 0.0  # clock() when the pending plan began
         self._observe_ms = 0.0  # the last observe's time, charged to the next decision's planning_ms
-        # While speculation is off and no lookup is asked, the full plan is redone only every few steps
-        # (nothing it depends on moves faster): until step _off_until, plain with this reason prefix.
+        # While speculation is off and no lookup that pays its time is asked, the full plan is redone only
+        # every few steps (nothing it depends on moves faster): until step _off_until, plain with this reason.
         self._off_until = 0
-        self._off_reason: tuple[str, int] = ("", 0)  # (reason up to the probe count, step of the next probe)
+        # (the reason up to its count, what comes next, the step it comes at): "...; probing again in 5 steps"
+        self._off_reason: tuple[str, str, int] = ("", "", 0)
         # Likewise while drafting with a drafter asked only once chosen (a draft model, a head): its full
         # plan's decision is held until step _held[1] (see _hold).
         # (decision, last step, the most it could draft and the history's length it was planned at)
@@ -178,6 +180,7 @@ class Controller:
         self._pending = None
         self._observe_ms = 0.0  # the last generation's last observe is not this one's first step's
         self._asked = {}
+        self._retimed = set()
         self._unused.clear()
         self._first = True  # the generation's first step is still to come (see plan)
 
@@ -257,12 +260,15 @@ class Controller:
     def _look_up(self, history: Sequence[int], max_draft_len: int) -> float:
         """Ask the cheap drafters; returns the ms it took (spent whatever is decided)."""
         self._asked = {}
+        self._retimed = set()
         total = 0.0
         for drafter in self._members.values():
             state = self._states[drafter.name]
             retime = not self._lookup_pays(drafter, max_draft_len)
             if retime and not (drafter.cheap and self._step - state.asked_at >= LOOKUP_RETIME):
                 continue
+            if retime:
+                self._retimed.add(drafter.name)
             state.asked_at = self._step
             t = self.clock()
             proposal = drafter.propose(history, max_draft_len)
@@ -301,9 +307,8 @@ class Controller:
             return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"plain: {why or 'no drafter'}"), t0, forced=True)
         self.probing.open(t0, remaining)
         if self._step < self._off_until:
-            prefix, probe_at = self._off_reason
-            return self._decide(Decision(None, 0, 1.0, t0, 1.0,
-                                         f"{prefix}; probing again in {probe_at - self._step} steps"), t0)
+            prefix, then, at = self._off_reason
+            return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {then} in {at - self._step} steps"), t0)
         held = self._held_decision(history, max_draft_len)
         if held is not None:
             return self._decide(held, t0)
@@ -348,20 +353,38 @@ class Controller:
         if choice is not None:
             self._hold(choice, max_draft_len, len(history))
             return self._decide(choice, t0)
-        if best is None:
-            return self._decide(Decision(None, 0, 1.0, t0, 1.0, "plain: no drafter has a proposal",
-                                         proposal_ms=lookup_ms), t0)
+        if best is None:  # every drafter was asked, and none found anything
+            prefix = "plain: no drafter has a proposal"
+            if self._asks_paying():
+                return self._decide(Decision(None, 0, 1.0, t0, 1.0, prefix, proposal_ms=lookup_ms), t0)
+            # Lookups asked only to be timed again found nothing: they are asked again in a few steps.
+            return self._pause(prefix, None, t0, lookup_ms)
         nxt = self.probing.next_in(self._probe_candidates(None), history, max_draft_len, t0)
-        again = f"probing again in {nxt} steps" if nxt is not None else "drafters re-scored every step"
         speedup = best.tokens / best.ranked_ms(horizon) * t0
         catch_up = f", catching up {best.behind} tokens" if best.behind > 2 else ""
         prefix = (f"speculation off: best expected {speedup:.2f}× plain ({best.drafter.name} k={best.draft_len}"
                   f"{catch_up})")
-        if nxt is not None and not self._asked and speedup < 1.0:
-            # Nothing moves fast enough to change this within a few steps: skip the full plan until then.
-            self._off_until = self._step + min(self.replan_every, nxt)
-            self._off_reason = (prefix, self._step + nxt)
+        if speedup < 1.0 and not self._asks_paying() and (nxt is not None or self._asked):
+            return self._pause(prefix, nxt, t0, lookup_ms)
+        again = f"probing again in {nxt} steps" if nxt is not None else "drafters re-scored every step"
         return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {again}", proposal_ms=lookup_ms), t0)
+
+    def _asks_paying(self) -> bool:
+        """Whether this plan asked a lookup that pays its time every step (one asked only to be timed again,
+        ``LOOKUP_RETIME``, is asked next when it falls due, whatever the plan)."""
+        return any(name not in self._retimed for name in self._asked)
+
+    def _pause(self, prefix: str, nxt: int | None, t0: float, lookup_ms: float) -> Decision:
+        """Plain for the next few steps without planning in full: nothing this plan rested on moves fast
+        enough to change it sooner (the estimates drift by a few percent a step; no lookup that pays is
+        asked). Planned again after ``replan_every`` steps, or sooner when a probe falls due (``nxt`` steps)."""
+        window = self.replan_every if nxt is None else min(self.replan_every, nxt)
+        self._off_until = self._step + window
+        self._off_reason = ((prefix, "probing again", self._step + nxt) if nxt is not None else
+                            (prefix, "asking again", self._step + window))
+        then, at = self._off_reason[1:]
+        return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {then} in {at - self._step} steps",
+                                     proposal_ms=lookup_ms), t0)
 
     def _probe_candidates(self, chosen: Drafter | None) -> list[Candidate]:
         """The drafters a probe may try: those not asked beforehand (they are scored every step) nor ``chosen``."""
@@ -370,8 +393,9 @@ class Controller:
 
     def _hold(self, choice: Decision, max_draft_len: int, length: int) -> None:
         """Keep ``choice`` for the next steps (``_held_decision``) when nothing changes it faster than the
-        estimates drift: it drafts with a drafter asked only once chosen, no lookup was asked for this
-        plan (a lookup's proposal is new every step), and no other drafter's probe falls due sooner.
+        estimates drift: it drafts with a drafter asked only once chosen, no lookup that pays its time was asked
+        for this plan (a lookup's proposal is new every step; one asked only to be timed again is asked
+        when the hold ends), and no other drafter's probe falls due sooner.
 
         Why: a full plan prices every length and tree a drafter could draft (72 trees and 31 chains
         for a draft model), more Python than a plain step's own on a fast device, and its inputs (the
@@ -380,7 +404,7 @@ class Controller:
         left, the room), the drafter has fallen far behind (its catch-up was not priced) or the
         history is not the one the held steps grew (another text: its KV depth was not priced)."""
         self._held = None
-        if self._asked or choice.chosen is None or choice.proposal is not None or self.hold_steps <= 1:
+        if self._asks_paying() or choice.chosen is None or choice.proposal is not None or self.hold_steps <= 1:
             return
         steps = self.hold_steps
         for name, state in self._states.items():

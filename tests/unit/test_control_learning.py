@@ -182,6 +182,51 @@ def test_a_lookup_slow_at_first_is_timed_again_and_asked_every_step_once_fast() 
     assert ctl.costs.draft_ms("ngram", 8) < 0.02 * ctl.costs.plain_ms()
 
 
+class EmptyCostlyLookup(Named):
+    """A cheap lookup that never finds anything to copy and takes 0.5 ms of the simulated clock (past a
+    plain step's 2% on the CPU's 5.4 ms: asked only to be timed again)."""
+
+    def __init__(self, clock: SimClock) -> None:
+        super().__init__("ngram", cheap=True)
+        self.clock, self.calls = clock, 0
+
+    def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
+        self.calls += 1
+        self.clock.spend(0.5)
+        return super().propose(history, draft_len)
+
+
+class CountingController(Controller):
+    """Counts the plans that priced a drafter asked only once chosen (``pricing.options``)."""
+
+    priced = 0
+
+    def _options(self, drafter, max_draft_len, behind, horizon):
+        self.priced += 1
+        return super()._options(drafter, max_draft_len, behind, horizon)
+
+
+def test_a_lookup_timed_again_that_finds_nothing_leaves_the_steps_until_its_next_timing_unplanned() -> None:
+    """Nothing to copy, a lookup too slow to ask every step: every LOOKUP_RETIME steps it is asked (timed
+    again, and it would draft a copy it found), and the steps between are plain without a plan, nothing
+    priced (before, the step after each timing priced it at every draft length: 31 lengths, more Python
+    than the rest of a plain step on a fast device)."""
+    clock = SimClock()
+    lookup = EmptyCostlyLookup(clock)
+    ctl = CountingController(CostModel(CPU), [lookup], clock=clock)
+    history = [0]
+    reasons = []
+    for _ in range(200):
+        reasons.append(plan(ctl, history=history).reason)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    assert ctl.priced <= 1  # (once: the step its estimate first passed 2%, when no timing was due)
+    assert 200 // LOOKUP_RETIME <= lookup.calls <= 200 // LOOKUP_RETIME + 4  # its first few lookups are all timed
+    waiting = [r for r in reasons if r.startswith("plain: no drafter has a proposal; asking again in ")]
+    assert len(waiting) >= 200 - lookup.calls - 2
+    assert ctl.costs.draft_ms("ngram", 8) > 0.02 * ctl.costs.plain_ms()  # (what keeps it from every step)
+
+
 class SlowController(Controller):
     """A controller whose pricing of an asked lookup's offers takes ``pricing_ms`` of the simulated clock,
     and observing a step ``observe_ms``."""
