@@ -41,7 +41,9 @@ COPY_MIN_MATCH = 4
 class NgramDrafter(DrafterBase):
     """Prompt-lookup drafting behind the Drafter protocol (deterministic drafts).
 
-    The engine passes the whole history every call. The index follows it by
+    The engine passes the whole history every call; the index catches up with
+    it when asked for a proposal (not when told a step's outcome, so steps it
+    is not asked for cost nothing). It follows the history by
     bookkeeping, not by comparing it whole: when the history is at least as
     long as the index and agrees on the index's last ``sync_check`` tokens,
     only the new tokens are indexed; otherwise the common prefix is found
@@ -99,13 +101,15 @@ class NgramDrafter(DrafterBase):
         return self.reply_store.remember(reply, context) if self.reply_store is not None else False
 
     def _sync(self, history: Sequence[int]) -> None:
-        index, n_idx = self._index, len(self._index)
-        k = min(self.sync_check, n_idx)
-        if len(history) >= n_idx and as_list(history[n_idx - k : n_idx]) == index.tail(k):
-            index.extend(history[n_idx:])
+        index = self._index
+        ours = index.tokens
+        n_idx = len(ours)
+        start = max(0, n_idx - self.sync_check)
+        if len(history) >= n_idx and as_list(history[start:n_idx]) == ours[start:]:
+            if len(history) > n_idx:
+                index.extend(history[n_idx:])
             return
         hist = as_list(history)
-        ours = index.tail(n_idx)
         limit, common, step = min(len(hist), n_idx), 0, 256
         # Whole blocks compare in C; only the first unequal block is walked token by token.
         while common < limit and hist[common : common + step] == ours[common : common + step]:
@@ -150,5 +154,6 @@ class NgramDrafter(DrafterBase):
         return proposal
 
     def accepted(self, history: Sequence[int], n_accepted: int) -> None:
+        # The index follows the history at the next proposal (``_sync``), the tokens it missed in one
+        # go: a drafter the controller does not ask for a few steps costs those steps nothing.
         self.stats.accepted += n_accepted
-        self._sync(history)
