@@ -37,6 +37,9 @@ SCHEMA = 5
 # after at least DRIFT_MIN_STEPS observed decodes: one slow step never moves it.
 DRIFT = 1.25
 DRIFT_MIN_STEPS = 32
+# ... and compared every this many decodes (the estimates move by a few percent a step; comparing every
+# step cost more than learning from it).
+DRIFT_CHECK_EVERY = 16
 
 
 class Measurement(dict[int, float]):
@@ -208,7 +211,7 @@ class CachedCostModel(CostModel):
         self.observed_steps += 1
         if k in self.measured:
             self._seen.add(k)
-        if self.observed_steps >= DRIFT_MIN_STEPS and self._seen:
+        if self.observed_steps >= DRIFT_MIN_STEPS and self.observed_steps % DRIFT_CHECK_EVERY == 0 and self._seen:
             ratio = self.drift()
             if not 1 / DRIFT <= ratio <= DRIFT:
                 self.dropped_ratio = ratio

@@ -69,40 +69,34 @@ class _Line:
     """
 
     def __init__(self, fixed_ms: float, per_token_ms: float) -> None:
-        self.prior = (max(0.0, fixed_ms), max(0.0, per_token_ms))
+        self.prior = f0, p0 = (max(0.0, fixed_ms), max(0.0, per_token_ms))
         self.fixed, self.per_token = self.prior
         # Exponentially weighted sums: weight, n, n^2, y, n*y.
-        self._s = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self._s = (0.0, 0.0, 0.0, 0.0, 0.0)
+        # The prior's two pseudo-observations (n = 0 and n = 4), the same sums, added at every refit.
+        ys = [(n, f0 + p0 * n) for n in (0.0, 4.0)]
+        self._prior_s = (2 * _PRIOR_WEIGHT, _PRIOR_WEIGHT * sum(n for n, _ in ys),
+                         _PRIOR_WEIGHT * sum(n * n for n, _ in ys), _PRIOR_WEIGHT * sum(y for _, y in ys),
+                         _PRIOR_WEIGHT * sum(n * y for n, y in ys))
 
     def ms(self, n: float) -> float:
         return self.fixed + self.per_token * n
 
     def observe(self, n: float, ms: float) -> None:
-        pred = self.ms(n)
+        pred = self.fixed + self.per_token * n
         # Robust to outliers: clip a surprise to 3x the prediction (plus a floor
         # for predictions near zero, where relative clipping means nothing).
         y = min(max(ms, 0.0), 3.0 * pred + 1.0)
         decay = 1.0 - _ALPHA_LINE
-        s = self._s
-        for i in range(5):
-            s[i] *= decay
-        s[0] += 1.0
-        s[1] += n
-        s[2] += n * n
-        s[3] += y
-        s[4] += n * y
+        w, sn, snn, sy, sny = self._s
+        self._s = (w * decay + 1.0, sn * decay + n, snn * decay + n * n, sy * decay + y, sny * decay + n * y)
         self._refit()
 
     def _refit(self) -> None:
-        f0, p0 = self.prior
+        p0 = self.prior[1]
         w, sn, snn, sy, sny = self._s
-        for n in (0.0, 4.0):
-            y = f0 + p0 * n
-            w += _PRIOR_WEIGHT
-            sn += _PRIOR_WEIGHT * n
-            snn += _PRIOR_WEIGHT * n * n
-            sy += _PRIOR_WEIGHT * y
-            sny += _PRIOR_WEIGHT * n * y
+        pw, psn, psnn, psy, psny = self._prior_s
+        w, sn, snn, sy, sny = w + pw, sn + psn, snn + psnn, sy + psy, sny + psny
         det = w * snn - sn * sn
         slope = (w * sny - sn * sy) / det if det > 1e-12 else p0
         slope = max(0.0, slope)
@@ -437,13 +431,15 @@ class CostModel:
         """
         if k < 1 or not ms > 0 or not math.isfinite(ms):
             return
-        surprise = _clip(math.log(ms / self.verify_ms(k)))
-        self._scale *= math.exp(_ALPHA_SCALE * surprise)
-        rest = _clip(math.log(ms / self.verify_ms(k)))
+        # log(ms / verify_ms(k)) before the scale moves; after it, the same less the move (verify_ms is
+        # linear in the scale), so the estimate is read once.
+        surprise = math.log(ms / self.verify_ms(k))
+        moved = _ALPHA_SCALE * _clip(surprise)
+        self._scale *= math.exp(moved)
+        rest = _clip(surprise - moved)
         base = self._points.get(k)
         if base is None:
             base = _interpolate(self._points, k)
-        if k not in self._points:
             self._ks = sorted([*self._ks, k])
         # The point holds the cost at the measured KV depth and moves by the same share; the per-cell
         # costs were measured and the scale follows the machine, KV depth included.

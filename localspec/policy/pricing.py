@@ -124,11 +124,13 @@ def asked_options(costs: CostModel, state: DrafterEstimates, drafter: Drafter,
     controller ranks them; a lookup has no catch-up, so the ranking needs no horizon). Only that one is
     built: with drafts of up to 31 tokens a tree offers 62 options every step, and building each was most
     of a plan's time."""
+    extra = drafter.batch_extra_tokens
+    nodes = len(proposal.tree) if isinstance(proposal, TreeProposal) else len(proposal.tokens)
+    if not nodes:
+        return []  # no draft length to offer (a lookup that found nothing: most steps of most texts)
     best: Option | None = None
     best_rate = -1.0
     # every batch an offer verifies, its cost read from one walk along the measured points
-    extra = drafter.batch_extra_tokens
-    nodes = len(proposal.tree) if isinstance(proposal, TreeProposal) else len(proposal.tokens)
     verify_ms = costs.verify_ms_at(range(1, 2 + extra + nodes))
     offered = offers(state, drafter.name, proposal, max_draft_len, fixed=fixed, ends_line=ends_line)
     for k, tokens, verified, offer, shape in offered:
