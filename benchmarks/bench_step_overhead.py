@@ -30,6 +30,7 @@ Without a model it writes benchmarks/gpu/make_models.py's tiny random target to 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -196,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     stats: dict[str, Any] = {}
     for _ in range(args.rounds):
         for name, run in loops.items():
+            gc.collect()  # each loop pays for its own garbage, not for what the loops before it left
             t0, c0 = time.perf_counter(), time.thread_time()
             tokens[name], steps[name], stats[name] = run()
             seconds[name].append(time.perf_counter() - t0)
