@@ -146,6 +146,13 @@ class _OwnedContext:
     model: Model
     _rows: RowViews | None = None
 
+    @property
+    def handle(self) -> Any:
+        """The llama.cpp context itself (``benchmarks/bench_step_overhead.py`` runs raw llama.cpp calls on
+        the engine's own cache, so that where llama.cpp placed it weighs alike on both sides). Whoever
+        decodes with it must ``clear`` this context afterwards: its mirror of the cache no longer holds."""
+        return self._ctx
+
     def _free_batch(self) -> None:
         llama_cpp.llama_batch_free(self._batch)
 

@@ -35,8 +35,11 @@ def end_loop(tokens: list[int]) -> tuple[int, int]:
     tokens ends them three times over (the shortest such span); (0, 0) when none does. ``run`` counts,
     as ``loop_run`` does, the tokens at the end that repeat the period, the first period included."""
     end = len(tokens)
+    last = tokens[-1] if end else 0
     for period in range(1, min(LOOP_MAX_RUN // 3, end // 3) + 1):
-        if tokens[end - 2 * period:] == tokens[end - 3 * period:end - period]:
+        # (the last token said three times over first: most periods fail there, without a slice)
+        if (tokens[end - 1 - period] == last and tokens[end - 1 - 2 * period] == last
+                and tokens[end - 2 * period:] == tokens[end - 3 * period:end - period]):
             n = 2 * period
             while n + period < LOOP_MAX_RUN and n + period < end and tokens[end - 1 - n] == tokens[end - 1 - n - period]:
                 n += 1

@@ -12,12 +12,25 @@ import numpy as np
 from localspec.drafting.lookup import Lookup, as_list, continuation, cut_at_separator, rank_continuations
 
 
+# A token's bits in an n-gram's key (see NgramIndex): ids are int32, separators negative.
+_TOKEN_BITS = 32
+_TOKEN_MASK = (1 << _TOKEN_BITS) - 1
+
+
 class NgramIndex:
     """An incrementally built index from n-grams to the positions following them.
 
+    Kept as hash chains, one per n: ``_heads[n]`` maps an n-gram's key to the
+    last position p (right after the n-gram) it occurred at, ``_prev[n][p]``
+    is the occurrence before the one ending at p (0: none) and ``_count[n][p]``
+    how many occurred up to p. A key is the n-gram's ids packed into one int
+    (32 bits each): ints, unlike a tuple per n-gram and a list of positions per
+    key, are no work for the garbage collector, which otherwise came due in
+    the middle of a decode loop every few lookups.
+
     Cost: ``extend`` does (n_max - n_min + 1) dict updates per new token;
-    ``truncate`` undoes them per removed token (position lists grow in order,
-    so the stale entry is always the last one; removal is exact, not lazy).
+    ``truncate`` undoes them per removed token (exact, not lazy: the chains
+    grow at their heads, so a removed token's entry is always a head).
     ``lookup`` looks at the ``max_occurrences`` most recent occurrences only,
     so it stays cheap when a short n-gram occurs thousands of times.
     ``max_match`` > n_max lets a full-length match grow backwards, token by
@@ -43,7 +56,10 @@ class NgramIndex:
         self.max_occurrences = max_occurrences
         self._weights = [recency_decay**r for r in range(max_occurrences)]  # most recent first
         self._tokens: list[int] = []
-        self._index: dict[tuple[int, ...], list[int]] = {}
+        # per n (index n; the ones below n_min unused): see the class notes. Position 0 holds no n-gram.
+        self._heads: list[dict[int, int]] = [{} for _ in range(n_max + 1)]
+        self._prev: list[list[int]] = [[0] for _ in range(n_max + 1)]
+        self._count: list[list[int]] = [[0] for _ in range(n_max + 1)]
         self._has_separators = False
 
     def __len__(self) -> int:
@@ -58,51 +74,76 @@ class NgramIndex:
         """The last ``k`` indexed tokens (fewer if the history is shorter)."""
         return self._tokens[-k:] if k > 0 else []
 
+    def _chain(self, n: int, head: int, limit: int) -> list[int]:
+        """The positions of ``head``'s n-gram, most recent first, ``head`` included, at most ``limit``."""
+        prev = self._prev[n]
+        out = []
+        p = head
+        while p and len(out) < limit:
+            out.append(p)
+            p = prev[p]
+        return out
+
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Append ``tokens`` and index every n-gram that now ends in them."""
         new = as_list(tokens)
         if not new:
             return
         self._has_separators = self._has_separators or min(new) < 0
-        h, idx = self._tokens, self._index
+        h = self._tokens
         start = len(h)
         h.extend(new)
-        end = len(h)
-        if end - start <= 16:
-            # A decode step adds a few tokens: a plain loop beats setting up zips.
-            for p in range(start + 1, end + 1):
-                for n in range(self.n_min, min(self.n_max, p) + 1):
-                    key = tuple(h[p - n : p])
-                    positions = idx.get(key)
-                    if positions is None:
-                        idx[key] = [p]
-                    else:
-                        positions.append(p)
-            return
-        for n in range(self.n_min, self.n_max + 1):
-            lo = max(start + 1, n)  # first end position p whose n-gram h[p-n:p] is new
-            if lo > end:
-                continue
-            # zip over shifted slices builds the n-tuples in C, not per token in Python
-            keys = zip(*(h[lo - n + j : end - n + j + 1] for j in range(n)))
-            for p, key in zip(range(lo, end + 1), keys):
-                positions = idx.get(key)
-                if positions is None:
-                    idx[key] = [p]
-                else:
-                    positions.append(p)
+        n_min, n_max = self.n_min, self.n_max
+        # keys[n]: the key of the n tokens ending at the position being indexed, rolled on token by token
+        # (the n-gram ending at p is the (n-1)-gram ending at p - 1 and the token at p - 1)
+        keys = [0] * (n_max + 1)
+        for p in range(max(0, start - n_max + 1), start):
+            t = h[p] & _TOKEN_MASK
+            for n in range(n_max, 1, -1):
+                keys[n] = keys[n - 1] << _TOKEN_BITS | t
+            keys[1] = t
+        levels = [(n, self._heads[n], self._prev[n], self._count[n]) for n in range(n_min, n_max + 1)]
+        for p in range(start + 1, len(h) + 1):
+            t = h[p - 1] & _TOKEN_MASK
+            for n in range(n_max, 1, -1):
+                keys[n] = keys[n - 1] << _TOKEN_BITS | t
+            keys[1] = t
+            for n, chain, prev, count in levels:
+                if n > p:  # no n-gram of n tokens ends this early
+                    prev.append(0)
+                    count.append(0)
+                    continue
+                key = keys[n]
+                last = chain.get(key, 0)
+                chain[key] = p
+                prev.append(last)
+                count.append(count[last] + 1)
 
     def truncate(self, length: int) -> None:
         """Roll the history back to its first ``length`` tokens."""
-        h, idx = self._tokens, self._index
-        for p in range(len(h), max(length, 0), -1):
-            for n in range(self.n_min, min(self.n_max, p) + 1):
-                key = tuple(h[p - n : p])
-                positions = idx[key]
-                positions.pop()  # == p: positions are appended in increasing order
-                if not positions:
-                    del idx[key]
-        del h[max(length, 0) :]
+        h = self._tokens
+        length = max(length, 0)
+        n_min, n_max = self.n_min, self.n_max
+        heads, prev, count = self._heads, self._prev, self._count
+        shifts = [0] + [_TOKEN_BITS * (n - 1) for n in range(1, n_max + 1)]
+        for p in range(len(h), length, -1):
+            key = 0
+            for n in range(1, min(n_max, p) + 1):
+                key |= (h[p - n] & _TOKEN_MASK) << shifts[n]
+                if n >= n_min:
+                    last = prev[n][p]
+                    if last:
+                        heads[n][key] = last
+                    else:
+                        del heads[n][key]
+            for n in range(n_min, n_max + 1):
+                prev[n].pop()
+                count[n].pop()
+        del h[length:]
+
+    def _state(self) -> tuple[object, ...]:
+        """Everything the index holds (two indexes of the same history hold the same)."""
+        return self._tokens, self._heads[self.n_min:], self._prev[self.n_min:], self._count[self.n_min:]
 
     def query(self, draft_len: int, max_candidates: int = 8) -> Lookup | None:
         """Continue the indexed history itself: its longest suffix seen before (a continuation that
@@ -123,14 +164,18 @@ class NgramIndex:
         """
         h, end = self._tokens, len(self._tokens)
         tail = as_list(context[-self.max_match :])
-        for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
-            positions = self._index.get(tuple(tail[len(tail) - n :]))
-            if positions is None:
+        longest = min(self.n_max, len(tail))
+        keys = [0] * (longest + 1)  # keys[n]: the key of tail's last n tokens
+        for n in range(1, longest + 1):
+            keys[n] = keys[n - 1] | (tail[-n] & _TOKEN_MASK) << (_TOKEN_BITS * (n - 1))
+        for n in range(longest, self.n_min - 1, -1):
+            head = self._heads[n].get(keys[n])
+            if head is None:
                 continue
-            occurrences = len(positions) - (positions[-1] >= end)
+            occurrences = self._count[n][head] - (head >= end)
             if occurrences == 0:
                 continue
-            recent = positions[-self.max_occurrences - 1 :][::-1]
+            recent = self._chain(n, head, self.max_occurrences + 1)
             if recent[0] >= end:
                 recent = recent[1:]
             recent = recent[: self.max_occurrences]
@@ -153,10 +198,10 @@ class NgramIndex:
         h, end = self._tokens, len(self._tokens)
         if end < 2:
             return None
-        positions = self._index.get((h[-1],)) if self.n_min <= 1 else None
-        if not positions:
+        head = self._heads[1].get(h[-1] & _TOKEN_MASK) if self.n_min <= 1 else None
+        if not head:
             return None
-        recent = [p for p in positions[-self.max_occurrences - 1 :][::-1] if p < end][: self.max_occurrences]
+        recent = [p for p in self._chain(1, head, self.max_occurrences + 1) if p < end][: self.max_occurrences]
         limit = self.max_match
         best, found = 0, []
         for p in recent:
@@ -205,3 +250,4 @@ def _run_back(h: list[int], t: int, q: int, limit: int) -> int:
     while n < limit and q - n >= 0 and h[t - n] == h[q - n]:
         n += 1
     return n
+

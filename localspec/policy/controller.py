@@ -52,6 +52,7 @@ in ``ControllerStats`` (``localspec.policy.decision``).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Sequence
 
@@ -76,8 +77,15 @@ DRAFT_LEN_MAX = 64
 HELD_BEHIND_MAX = 8
 # A lookup's time teaches its cost estimate at most this many times the estimate (see Controller._look_up).
 LOOKUP_SURPRISE = 2.0
-# A lookup whose estimate is past ``lookup_share`` is still asked (and timed) every this many steps.
+# A lookup whose estimate is past ``lookup_share`` is still asked (and timed) every this many steps at
+# least, more where such a step (the lookup and the plan it takes) spread over them would cost more than
+# ``lookup_share`` of a plain step, at most every LOOKUP_RETIME_MAX (see Controller._retime_every).
 LOOKUP_RETIME = 8
+LOOKUP_RETIME_MAX = 32
+# While the plan is paused (plain steps without planning, see Controller._pause), the costs learn from one
+# step in this many: learning a step took as long as the rest of such a step's bookkeeping, and the
+# costs drift by a few percent over dozens of steps (the scale still follows a change within ~30 steps).
+PAUSED_LEARN_EVERY = 4
 
 
 def check_draft_len(draft_len: object) -> None:
@@ -137,6 +145,7 @@ class Controller:
         self.tree_nodes_limit = 0
         self._step = 0
         self._pending: tuple[Decision, float] | None = None  # the planned decision and T0 then
+        self._paused = False  # the pending decision was taken while the plan was paused (see _pause)
         self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
         self._retimed: set[str] = set()  # of those, the ones asked only to be timed again (past lookup_share)
         self._unused = UnusedProposals()
@@ -148,6 +157,8 @@ class Controller:
         self._off_until = 0
         # (the reason up to its count, what comes next, the step it comes at): "...; probing again in 5 steps"
         self._off_reason: tuple[str, str, int] = ("", "", 0)
+        self._off_t0 = 0.0  # the plain step's estimated ms when the pause began
+        self._retime_ms = 0.0  # what a step that asks a lookup only to time it costs the controller (its mean)
         # Likewise while drafting with a drafter asked only once chosen (a draft model, a head): its full
         # plan's decision is held until step _held[1] (see _hold).
         # (decision, last step, the most it could draft and the history's length it was planned at)
@@ -265,11 +276,11 @@ class Controller:
         for drafter in self._members.values():
             state = self._states[drafter.name]
             retime = not self._lookup_pays(drafter, max_draft_len)
-            if retime and not (drafter.cheap and self._step - state.asked_at >= LOOKUP_RETIME):
+            if retime and not (drafter.cheap and self._step >= state.retime_at):
                 continue
             if retime:
                 self._retimed.add(drafter.name)
-            state.asked_at = self._step
+            state.retime_at = self._step + self._retime_every()
             t = self.clock()
             proposal = drafter.propose(history, max_draft_len)
             ms = (self.clock() - t) * 1e3
@@ -300,15 +311,14 @@ class Controller:
         self._plan_started = self.clock()
         # Every cost of this step is priced at the cells its decode attends to (all but the last token).
         self.costs.kv_depth = max(0, len(history) - 1)
+        if self._step < self._off_until and room > 0 and remaining > 1:
+            return self._paused_decision()
         t0 = self.costs.plain_ms()
         max_draft_len, why = self._max_draft_len(room, remaining)
         self._asked = {}
         if max_draft_len <= 0 or not self._members:
             return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"plain: {why or 'no drafter'}"), t0, forced=True)
         self.probing.open(t0, remaining)
-        if self._step < self._off_until:
-            prefix, then, at = self._off_reason
-            return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {then} in {at - self._step} steps"), t0)
         held = self._held_decision(history, max_draft_len)
         if held is not None:
             return self._decide(held, t0)
@@ -369,6 +379,14 @@ class Controller:
         again = f"probing again in {nxt} steps" if nxt is not None else "drafters re-scored every step"
         return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {again}", proposal_ms=lookup_ms), t0)
 
+    def _retime_every(self) -> int:
+        """Steps between the lookups of a drafter asked only to be timed again: ``LOOKUP_RETIME``, or more
+        where a step that asks it (its lookup and its plan, ``_retime_ms``) would cost more than
+        ``lookup_share`` of the plain steps it is spread over (a decode of a few hundred microseconds:
+        a tiny model, or a small one on a GPU), up to ``LOOKUP_RETIME_MAX``."""
+        spread = self._retime_ms / (self.lookup_share * self._off_t0) if self._off_t0 > 0 else 0.0
+        return max(LOOKUP_RETIME, min(LOOKUP_RETIME_MAX, math.ceil(spread)))
+
     def _asks_paying(self) -> bool:
         """Whether this plan asked a lookup that pays its time every step (one asked only to be timed again,
         ``LOOKUP_RETIME``, is asked next when it falls due, whatever the plan)."""
@@ -378,13 +396,35 @@ class Controller:
         """Plain for the next few steps without planning in full: nothing this plan rested on moves fast
         enough to change it sooner (the estimates drift by a few percent a step; no lookup that pays is
         asked). Planned again after ``replan_every`` steps, or sooner when a probe falls due (``nxt`` steps)."""
-        window = self.replan_every if nxt is None else min(self.replan_every, nxt)
+        self._off_t0 = t0
+        # Planned again when a probe falls due, when a lookup asked only to be timed is due again (its next
+        # timing is the plan's), and after replan_every steps while a drafter asked only once chosen is priced.
+        window = nxt if nxt is not None else LOOKUP_RETIME_MAX
+        if any(name not in self._asked for name in self._members):
+            window = min(window, self.replan_every)
+        retimes = [self._states[name].retime_at - self._step for name in self._asked]
+        if retimes:
+            window = min(window, max(1, min(retimes)))
         self._off_until = self._step + window
         self._off_reason = ((prefix, "probing again", self._step + nxt) if nxt is not None else
                             (prefix, "asking again", self._step + window))
         then, at = self._off_reason[1:]
         return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {then} in {at - self._step} steps",
                                      proposal_ms=lookup_ms), t0)
+
+    def _paused_decision(self) -> Decision:
+        """A step while the plan is paused (``_pause``): plain, priced at the plain step's cost when the pause
+        began (the few cells it has grown since change it by far less than the costs' noise), no plan."""
+        prefix, then, at = self._off_reason
+        reason = f"{prefix}; {then} in {at - self._step} steps"
+        planning_ms = (self.clock() - self._plan_started) * 1e3 + self._observe_ms
+        self._observe_ms = 0.0
+        t0 = self._off_t0
+        decision = Decision(None, 0, 1.0, t0, 1.0, reason, planning_ms=planning_ms)
+        self._pending = (decision, t0)
+        self._paused = True
+        self.stats.last_reason = reason
+        return decision
 
     def _probe_candidates(self, chosen: Drafter | None) -> list[Candidate]:
         """The drafters a probe may try: those not asked beforehand (they are scored every step) nor ``chosen``."""
@@ -443,6 +483,7 @@ class Controller:
         self._observe_ms = 0.0
         decision = decision.with_planning(max(0.0, planning_ms))
         self._pending = (decision, t0)
+        self._paused = False
         if not forced or not self.stats.last_reason:
             self.stats.last_reason = decision.reason
         return decision
@@ -462,7 +503,12 @@ class Controller:
         self._pending = None
         self._step += 1
         self._first = False
-        learn_costs(self.costs, step, decision)
+        paused, self._paused = self._paused, False
+        if not paused or self._step % PAUSED_LEARN_EVERY == 0:
+            learn_costs(self.costs, step, decision)
+        if self._retimed and self._asked:  # the plan asked a lookup only to time it: what that step cost
+            cost = decision.planning_ms + decision.proposal_ms
+            self._retime_ms = cost if not self._retime_ms else self._retime_ms + 0.1 * (cost - self._retime_ms)
         name = decision.name
         self._last_used = name
         calibrated = None

@@ -29,7 +29,7 @@ class DrafterState(DrafterEstimates):
     width: float = 1.0      # verified tokens per planned draft token (drafters not asked beforehand)
     last_seen: int = 0      # step of the last acceptance observation
     lookups: int = 0        # lookups since the drafter was reset (the first one indexes the prompt)
-    asked_at: int = -(1 << 30)  # step of the last lookup asked before planning
+    retime_at: int = 0      # the step from which a lookup past lookup_share is asked again (to time it)
     probe: ProbeState = field(default_factory=ProbeState)
 
 

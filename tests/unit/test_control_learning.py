@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import pytest
@@ -19,7 +20,7 @@ from controller_sim import (
 
 from localspec.drafting.base import Proposal
 from localspec.errors import InvalidOptionError
-from localspec.policy.controller import LOOKUP_RETIME, Controller
+from localspec.policy.controller import LOOKUP_RETIME, LOOKUP_RETIME_MAX, Controller
 from localspec.policy.costs import CostModel
 from localspec.policy.decision import Decision
 from localspec.policy.estimates import (
@@ -183,16 +184,16 @@ def test_a_lookup_slow_at_first_is_timed_again_and_asked_every_step_once_fast() 
 
 
 class EmptyCostlyLookup(Named):
-    """A cheap lookup that never finds anything to copy and takes 0.5 ms of the simulated clock (past a
-    plain step's 2% on the CPU's 5.4 ms: asked only to be timed again)."""
+    """A cheap lookup that never finds anything to copy and takes ``ms`` of the simulated clock (0.5 ms:
+    past a plain step's 2% on the CPU's 5.4 ms, asked only to be timed again)."""
 
-    def __init__(self, clock: SimClock) -> None:
+    def __init__(self, clock: SimClock, ms: float = 0.5) -> None:
         super().__init__("ngram", cheap=True)
-        self.clock, self.calls = clock, 0
+        self.clock, self.calls, self.ms = clock, 0, ms
 
     def propose(self, history: Sequence[int], draft_len: int) -> Proposal:
         self.calls += 1
-        self.clock.spend(0.5)
+        self.clock.spend(self.ms)
         return super().propose(history, draft_len)
 
 
@@ -225,6 +226,31 @@ def test_a_lookup_timed_again_that_finds_nothing_leaves_the_steps_until_its_next
     waiting = [r for r in reasons if r.startswith("plain: no drafter has a proposal; asking again in ")]
     assert len(waiting) >= 200 - lookup.calls - 2
     assert ctl.costs.draft_ms("ngram", 8) > 0.02 * ctl.costs.plain_ms()  # (what keeps it from every step)
+
+
+@pytest.mark.parametrize("lookup_ms", [0.5, 2.0, 20.0])
+def test_a_lookup_timed_again_costs_at_most_its_share(lookup_ms: float) -> None:
+    """A lookup asked only to be timed is asked every LOOKUP_RETIME steps, or as seldom as keeps what those
+    steps cost within lookup_share of the plain steps between (2 ms against 2% of a 5.4 ms plain step: one
+    step in 19), at most every LOOKUP_RETIME_MAX steps."""
+    clock = SimClock()
+    lookup = EmptyCostlyLookup(clock, lookup_ms)
+    ctl = Controller(CostModel(CPU), [lookup], clock=clock)
+    history = [0]
+    asked = []
+    for _ in range(400):
+        before = lookup.calls
+        plan(ctl, history=history)
+        asked.append(lookup.calls > before)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    steps = [i for i, a in enumerate(asked) if a]
+    gaps = [b - a for a, b in zip(steps, steps[1:])][-5:]  # once the estimates settled
+    every = max(LOOKUP_RETIME, min(LOOKUP_RETIME_MAX, math.ceil(lookup_ms / (0.02 * ctl.costs.plain_ms()))))
+    assert gaps == [every] * 5
+    assert every == {0.5: LOOKUP_RETIME, 2.0: 19, 20.0: LOOKUP_RETIME_MAX}[lookup_ms]
+    assert lookup_ms * len(steps[-5:]) / (steps[-1] - steps[-6]) <= max(0.02 * ctl.costs.plain_ms(),
+                                                                        lookup_ms / LOOKUP_RETIME)
 
 
 class SlowController(Controller):
