@@ -266,7 +266,7 @@ def draft_token(logits: np.ndarray, sampler: Sampler, p_min: float, history: Seq
     if sampler.params.greedy:
         if p_min > 0.0 and top_probability(logits) < p_min:
             return None
-        return int(np.argmax(logits)), None
+        return int(logits.argmax()), None
     q = sampler.distribution(logits)
     if p_min > 0.0 and float(q.max()) < p_min:
         return None

@@ -82,10 +82,11 @@ LOOKUP_SURPRISE = 2.0
 # ``lookup_share`` of a plain step, at most every LOOKUP_RETIME_MAX (see Controller._retime_every).
 LOOKUP_RETIME = 8
 LOOKUP_RETIME_MAX = 32
-# While the plan is paused (plain steps without planning, see Controller._pause), the costs learn from one
-# step in this many: learning a step took as long as the rest of such a step's bookkeeping, and the
-# costs drift by a few percent over dozens of steps (the scale still follows a change within ~30 steps).
-PAUSED_LEARN_EVERY = 4
+# Steps taken without planning (a paused plan, see Controller._pause, or a held one, _hold) teach the costs
+# one in this many (what each drafter keeps, every step): learning a step's costs took as long as the rest
+# of such a step's bookkeeping (20-30 us after a decode has evicted the caches), and the costs drift by a
+# few percent over dozens of steps (the scale still follows a change within ~30 steps).
+UNPLANNED_LEARN_EVERY = 4
 
 
 def check_draft_len(draft_len: object) -> None:
@@ -145,7 +146,7 @@ class Controller:
         self.tree_nodes_limit = 0
         self._step = 0
         self._pending: tuple[Decision, float] | None = None  # the planned decision and T0 then
-        self._paused = False  # the pending decision was taken while the plan was paused (see _pause)
+        self._unplanned = False  # the pending decision was taken without planning (a paused or held plan)
         self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
         self._retimed: set[str] = set()  # of those, the ones asked only to be timed again (past lookup_share)
         self._unused = UnusedProposals()
@@ -321,7 +322,7 @@ class Controller:
         self.probing.open(t0, remaining)
         held = self._held_decision(history, max_draft_len)
         if held is not None:
-            return self._decide(held, t0)
+            return self._decide(held, t0, unplanned=True)
         lookup_ms = self._look_up(history, max_draft_len)
 
         options: list[Option] = []
@@ -422,7 +423,7 @@ class Controller:
         t0 = self._off_t0
         decision = Decision(None, 0, 1.0, t0, 1.0, reason, planning_ms=planning_ms)
         self._pending = (decision, t0)
-        self._paused = True
+        self._unplanned = True
         self.stats.last_reason = reason
         return decision
 
@@ -478,12 +479,12 @@ class Controller:
                         proposal=option.proposal, proposal_ms=lookup_ms, behind=option.behind,
                         tree_nodes=option.tree_nodes)
 
-    def _decide(self, decision: Decision, t0: float, *, forced: bool = False) -> Decision:
+    def _decide(self, decision: Decision, t0: float, *, forced: bool = False, unplanned: bool = False) -> Decision:
         planning_ms = (self.clock() - self._plan_started) * 1e3 - decision.proposal_ms + self._observe_ms
         self._observe_ms = 0.0
         decision = decision.with_planning(max(0.0, planning_ms))
         self._pending = (decision, t0)
-        self._paused = False
+        self._unplanned = unplanned
         if not forced or not self.stats.last_reason:
             self.stats.last_reason = decision.reason
         return decision
@@ -503,8 +504,9 @@ class Controller:
         self._pending = None
         self._step += 1
         self._first = False
-        paused, self._paused = self._paused, False
-        if not paused or self._step % PAUSED_LEARN_EVERY == 0:
+        unplanned, self._unplanned = self._unplanned, False
+        learn = not unplanned or self._step % UNPLANNED_LEARN_EVERY == 0  # this step teaches the costs
+        if learn:
             learn_costs(self.costs, step, decision)
         if self._retimed and self._asked:  # the plan asked a lookup only to time it: what that step cost
             cost = decision.planning_ms + decision.proposal_ms
@@ -516,7 +518,8 @@ class Controller:
         if name is not None and used is not None:
             member = self._members.get(name)
             if learn_drafter(self.costs, name, used, step, decision, step_no=self._step, asked=name in self._asked,
-                             extra=member.batch_extra_tokens if member is not None else 0, ends_line=self.ends_line):
+                             extra=member.batch_extra_tokens if member is not None else 0, ends_line=self.ends_line,
+                             costs_too=learn):
                 calibrated = name
         for other, other_state in self._states.items():
             if other != calibrated:

@@ -41,14 +41,15 @@ def learn_costs(costs: CostModel, step: StepEvent, decision: Decision) -> None:
 
 
 def learn_drafter(costs: CostModel, name: str, state: DrafterState, step: StepEvent, decision: Decision, *,
-                  step_no: int, asked: bool, extra: int, ends_line: Callable[[int], bool] | None) -> bool:
+                  step_no: int, asked: bool, extra: int, ends_line: Callable[[int], bool] | None,
+                  costs_too: bool = True) -> bool:
     """The drafter the step used (``name``, ``state``; ``asked``: its proposal was made while planning, ``extra``:
-    its ``batch_extra_tokens``): its cost when asked for k, and its acceptance over the k planned
+    its ``batch_extra_tokens``): its cost when asked for k (unless not ``costs_too``), and its acceptance over the k planned
     positions (a proposal shorter than planned counts its missing positions as rejected, so expected
     tokens match what such steps really emit). Returns whether its evidence calibration learned (the
     other drafters' calibrations age)."""
     grown = decision.tree_nodes > decision.draft_len  # a tree the drafter grew (asked by propose_tree)
-    if not asked and decision.behind <= 8:
+    if costs_too and not asked and decision.behind <= 8:
         own_ms = max(0.0, step.draft_ms - decision.proposal_ms - costs.catch_up_ms(name, decision.behind))
         if grown:
             costs.observe_tree_draft(name, decision.draft_len, decision.tree_nodes, own_ms)
