@@ -111,7 +111,7 @@ class _Tally:
         self.verify_ms += step.verify_ms
         self.python_ms += step.python_ms
         if self.controller is not None:
-            self.plain_estimate_ms += step.emitted * self.controller.costs.plain_ms()
+            self.plain_estimate_ms += step.emitted * self.controller.observed_plain_ms
         elif self.measuring_costs:  # a plain step while the costs are measured: plain's own time
             self.plain_estimate_ms += step.draft_ms + step.verify_ms + step.python_ms
         if step.drafted:

@@ -147,6 +147,8 @@ class Controller:
         self._step = 0
         self._pending: tuple[Decision, float] | None = None  # the planned decision and T0 then
         self._unplanned = False  # the pending decision was taken without planning (a paused or held plan)
+        self.observed_plain_ms = costs.plain_ms()
+        """A plain step's estimated ms when the step last observed was planned (what its speedup is told against)."""
         self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
         self._retimed: set[str] = set()  # of those, the ones asked only to be timed again (past lookup_share)
         self._unused = UnusedProposals()
@@ -502,6 +504,7 @@ class Controller:
         decision, t0 = self._pending or (Decision(None, 0, 1.0, self.costs.plain_ms(), 1.0, ""),
                                          self.costs.plain_ms())
         self._pending = None
+        self.observed_plain_ms = t0
         self._step += 1
         self._first = False
         unplanned, self._unplanned = self._unplanned, False
@@ -539,9 +542,11 @@ class Controller:
                 asked = self._asked[other]
                 self._unused.add(start, other, proposal_branches(asked), asked.evidence)
             drafter.accepted(history, 0)
-        self._asked = {}
-        for other, branches, followed, evidence, known in self._unused.ready(history):
-            self.observe_unused(other, branches, followed, deferred=True, evidence=evidence, known=known)
+        if self._asked:
+            self._asked = {}
+        if self._unused:
+            for other, branches, followed, evidence, known in self._unused.ready(history):
+                self.observe_unused(other, branches, followed, deferred=True, evidence=evidence, known=known)
 
     def observe_unused(self, name: str, branches: Sequence[Sequence[int]], emitted: Sequence[int], *,
                        deferred: bool = False, evidence: Evidence | None = None, known: int = 0) -> None:
