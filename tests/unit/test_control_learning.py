@@ -149,6 +149,20 @@ def test_a_lookup_caught_by_a_pause_is_still_asked_before_planning() -> None:
     assert ctl.costs.draft_ms("ngram", 8) < 0.02 * ctl.costs.plain_ms()
 
 
+def asked_each_step(ctl: Controller, lookup: Named, steps: int) -> list[bool]:
+    """Plain steps planned by ``ctl`` and observed, one token each: whether each plan asked ``lookup``
+    (one that counts its ``calls``)."""
+    history = [0]
+    asked = []
+    for _ in range(steps):
+        before = lookup.calls
+        plan(ctl, history=history)
+        asked.append(lookup.calls > before)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    return asked
+
+
 class ColdLookup(Named):
     """A cheap lookup whose first ``slow`` calls take 0.5 ms of the simulated clock (cold caches after
     the prompt's indexing), every later one 0.03 ms."""
@@ -170,14 +184,7 @@ def test_a_lookup_slow_at_first_is_timed_again_and_asked_every_step_once_fast() 
     clock = SimClock()
     lookup = ColdLookup(clock, slow=3)
     ctl = Controller(CostModel(CPU), [lookup], clock=clock)
-    history = [0]
-    asked = []
-    for _ in range(100):
-        before = lookup.calls
-        plan(ctl, history=history)
-        asked.append(lookup.calls > before)
-        history.append(len(history))
-        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    asked = asked_each_step(ctl, lookup, 100)
     assert not all(asked[:40])  # the slow start did take it out of planning for a while (what is tested)
     assert all(asked[-40:])  # and, timed again, it is back to every step
     assert ctl.costs.draft_ms("ngram", 8) < 0.02 * ctl.costs.plain_ms()
@@ -236,14 +243,7 @@ def test_a_lookup_timed_again_costs_at_most_its_share(lookup_ms: float) -> None:
     clock = SimClock()
     lookup = EmptyCostlyLookup(clock, lookup_ms)
     ctl = Controller(CostModel(CPU), [lookup], clock=clock)
-    history = [0]
-    asked = []
-    for _ in range(400):
-        before = lookup.calls
-        plan(ctl, history=history)
-        asked.append(lookup.calls > before)
-        history.append(len(history))
-        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    asked = asked_each_step(ctl, lookup, 400)
     steps = [i for i, a in enumerate(asked) if a]
     gaps = [b - a for a, b in zip(steps, steps[1:])][-5:]  # once the estimates settled
     every = max(LOOKUP_RETIME, min(LOOKUP_RETIME_MAX, math.ceil(lookup_ms / (0.02 * ctl.costs.plain_ms()))))
