@@ -283,7 +283,8 @@ class Controller:
                 continue
             if retime:
                 self._retimed.add(drafter.name)
-            state.retime_at = self._step + self._retime_every()
+            # (one asked every step is timed again LOOKUP_RETIME steps after its last lookup, should it stop paying)
+            state.retime_at = self._step + (self._retime_every() if retime else LOOKUP_RETIME)
             t = self.clock()
             proposal = drafter.propose(history, max_draft_len)
             ms = (self.clock() - t) * 1e3
@@ -387,7 +388,7 @@ class Controller:
         where a step that asks it (its lookup and its plan, ``_retime_ms``) would cost more than
         ``lookup_share`` of the plain steps it is spread over (a decode of a few hundred microseconds:
         a tiny model, or a small one on a GPU), up to ``LOOKUP_RETIME_MAX``."""
-        spread = self._retime_ms / (self.lookup_share * self._off_t0) if self._off_t0 > 0 else 0.0
+        spread = self._retime_ms / (self.lookup_share * self.costs.plain_ms())
         return max(LOOKUP_RETIME, min(LOOKUP_RETIME_MAX, math.ceil(spread)))
 
     def _asks_paying(self) -> bool:
