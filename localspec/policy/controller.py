@@ -266,30 +266,30 @@ class Controller:
             max_draft_len = min(max_draft_len, self.draft_len_limit)
         return max_draft_len, ""
 
-    def _lookup_pays(self, drafter: Drafter, max_draft_len: int) -> bool:
+    def _lookup_pays(self, drafter: Drafter, max_draft_len: int, t0: float) -> bool:
         """Whether to ask ``drafter`` before planning: a lookup that stays within ``lookup_share`` of a plain step."""
         return (drafter.cheap
-                and self.costs.draft_ms(drafter.name, max_draft_len) <= self.lookup_share * self.costs.plain_ms())
+                and self.costs.draft_ms(drafter.name, max_draft_len) <= self.lookup_share * t0)
 
-    def _look_up(self, history: Sequence[int], max_draft_len: int) -> float:
-        """Ask the cheap drafters; returns the ms it took (spent whatever is decided)."""
+    def _look_up(self, history: Sequence[int], max_draft_len: int, t0: float) -> float:
+        """Ask the cheap drafters (``t0``: a plain step's ms); returns the ms it took (spent whatever is decided)."""
         self._asked = {}
         self._retimed = set()
         total = 0.0
         for drafter in self._members.values():
             state = self._states[drafter.name]
-            retime = not self._lookup_pays(drafter, max_draft_len)
+            retime = not self._lookup_pays(drafter, max_draft_len, t0)
             if retime and not (drafter.cheap and self._step >= state.retime_at):
                 continue
             if retime:
                 self._retimed.add(drafter.name)
             # (one asked every step is timed again LOOKUP_RETIME steps after its last lookup, should it stop paying)
-            state.retime_at = self._step + (self._retime_every() if retime else LOOKUP_RETIME)
+            state.retime_at = self._step + (self._retime_every(t0) if retime else LOOKUP_RETIME)
             t = self.clock()
             proposal = drafter.propose(history, max_draft_len)
             ms = (self.clock() - t) * 1e3
             total += ms
-            if retime and ms <= self.lookup_share * self.costs.plain_ms():
+            if retime and ms <= self.lookup_share * t0:
                 # Timed again and fast: what kept it out (a cold start, a long pause) is past, and
                 # its old times would take hundreds of steps to outweigh.
                 self.costs.restart_draft(drafter.name)
@@ -326,7 +326,7 @@ class Controller:
         held = self._held_decision(history, max_draft_len)
         if held is not None:
             return self._decide(held, t0, unplanned=True)
-        lookup_ms = self._look_up(history, max_draft_len)
+        lookup_ms = self._look_up(history, max_draft_len, t0)
 
         options: list[Option] = []
         horizon = float(max(1, min(remaining, self.catch_up_horizon)))
@@ -383,12 +383,12 @@ class Controller:
         again = f"probing again in {nxt} steps" if nxt is not None else "drafters re-scored every step"
         return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {again}", proposal_ms=lookup_ms), t0)
 
-    def _retime_every(self) -> int:
+    def _retime_every(self, t0: float) -> int:
         """Steps between the lookups of a drafter asked only to be timed again: ``LOOKUP_RETIME``, or more
         where a step that asks it (its lookup and its plan, ``_retime_ms``) would cost more than
         ``lookup_share`` of the plain steps it is spread over (a decode of a few hundred microseconds:
         a tiny model, or a small one on a GPU), up to ``LOOKUP_RETIME_MAX``."""
-        spread = self._retime_ms / (self.lookup_share * self.costs.plain_ms())
+        spread = self._retime_ms / (self.lookup_share * t0)
         return max(LOOKUP_RETIME, min(LOOKUP_RETIME_MAX, math.ceil(spread)))
 
     def _asks_paying(self) -> bool:
