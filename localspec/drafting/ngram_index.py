@@ -70,10 +70,6 @@ class NgramIndex:
         """The indexed history itself (not a copy: read it, never change it)."""
         return self._tokens
 
-    def tail(self, k: int) -> list[int]:
-        """The last ``k`` indexed tokens (fewer if the history is shorter)."""
-        return self._tokens[-k:] if k > 0 else []
-
     def _chain(self, n: int, head: int, limit: int) -> list[int]:
         """The positions of ``head``'s n-gram, most recent first, ``head`` included, at most ``limit``."""
         prev = self._prev[n]
