@@ -67,7 +67,21 @@ def _fmt_ratio_row(ratio: dict[str, Any], ks: tuple[int, ...]) -> str:
     return " | ".join(f"{float(ratio[str(k)]):.2f}" if str(k) in ratio else "" for k in ks)
 
 
-def render(results: dict[str, Any], *, commit: str, dry_run: bool) -> str:
+def overhead_lines(overhead: dict[str, Any]) -> list[str]:
+    """The step-overhead bench's rows (``benchmarks/bench_step_overhead.py --json``) as a section."""
+    out = ["## What the engine costs between decodes (bench_step_overhead.py)", "",
+           f"{overhead.get('model', '?')}: {overhead.get('tokens')} tokens, {overhead.get('rounds')} rounds, each "
+           f"engine against raw llama.cpp calls on its own contexts. Host time: outside `llama_decode` and the "
+           f"wait for the device.", "",
+           "| loop | against | tokens/s ratio | host us a step (engine / raw) | ratio at the raw loop's decode time | goal |",
+           "|---|---|---|---|---|---|"]
+    for r in overhead.get("rows", []):
+        out.append(f"| {r['loop']} | {r['anchor']} | {r['ratio']:.3f} | {r['host_us_per_step']:.1f} / "
+                   f"{r['raw_host_us_per_step']:.1f} | {r['host_ratio']:.3f} | >= {r['goal']:.2f} |")
+    return out + [""]
+
+
+def render(results: dict[str, Any], *, commit: str, dry_run: bool, overhead: dict[str, Any] | None = None) -> str:
     gpus = results.get("device", {}).get("gpus")
     on_gpu = isinstance(gpus, list) and bool(gpus)
     out: list[str] = []
@@ -173,6 +187,8 @@ def render(results: dict[str, Any], *, commit: str, dry_run: bool) -> str:
                        f"{r['median_draft_len']:.0f} | {r['plain_steps']}/{r['steps']} | "
                        f"{r['best_fixed_draft_len']} | {r['best_fixed_speedup']:.2f} |")
         out.append("")
+    if overhead:
+        out += overhead_lines(overhead)
     if results.get("errors"):
         out.append("## Errors")
         out.append("")
@@ -189,13 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--step-overhead", type=Path, help="bench_step_overhead.py's --json (left out when missing)")
     args = p.parse_args(argv)
     try:
         results = json.loads(args.results.read_text())
     except (OSError, ValueError) as err:
         print(f"report.py: error: cannot read {args.results}: {err}", file=sys.stderr)
         return 2
-    args.out.write_text(render(results, commit=args.commit, dry_run=args.dry_run))
+    overhead = None
+    if args.step_overhead is not None and args.step_overhead.is_file():
+        try:
+            overhead = json.loads(args.step_overhead.read_text())
+        except ValueError as err:
+            print(f"report.py: {args.step_overhead} left out: {err}", file=sys.stderr)
+    args.out.write_text(render(results, commit=args.commit, dry_run=args.dry_run, overhead=overhead))
     print(f"wrote {args.out}")
     return 0
 

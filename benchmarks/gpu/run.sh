@@ -7,8 +7,8 @@
 # Nothing is compiled here: the CUDA wheel pack.sh carried is installed (seconds); the random-weight
 # models are written; check.py measures within CHECK_BUDGET (it starts nothing new after it) and is
 # killed at CHECK_LIMIT; report.py writes RESULTS.md. Everything goes to $OUT (default /tmp/gpu-out):
-# run.log, results.json, RESULTS.md, selftest.json, models.log, curve-models.log. About 6 minutes in
-# all with the defaults, so a second run fits the same 15-minute device lease.
+# run.log, results.json, RESULTS.md, selftest.json, models.log, curve-models.log, step-overhead.json.
+# About 7 minutes in all with the defaults (the step-overhead bench takes at most OVERHEAD_LIMIT, 90 s).
 set -uo pipefail
 
 DRY=0
@@ -99,8 +99,16 @@ rc=$?
 say "check.py exited with $rc; results in $OUT/results.json"
 [ -f "$OUT/curve-models.log" ] && cat "$OUT/curve-models.log"
 
+# --- 4b. what the engine costs between decodes, beside raw llama.cpp calls on the same contexts ---------
+# (plain, ngram with nothing to copy, a k = 4 self-draft: benchmarks/bench_step_overhead.py, about a minute)
+OVERHEAD=$([ $DRY = 1 ] && echo "--tokens 48 --rounds 2" || echo "--tokens 128 --rounds 3")
+say "running bench_step_overhead.py on $(basename "$TARGET")"
+timeout "${OVERHEAD_LIMIT:-90}" $PY benchmarks/bench_step_overhead.py "$TARGET" --gpu-layers -1 $OVERHEAD \
+  --json "$OUT/step-overhead.json" || say "bench_step_overhead.py did not finish (exit $?)"
+
 # --- 5. RESULTS.md --------------------------------------------------------------------------------------
 timeout 120 $PY benchmarks/gpu/report.py "$OUT/results.json" --out "$OUT/RESULTS.md" \
+  --step-overhead "$OUT/step-overhead.json" \
   --commit "$(head -1 "$PACK/COMMIT" 2>/dev/null)" $([ $DRY = 1 ] && echo --dry-run) || say "report.py failed (rerun it on results.json)"
 rm -f "$MODELS"/curve-*.gguf
 say "done"
