@@ -97,6 +97,10 @@ def check_draft_len(draft_len: object) -> None:
                            "or None to let the controller choose each step")
 
 
+def _in_steps(n: int) -> str:
+    return "in 1 step" if n == 1 else f"in {n} steps"
+
+
 # --- the controller -----------------------------------------------------------
 class Controller:
     """Plans each step (``plan``) and learns from it (``observe``); see the module notes.
@@ -380,7 +384,7 @@ class Controller:
                   f"{catch_up})")
         if speedup < 1.0 and not self._asks_paying() and (nxt is not None or self._asked):
             return self._pause(prefix, nxt, t0, lookup_ms)
-        again = f"probing again in {nxt} steps" if nxt is not None else "drafters re-scored every step"
+        again = f"probing again {_in_steps(nxt)}" if nxt is not None else "drafters re-scored every step"
         return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {again}", proposal_ms=lookup_ms), t0)
 
     def _retime_every(self, t0: float) -> int:
@@ -413,14 +417,14 @@ class Controller:
         self._off_reason = ((prefix, "probing again", self._step + nxt) if nxt is not None else
                             (prefix, "asking again", self._step + window))
         then, at = self._off_reason[1:]
-        return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {then} in {at - self._step} steps",
+        return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {then} {_in_steps(at - self._step)}",
                                      proposal_ms=lookup_ms), t0)
 
     def _paused_decision(self) -> Decision:
         """A step while the plan is paused (``_pause``): plain, priced at the plain step's cost when the pause
         began (the few cells it has grown since change it by far less than the costs' noise), no plan."""
         prefix, then, at = self._off_reason
-        reason = f"{prefix}; {then} in {at - self._step} steps"
+        reason = f"{prefix}; {then} {_in_steps(at - self._step)}"
         planning_ms = (self.clock() - self._plan_started) * 1e3 + self._observe_ms
         self._observe_ms = 0.0
         t0 = self._off_t0
