@@ -121,17 +121,14 @@ class NgramIndex:
         length = max(length, 0)
         n_min, n_max = self.n_min, self.n_max
         heads, prev, count = self._heads, self._prev, self._count
-        shifts = [0] + [_TOKEN_BITS * (n - 1) for n in range(1, n_max + 1)]
         for p in range(len(h), length, -1):
-            key = 0
-            for n in range(1, min(n_max, p) + 1):
-                key |= (h[p - n] & _TOKEN_MASK) << shifts[n]
-                if n >= n_min:
-                    last = prev[n][p]
-                    if last:
-                        heads[n][key] = last
-                    else:
-                        del heads[n][key]
+            keys = _suffix_keys(h[max(0, p - n_max):p])
+            for n in range(n_min, min(n_max, p) + 1):
+                last = prev[n][p]
+                if last:
+                    heads[n][keys[n]] = last
+                else:
+                    del heads[n][keys[n]]
             for n in range(n_min, n_max + 1):
                 prev[n].pop()
                 count[n].pop()
@@ -160,11 +157,8 @@ class NgramIndex:
         """
         h, end = self._tokens, len(self._tokens)
         tail = as_list(context[-self.max_match :])
-        longest = min(self.n_max, len(tail))
-        keys = [0] * (longest + 1)  # keys[n]: the key of tail's last n tokens
-        for n in range(1, longest + 1):
-            keys[n] = keys[n - 1] | (tail[-n] & _TOKEN_MASK) << (_TOKEN_BITS * (n - 1))
-        for n in range(longest, self.n_min - 1, -1):
+        keys = _suffix_keys(tail[-self.n_max:])
+        for n in range(len(keys) - 1, self.n_min - 1, -1):
             head = self._heads[n].get(keys[n])
             if head is None:
                 continue
@@ -247,3 +241,11 @@ def _run_back(h: list[int], t: int, q: int, limit: int) -> int:
         n += 1
     return n
 
+
+def _suffix_keys(tokens: list[int]) -> list[int]:
+    """``keys[n]``: the key of the last n of ``tokens`` (n = 1..len; keys[0] = 0), as ``NgramIndex.extend`` rolls
+    them on: the last token in the lowest bits."""
+    keys = [0] * (len(tokens) + 1)
+    for n in range(1, len(tokens) + 1):
+        keys[n] = keys[n - 1] | (tokens[-n] & _TOKEN_MASK) << (_TOKEN_BITS * (n - 1))
+    return keys
