@@ -138,8 +138,8 @@ class Controller:
         self.lookup_share = lookup_share
         self.catch_up_horizon = catch_up_horizon
         self.clock = clock
-        self.stats = ControllerStats()
-        self.probing = Probing(self.stats, evaluate=lambda name, k, behind: self.evaluate(name, k, behind=behind),
+        self._stats = ControllerStats()
+        self.probing = Probing(self._stats, evaluate=lambda name, k, behind: self.evaluate(name, k, behind=behind),
                                step_ms=lambda name, k: self.step_ms(name, k),
                                plain_ms=lambda: self.costs.plain_ms(), share=probe_share, probe_len=probe_len,
                                min_wait=min_wait, max_wait=max_wait)
@@ -151,6 +151,9 @@ class Controller:
         self._step = 0
         self._pending: tuple[Decision, float] | None = None  # the planned decision and T0 then
         self._unplanned = False  # the pending decision was taken without planning (a paused or held plan)
+        # A paused step's bookkeeping (see _observe_paused): the steps and tokens not yet in the stats.
+        self._pause_ledger = [0, 0]  # [steps, tokens], settled at the next plan or read of the stats
+        self._pending_paused = False  # the pending decision is a paused step's
         self.observed_plain_ms = costs.plain_ms()
         """A plain step's estimated ms when the step last observed was planned (what its speedup is told against)."""
         self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
@@ -179,6 +182,7 @@ class Controller:
         ``tree_nodes_limit``: the most nodes a tree grown by a drafter (``Drafter.tree_width``) may have,
         as the target can verify it (its sequences); 0: such drafters draft chains."""
         check_draft_len(draft_len)
+        self._settle_pause()
         names = [d.name for d in drafters]
         if len(set(names)) != len(names):
             raise ValueError(f"drafter names must differ: {names}")
@@ -195,12 +199,18 @@ class Controller:
         self._off_until = 0
         self._held = None
         self.probing.start()
-        self._pending = None
+        self._pending, self._pending_paused = None, False
         self._observe_ms = 0.0  # the last generation's last observe is not this one's first step's
         self._asked = {}
         self._retimed = set()
         self._unused.clear()
         self._first = True  # the generation's first step is still to come (see plan)
+
+    @property
+    def stats(self) -> ControllerStats:
+        """The counters behind the decisions, a pause's steps included (``_settle_pause``)."""
+        self._settle_pause()
+        return self._stats
 
     @property
     def drafters(self) -> list[Drafter]:
@@ -317,10 +327,11 @@ class Controller:
         tokens still to generate (a draft can emit at most that many).
         """
         self._plan_started = self.clock()
-        # Every cost of this step is priced at the cells its decode attends to (all but the last token).
-        self.costs.kv_depth = max(0, len(history) - 1)
         if self._step < self._off_until and room > 0 and remaining > 1:
             return self._paused_decision()
+        self._settle_pause()
+        # Every cost of this step is priced at the cells its decode attends to (all but the last token).
+        self.costs.kv_depth = max(0, len(history) - 1)
         t0 = self.costs.plain_ms()
         max_draft_len, why = self._max_draft_len(room, remaining)
         self._asked = {}
@@ -430,8 +441,8 @@ class Controller:
         t0 = self._off_t0
         decision = Decision(None, 0, 1.0, t0, 1.0, reason, planning_ms=planning_ms)
         self._pending = (decision, t0)
-        self._unplanned = True
-        self.stats.last_reason = reason
+        self._pending_paused = True
+        self._stats.last_reason = reason
         return decision
 
     def _probe_candidates(self, chosen: Drafter | None) -> list[Candidate]:
@@ -492,8 +503,8 @@ class Controller:
         decision = decision.with_planning(max(0.0, planning_ms))
         self._pending = (decision, t0)
         self._unplanned = unplanned
-        if not forced or not self.stats.last_reason:
-            self.stats.last_reason = decision.reason
+        if not forced or not self._stats.last_reason:
+            self._stats.last_reason = decision.reason
         return decision
 
     # --- learning (localspec.policy.learning) ---------------------------------
@@ -506,6 +517,10 @@ class Controller:
         self._observe_ms = (self.clock() - started) * 1e3
 
     def _observe(self, step: StepEvent, history: Sequence[int]) -> None:
+        if self._pending_paused:
+            self._observe_paused(step, history)
+            return
+        self._settle_pause()
         decision, t0 = self._pending or (Decision(None, 0, 1.0, self.costs.plain_ms(), 1.0, ""),
                                          self.costs.plain_ms())
         self._pending = None
@@ -533,8 +548,44 @@ class Controller:
             if other != calibrated:
                 other_state.age_calibration()
         self._learn_unused(history, name, start=len(history) - step.emitted)
-        self.stats.count(step, decision, t0)
+        self._stats.count(step, decision, t0)
         self.probing.settle(step, decision, t0, used.probe if used is not None else None, self.draft_len)
+
+    def _observe_paused(self, step: StepEvent, history: Sequence[int]) -> None:
+        """``_observe`` for a paused step (plain, priced at the pause's T0): the drafters follow the text
+        and the costs learn one step in ``UNPLANNED_LEARN_EVERY``; what every step of the pause adds
+        alike (the counts, the probe budget it earns, the calibrations' ageing) waits in the ledger and
+        is settled in one go (``_settle_pause``), at the next full plan or read of the stats. On a small
+        model's fast decode each of those per step was a visible share of the step (#39)."""
+        decision, t0 = self._pending  # type: ignore[misc]  # (a paused plan always leaves one)
+        self._pending, self._pending_paused = None, False
+        self.observed_plain_ms = t0
+        self._step += 1
+        self._first = False
+        self._last_used = None
+        ledger = self._pause_ledger
+        ledger[0] += 1
+        ledger[1] += step.emitted
+        if self._step % UNPLANNED_LEARN_EVERY == 0:
+            self.costs.kv_depth = len(history) - step.emitted - 1  # where this step's decode stood
+            learn_costs(self.costs, step, decision)
+        self._learn_unused(history, None, start=len(history) - step.emitted)
+
+    def _settle_pause(self) -> None:
+        """Put the paused steps' ledger (``_observe_paused``) into the stats, the probe budget and the
+        calibrations, as each step would have: plain steps at the pause's T0."""
+        steps, tokens = self._pause_ledger
+        if not steps:
+            return
+        self._pause_ledger = [0, 0]
+        stats = self._stats
+        stats.steps += steps
+        stats.plain_steps += steps
+        row = stats.choices.setdefault("plain", {})
+        row[0] = row.get(0, 0) + steps
+        self.probing.earn(self._off_t0 * tokens)
+        for state in self._states.values():
+            state.age_calibration(steps)
 
     def _learn_unused(self, history: Sequence[int], used: str | None, *, start: int) -> None:
         """The drafters the step did not use follow the text (``accepted(history, 0)``); the lookups made

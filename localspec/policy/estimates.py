@@ -367,13 +367,14 @@ class DrafterEstimates:
         self.kept_tokens = CALIBRATION_DECAY * self.kept_tokens + kept
         self.expected_kept = CALIBRATION_DECAY * self.expected_kept + raw
 
-    def age_calibration(self) -> None:
-        """A step that verified no proposal of this drafter: the calibration's evidence ages as if
+    def age_calibration(self, steps: int = 1) -> None:
+        """``steps`` steps that verified no proposal of this drafter: the calibration's evidence ages as if
         observed. Learned only from the drafter's own verified steps, a low calibration would
         otherwise lock it out for good: it keeps the drafter from drafting, so nothing corrects
         it, while the classes (scored on every offer) show the text is being copied again."""
-        self.kept_tokens *= CALIBRATION_DECAY
-        self.expected_kept *= CALIBRATION_DECAY
+        decay = CALIBRATION_DECAY ** steps
+        self.kept_tokens *= decay
+        self.expected_kept *= decay
 
     @property
     def calibration(self) -> float:

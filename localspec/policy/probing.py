@@ -221,16 +221,21 @@ class Probing:
             best = n if best is None else min(best, n)
         return best
 
+    def earn(self, plain_ms: float) -> None:
+        """Steps that did not probe, worth ``plain_ms`` of plain decoding, earn the budget its share, repaying a
+        drawn advance first."""
+        earned = self.share * plain_ms
+        repaid = min(self._owed, earned)
+        self._owed -= repaid
+        self.stats.probe_budget_ms += earned - repaid
+
     def settle(self, step: StepEvent, decision: Decision, t0: float, probe: ProbeState | None,
                fixed: int | None) -> None:
         """After a step: a probe spends its measured excess over plain and counts towards its verdict
         (``probe``: the probed drafter's state); every other step earns the budget, repaying a drawn
         advance first."""
         if not decision.probe or probe is None:
-            earned = self.share * t0 * step.emitted
-            repaid = min(self._owed, earned)
-            self._owed -= repaid
-            self.stats.probe_budget_ms += earned - repaid
+            self.earn(t0 * step.emitted)
             return
         self.stats.probe_budget_ms -= step.step_ms - t0 * step.emitted
         probe.kept += step.accepted

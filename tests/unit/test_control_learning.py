@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -24,6 +25,7 @@ from localspec.policy.controller import LOOKUP_RETIME, LOOKUP_RETIME_MAX, Contro
 from localspec.policy.costs import CostModel
 from localspec.policy.decision import Decision
 from localspec.policy.estimates import (
+    CALIBRATION_DECAY,
     DecayingAcceptance,
 )
 from localspec.policy.sim_clock import SimClock
@@ -233,6 +235,43 @@ def test_a_lookup_timed_again_that_finds_nothing_leaves_the_steps_until_its_next
     waiting = [r for r in reasons if r.startswith("plain: no drafter has a proposal; asking again in ")]
     assert len(waiting) >= 200 - lookup.calls - 2
     assert ctl.costs.draft_ms("ngram", 8) > 0.02 * ctl.costs.plain_ms()  # (what keeps it from every step)
+
+
+def _paused_run(read_every_step: bool) -> tuple[Controller, list[Decision]]:
+    """200 steps of a lookup that finds nothing, asked only to be timed (the steps between are paused),
+    the stats read after every step (their counts checked there) or only at the end."""
+    clock = SimClock()
+    lookup = EmptyCostlyLookup(clock)
+    ctl = Controller(CostModel(CPU), [lookup], clock=clock)
+    state = ctl._states["ngram"]
+    state.kept_tokens, state.expected_kept = 4.0, 8.0  # a calibration learned before (it ages while unused)
+    history, decisions = [0], []
+    for i in range(1, 201):
+        decisions.append(plan(ctl, history=history))
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+        if read_every_step:
+            stats = ctl.stats
+            assert stats.steps == stats.plain_steps == stats.choices["plain"][0] == i
+    return ctl, decisions
+
+
+def test_a_pause_settles_its_steps_whenever_the_stats_are_read() -> None:
+    """A paused step leaves its counts, the probe budget it earns and the calibrations' ageing in a ledger
+    settled in one go (the controller's own time on a fast decode); whoever reads the stats mid-pause reads
+    them settled, and when they are read changes nothing of what the controller learns."""
+    read, decisions = _paused_run(True)
+    unread, _ = _paused_run(False)
+    assert sum(d.reason.startswith("plain: no drafter has a proposal; asking again in ") for d in decisions) > 150
+    # Each plain step earned its share of the plain step's cost when it was planned (no probe spent any).
+    earned = sum(read.probing.share * d.expected_ms for d in decisions)
+    assert read.stats.probe_budget_ms == pytest.approx(earned)
+    counts, unread_counts = dataclasses.asdict(read.stats), dataclasses.asdict(unread.stats)
+    assert counts.pop("probe_budget_ms") == pytest.approx(unread_counts.pop("probe_budget_ms"))
+    assert counts == unread_counts
+    for ctl in (read, unread):  # aged every step, paused or not
+        state = ctl._states["ngram"]
+        assert (state.kept_tokens, state.expected_kept) == pytest.approx((4.0 * CALIBRATION_DECAY**200, 8.0 * CALIBRATION_DECAY**200))
 
 
 @pytest.mark.parametrize("lookup_ms", [0.5, 2.0, 20.0])
