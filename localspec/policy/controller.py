@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from localspec.drafting.base import Drafter, Evidence, Proposal, TreeProposal
@@ -97,8 +98,24 @@ def check_draft_len(draft_len: object) -> None:
                            "or None to let the controller choose each step")
 
 
+def _steps(n: int) -> str:
+    return "step" if n == 1 else "steps"
+
+
 def _in_steps(n: int) -> str:
-    return "in 1 step" if n == 1 else f"in {n} steps"
+    return f"in {n} {_steps(n)}"
+
+
+@dataclass
+class _PauseLedger:
+    """What the paused steps not yet settled add (``Controller._settle_pause``): their number, the tokens
+    they emitted, the steps the costs learn from (each with the KV depth it decoded at), and the history
+    the lookups made before the pause are scored against."""
+
+    steps: int = 0
+    tokens: int = 0
+    sampled: list[tuple[StepEvent, int]] = field(default_factory=list)
+    history: Sequence[int] | None = None
 
 
 # --- the controller -----------------------------------------------------------
@@ -151,9 +168,9 @@ class Controller:
         self._step = 0
         self._pending: tuple[Decision, float] | None = None  # the planned decision and T0 then
         self._unplanned = False  # the pending decision was taken without planning (a paused or held plan)
-        # A paused step's bookkeeping (see _observe_paused): the steps and tokens not yet in the stats.
-        self._pause_ledger = [0, 0]  # [steps, tokens], settled at the next plan or read of the stats
-        self._pending_paused = False  # the pending decision is a paused step's
+        # What the paused steps not yet settled add (see _settle_pause), and whether the pending step is one.
+        self._ledger = _PauseLedger()
+        self._pending_paused = False
         self.observed_plain_ms = costs.plain_ms()
         """A plain step's estimated ms when the step last observed was planned (what its speedup is told against)."""
         self._asked: dict[str, Proposal | TreeProposal] = {}  # lookups made while planning the pending step
@@ -168,6 +185,8 @@ class Controller:
         # (the reason up to its count, what comes next, the step it comes at): "...; probing again in 5 steps"
         self._off_reason: tuple[str, str, int] = ("", "", 0)
         self._off_t0 = 0.0  # the plain step's estimated ms when the pause began
+        self._off_live = False  # the last reason is the pause's, its count read as the stats are
+        self._paused = Decision(None, 0, 1.0, 0.0, 1.0, "")  # every paused step's decision (see _pause)
         self._retime_ms = 0.0  # what a step that asks a lookup only to time it costs the controller (its mean)
         # Likewise while drafting with a drafter asked only once chosen (a draft model, a head): its full
         # plan's decision is held until step _held[1] (see _hold).
@@ -197,6 +216,7 @@ class Controller:
         self.draft_len_limit = draft_len_limit
         self.tree_nodes_limit = tree_nodes_limit
         self._off_until = 0
+        self._off_live = False
         self._held = None
         self.probing.start()
         self._pending, self._pending_paused = None, False
@@ -208,8 +228,12 @@ class Controller:
 
     @property
     def stats(self) -> ControllerStats:
-        """The counters behind the decisions, a pause's steps included (``_settle_pause``)."""
+        """The counters behind the decisions, a pause's steps included (``_settle_pause``), and the last
+        reason as it reads now ("...; asking again in 5 steps")."""
         self._settle_pause()
+        if self._off_live:
+            prefix, then, at = self._off_reason
+            self._stats.last_reason = f"{prefix}; {then} {_in_steps(max(1, at - self._step))}"
         return self._stats
 
     @property
@@ -326,9 +350,10 @@ class Controller:
         target); ``room``: draft tokens that fit in the context; ``remaining``:
         tokens still to generate (a draft can emit at most that many).
         """
-        self._plan_started = self.clock()
         if self._step < self._off_until and room > 0 and remaining > 1:
-            return self._paused_decision()
+            self._pending_paused = True
+            return self._paused
+        self._plan_started = self.clock()
         self._settle_pause()
         # Every cost of this step is priced at the cells its decode attends to (all but the last token).
         self.costs.kv_depth = max(0, len(history) - 1)
@@ -428,21 +453,14 @@ class Controller:
         self._off_reason = ((prefix, "probing again", self._step + nxt) if nxt is not None else
                             (prefix, "asking again", self._step + window))
         then, at = self._off_reason[1:]
-        return self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {then} {_in_steps(at - self._step)}",
-                                     proposal_ms=lookup_ms), t0)
-
-    def _paused_decision(self) -> Decision:
-        """A step while the plan is paused (``_pause``): plain, priced at the plain step's cost when the pause
-        began (the few cells it has grown since change it by far less than the costs' noise), no plan."""
-        prefix, then, at = self._off_reason
-        reason = f"{prefix}; {then} {_in_steps(at - self._step)}"
-        planning_ms = (self.clock() - self._plan_started) * 1e3 + self._observe_ms
-        self._observe_ms = 0.0
-        t0 = self._off_t0
-        decision = Decision(None, 0, 1.0, t0, 1.0, reason, planning_ms=planning_ms)
-        self._pending = (decision, t0)
-        self._pending_paused = True
-        self._stats.last_reason = reason
+        # The steps of the pause (after this one) share one decision, plain at this T0 (the few cells the
+        # context grows by meanwhile change it by far less than the costs' noise): on a fast decode, a
+        # decision and its reason built every step were a visible share of the step (#39).
+        self._paused = Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; paused for {window - 1} {_steps(window - 1)}, "
+                                                       f"then {then}")
+        decision = self._decide(Decision(None, 0, 1.0, t0, 1.0, f"{prefix}; {then} {_in_steps(at - self._step)}",
+                                         proposal_ms=lookup_ms), t0)
+        self._off_live = True
         return decision
 
     def _probe_candidates(self, chosen: Drafter | None) -> list[Candidate]:
@@ -505,21 +523,22 @@ class Controller:
         self._unplanned = unplanned
         if not forced or not self._stats.last_reason:
             self._stats.last_reason = decision.reason
+            self._off_live = False
         return decision
 
     # --- learning (localspec.policy.learning) ---------------------------------
     def observe(self, step: StepEvent, history: Sequence[int]) -> None:
         """Learn from the step just taken (after the ``plan`` that decided it); ``history`` ends with
         its tokens. Every drafter the step did not use is told the outcome (``accepted(history, 0)``).
-        Its own time is charged to the next decision's ``planning_ms``."""
+        Its own time is charged to the next decision's ``planning_ms`` (a paused step's is not timed)."""
+        if self._pending_paused:
+            self._observe_paused(step, history)
+            return
         started = self.clock()
         self._observe(step, history)
         self._observe_ms = (self.clock() - started) * 1e3
 
     def _observe(self, step: StepEvent, history: Sequence[int]) -> None:
-        if self._pending_paused:
-            self._observe_paused(step, history)
-            return
         self._settle_pause()
         decision, t0 = self._pending or (Decision(None, 0, 1.0, self.costs.plain_ms(), 1.0, ""),
                                          self.costs.plain_ms())
@@ -552,40 +571,42 @@ class Controller:
         self.probing.settle(step, decision, t0, used.probe if used is not None else None, self.draft_len)
 
     def _observe_paused(self, step: StepEvent, history: Sequence[int]) -> None:
-        """``_observe`` for a paused step (plain, priced at the pause's T0): the drafters follow the text
-        and the costs learn one step in ``UNPLANNED_LEARN_EVERY``; what every step of the pause adds
-        alike (the counts, the probe budget it earns, the calibrations' ageing) waits in the ledger and
-        is settled in one go (``_settle_pause``), at the next full plan or read of the stats. On a small
-        model's fast decode each of those per step was a visible share of the step (#39)."""
-        decision, t0 = self._pending  # type: ignore[misc]  # (a paused plan always leaves one)
-        self._pending, self._pending_paused = None, False
-        self.observed_plain_ms = t0
+        """``observe`` for a paused step: the drafters follow the text; the rest waits in the ledger."""
+        self._pending_paused = False
         self._step += 1
-        self._first = False
-        self._last_used = None
-        ledger = self._pause_ledger
-        ledger[0] += 1
-        ledger[1] += step.emitted
-        if self._step % UNPLANNED_LEARN_EVERY == 0:
-            self.costs.kv_depth = len(history) - step.emitted - 1  # where this step's decode stood
-            learn_costs(self.costs, step, decision)
-        self._learn_unused(history, None, start=len(history) - step.emitted)
+        ledger = self._ledger
+        ledger.steps += 1
+        ledger.tokens += step.emitted
+        ledger.history = history
+        if self._step % UNPLANNED_LEARN_EVERY == 0:  # the costs learn from one paused step in so many
+            ledger.sampled.append((step, len(history) - step.emitted - 1))
+        for drafter in self._members.values():
+            drafter.accepted(history, 0)
 
     def _settle_pause(self) -> None:
-        """Put the paused steps' ledger (``_observe_paused``) into the stats, the probe budget and the
-        calibrations, as each step would have: plain steps at the pause's T0."""
-        steps, tokens = self._pause_ledger
-        if not steps:
+        """Put what the paused steps not yet settled add (``_PauseLedger``) where each step would have put
+        it: the stats' counts, the probe budget each earned (plain steps at the pause's T0), the
+        calibrations' ageing, the costs learned from the sampled steps (at the KV depth each decoded at),
+        and the scoring of lookups made before the pause against the text that followed. Called at the
+        next full plan or observe, at a generation's start, and whenever the stats are read."""
+        ledger = self._ledger
+        if not ledger.steps:
             return
-        self._pause_ledger = [0, 0]
+        self._ledger = _PauseLedger()
         stats = self._stats
-        stats.steps += steps
-        stats.plain_steps += steps
+        stats.steps += ledger.steps
+        stats.plain_steps += ledger.steps
         row = stats.choices.setdefault("plain", {})
-        row[0] = row.get(0, 0) + steps
-        self.probing.earn(self._off_t0 * tokens)
+        row[0] = row.get(0, 0) + ledger.steps
+        self.probing.earn(self._off_t0 * ledger.tokens)
         for state in self._states.values():
-            state.age_calibration(steps)
+            state.age_calibration(ledger.steps)
+        for step, kv_depth in ledger.sampled:
+            self.costs.kv_depth = kv_depth
+            learn_costs(self.costs, step, self._paused)
+        if self._unused and ledger.history is not None:
+            for other, branches, followed, evidence, known in self._unused.ready(ledger.history):
+                self.observe_unused(other, branches, followed, deferred=True, evidence=evidence, known=known)
 
     def _learn_unused(self, history: Sequence[int], used: str | None, *, start: int) -> None:
         """The drafters the step did not use follow the text (``accepted(history, 0)``); the lookups made

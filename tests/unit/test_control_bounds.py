@@ -246,18 +246,27 @@ def test_controller_does_not_load_llama_cpp() -> None:
 
 def test_an_unused_draft_model_is_re_planned_only_every_few_steps() -> None:
     """While speculation is off, the full plan (every length, the catch-up) runs every 8 steps; the
-    steps between decode plainly with a reason whose probe count stays true."""
+    steps between decode plainly, their decision the pause's own, and the stats' last reason counts
+    down to the next probe."""
     sim = Sim(CPU, {"draft": lambda t: 0.75}, upkeep=("draft",), prompt=150)
     calls = []
     drafter = sim.drafters["draft"]
     behind = drafter.behind
     drafter.behind = lambda history: calls.append(len(history)) or behind(history)  # type: ignore[method-assign]
-    sim.run(81)
+    sim.one()
+    reasons = []
+    for _ in range(80):
+        sim.one()
+        reasons.append(sim.ctl.stats.last_reason)
     assert all(d.plain for d in sim.decisions)
     # the first token waits for no catch-up (asked once); from the second step on, one plan in 8
     assert sim.decisions[0].reason.startswith("plain: the first token waits for no catch-up")
     assert sorted(set(calls)) == [150, *range(151, 151 + 80, 8)]
-    counts = [int(d.reason.rsplit("in ", 1)[1].split()[0]) for d in sim.decisions[1:9]]
+    planned, paused = sim.decisions[1], sim.decisions[2:9]
+    assert planned.reason.startswith("speculation off") and " probing again in " in planned.reason
+    assert all(d is paused[0] for d in paused)  # one decision for the whole pause
+    assert paused[0].reason.startswith(planned.reason.rsplit("; ", 1)[0] + "; paused for 7 steps, then probing")
+    counts = [int(r.rsplit("in ", 1)[1].split()[0]) for r in reasons[:8]]
     assert counts == [counts[0] - i for i in range(8)] or counts[0] < 8
 
 

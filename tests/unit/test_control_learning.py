@@ -232,8 +232,8 @@ def test_a_lookup_timed_again_that_finds_nothing_leaves_the_steps_until_its_next
         ctl.observe(step_event((history[-1],), None, 0, 0), history)
     assert ctl.priced <= 1  # (once: the step its estimate first passed 2%, when no timing was due)
     assert 200 // LOOKUP_RETIME <= lookup.calls <= 200 // LOOKUP_RETIME + 4  # its first few lookups are all timed
-    waiting = [r for r in reasons if r.startswith("plain: no drafter has a proposal; asking again in ")]
-    assert len(waiting) >= 200 - lookup.calls - 2
+    waiting = [r for r in reasons if r.startswith("plain: no drafter has a proposal; paused for ")]
+    assert len(waiting) >= 200 - 2 * lookup.calls - 2  # (each pause begins with the plan that timed it)
     assert ctl.costs.draft_ms("ngram", 8) > 0.02 * ctl.costs.plain_ms()  # (what keeps it from every step)
 
 
@@ -262,7 +262,7 @@ def test_a_pause_settles_its_steps_whenever_the_stats_are_read() -> None:
     them settled, and when they are read changes nothing of what the controller learns."""
     read, decisions = _paused_run(True)
     unread, _ = _paused_run(False)
-    assert sum(d.reason.startswith("plain: no drafter has a proposal; asking again in ") for d in decisions) > 150
+    assert sum(d.reason.startswith("plain: no drafter has a proposal; paused for ") for d in decisions) > 150
     # Each plain step earned its share of the plain step's cost when it was planned (no probe spent any).
     earned = sum(read.probing.share * d.expected_ms for d in decisions)
     assert read.stats.probe_budget_ms == pytest.approx(earned)
