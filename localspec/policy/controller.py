@@ -83,6 +83,13 @@ LOOKUP_SURPRISE = 2.0
 # ``lookup_share`` of a plain step, at most every LOOKUP_RETIME_MAX (see Controller._retime_every).
 LOOKUP_RETIME = 8
 LOOKUP_RETIME_MAX = 32
+# A lookup timed again that found nothing waits twice as long for its next timing, up to this many steps;
+# a proposal, or its time back within ``lookup_share``, bring it back to its pace (see
+# Controller._retime_gap). On a fast decode (a tiny model) timing a lookup that keeps finding nothing was
+# a few microseconds a step; the price is a copy noticed up to this many tokens late after a long stretch
+# without one, and only by a lookup too slow to be asked every step.
+LOOKUP_RETIME_BACKOFF_MAX = 128
+_RETIME_BACKOFF_SHIFT_MAX = (LOOKUP_RETIME_BACKOFF_MAX // LOOKUP_RETIME).bit_length()  # (enough doublings to reach it)
 # Steps taken without planning (a paused plan, see Controller._pause, or a held one, _hold) teach the costs
 # one in this many (what each drafter keeps, every step): learning a step's costs took as long as the rest
 # of such a step's bookkeeping (20-30 us after a decode has evicted the caches), and the costs drift by a
@@ -212,6 +219,8 @@ class Controller:
                 state = self._states[name] = DrafterState(DecayingAcceptance(prior=self.prior))
                 state.probe.wait = self.min_wait
             state.lookups = 0
+            # Another text, whose prompt may hold a copy: its lookups are asked (and timed) at its first step.
+            state.retime_at, state.retime_backoff = self._step, 0
         self.draft_len = draft_len
         self.draft_len_limit = draft_len_limit
         self.tree_nodes_limit = tree_nodes_limit
@@ -321,11 +330,17 @@ class Controller:
                 continue
             if retime:
                 self._retimed.add(drafter.name)
-            # (one asked every step is timed again LOOKUP_RETIME steps after its last lookup, should it stop paying)
-            state.retime_at = self._step + (self._retime_every(t0) if retime else LOOKUP_RETIME)
             t = self.clock()
             proposal = drafter.propose(history, max_draft_len)
             ms = (self.clock() - t) * 1e3
+            # One asked every step is timed again LOOKUP_RETIME steps after its last lookup, should it stop
+            # paying; one asked only to be timed, after _retime_gap (longer after each that found nothing;
+            # what one finds is scored, and its evidence grows with each timing).
+            if not retime or pricing.proposal_nodes(proposal):
+                state.retime_backoff = 0
+            else:
+                state.retime_backoff = min(state.retime_backoff + 1, _RETIME_BACKOFF_SHIFT_MAX)
+            state.retime_at = self._step + (self._retime_gap(state, t0) if retime else LOOKUP_RETIME)
             total += ms
             if retime and ms <= self.lookup_share * t0:
                 # Timed again and fast: what kept it out (a cold start, a long pause) is past, and
@@ -431,6 +446,12 @@ class Controller:
         spread = self._retime_ms / (self.lookup_share * t0)
         return max(LOOKUP_RETIME, min(LOOKUP_RETIME_MAX, math.ceil(spread)))
 
+    def _retime_gap(self, state: DrafterState, t0: float) -> int:
+        """Steps until a lookup asked only to be timed is asked again: ``_retime_every``, doubled for each
+        timing in a row that found nothing (``retime_backoff``, this one's included), up to
+        ``LOOKUP_RETIME_BACKOFF_MAX``."""
+        return min(LOOKUP_RETIME_BACKOFF_MAX, self._retime_every(t0) << state.retime_backoff)
+
     def _asks_paying(self) -> bool:
         """Whether this plan asked a lookup that pays its time every step (one asked only to be timed again,
         ``LOOKUP_RETIME``, is asked next when it falls due, whatever the plan)."""
@@ -443,10 +464,10 @@ class Controller:
         self._off_t0 = t0
         # Planned again when a probe falls due, when a lookup asked only to be timed is due again (its next
         # timing is the plan's), and after replan_every steps while a drafter asked only once chosen is priced.
-        window = nxt if nxt is not None else LOOKUP_RETIME_MAX
-        if any(name not in self._asked for name in self._members):
+        window = nxt if nxt is not None else LOOKUP_RETIME_BACKOFF_MAX
+        if any(not d.cheap for d in self._members.values()):
             window = min(window, self.replan_every)
-        retimes = [self._states[name].retime_at - self._step for name in self._asked]
+        retimes = [self._states[name].retime_at - self._step for name, d in self._members.items() if d.cheap]
         if retimes:
             window = min(window, max(1, min(retimes)))
         self._off_until = self._step + window

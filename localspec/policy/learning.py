@@ -30,6 +30,7 @@ class DrafterState(DrafterEstimates):
     last_seen: int = 0      # step of the last acceptance observation
     lookups: int = 0        # lookups since the drafter was reset (the first one indexes the prompt)
     retime_at: int = 0      # the step from which a lookup past lookup_share is asked again (to time it)
+    retime_backoff: int = 0  # timings in a row that found nothing (each doubles the wait for the next)
     probe: ProbeState = field(default_factory=ProbeState)
 
 

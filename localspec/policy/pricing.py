@@ -116,6 +116,11 @@ def draft_lens(max_draft_len: int, fixed: int | None) -> range:
     return range(max_draft_len, max_draft_len + 1) if fixed is not None else range(1, max_draft_len + 1)
 
 
+def proposal_nodes(proposal: Proposal | TreeProposal) -> int:
+    """The draft tokens a proposal offers (a tree's nodes, a chain's tokens; 0: it found nothing)."""
+    return len(proposal.tree) if isinstance(proposal, TreeProposal) else len(proposal.tokens)
+
+
 def asked_options(costs: CostModel, state: DrafterEstimates, drafter: Drafter,
                   proposal: Proposal | TreeProposal, max_draft_len: int, *, fixed: int | None,
                   ends_line: Callable[[int], bool] | None) -> list[Option]:
@@ -125,7 +130,7 @@ def asked_options(costs: CostModel, state: DrafterEstimates, drafter: Drafter,
     built: with drafts of up to 31 tokens a tree offers 62 options every step, and building each was most
     of a plan's time."""
     extra = drafter.batch_extra_tokens
-    nodes = len(proposal.tree) if isinstance(proposal, TreeProposal) else len(proposal.tokens)
+    nodes = proposal_nodes(proposal)
     if not nodes:
         return []  # no draft length to offer (a lookup that found nothing: most steps of most texts)
     best: Option | None = None

@@ -36,12 +36,15 @@ class SimDrafter(DrafterBase):
     of positions drawn at ``rate(step)``, and which spends simulated time proposing.
 
     ``cost``: (fixed, per token) ms; ``upkeep``: the decode costs of a draft model, which must
-    also catch up on every token since it last drafted (its prefill, the first time).
+    also catch up on every token since it last drafted (its prefill, the first time); ``empty_misses``: a
+    proposal whose first token would miss is empty (a lookup that found no match offers nothing).
     """
 
     def __init__(self, sim: "Sim", name: str, rate: Callable[[int], float], *, cost: tuple[float, float] = LOOKUP,
-                 cheap: bool = False, depth: int = 8, extra: int = 0, upkeep: CostModel | None = None) -> None:
+                 cheap: bool = False, depth: int = 8, extra: int = 0, upkeep: CostModel | None = None,
+                 empty_misses: bool = False) -> None:
         self.sim, self.name, self.rate, self.cost = sim, name, rate, cost
+        self.empty_misses = empty_misses
         self.cheap = cheap  # type: ignore[misc]
         self.batch_extra_tokens = extra  # type: ignore[misc]
         self.depth, self.upkeep = depth, upkeep
@@ -63,6 +66,8 @@ class SimDrafter(DrafterBase):
         else:
             self.sim.clock.spend(self.cost[0] + self.cost[1] * n)
         matched = self.sim.chain(self.rate(self.sim.step), n)
+        if not matched and self.empty_misses:
+            return Proposal((), None, self.name)
         start = len(history)
         return Proposal(tuple(range(start, start + matched)) + (-1,) * (n - matched), None, self.name)
 
@@ -74,13 +79,14 @@ class Sim:
     """A controller run against simulated drafters (``rates[name](step)``: true per-position acceptance).
 
     Drafters in ``shadow`` are cheap lookups (proposals 8 deep) the controller asks before planning;
-    ``upkeep`` names draft models whose decode costs are ``points`` (as costly as the target).
+    ``upkeep`` names draft models whose decode costs are ``points`` (as costly as the target); drafters in
+    ``empty_misses`` offer nothing where their first token would miss.
     """
 
     def __init__(self, points: Mapping[int, float], rates: Mapping[str, Callable[[int], float]], *,
                  draft_costs: Mapping[str, tuple[float, float]] | None = None, shadow: tuple[str, ...] = (),
                  upkeep: tuple[str, ...] = (), extra: Mapping[str, int] | None = None, seed: int = 0,
-                 prompt: int = 10, **controller_kw) -> None:
+                 prompt: int = 10, empty_misses: tuple[str, ...] = (), **controller_kw) -> None:
         self.truth = CostModel(points)
         self.clock = SimClock()
         self.rng = random.Random(seed)
@@ -89,7 +95,8 @@ class Sim:
         default = {name: CHEAP_LOOKUP if name in shadow else LOOKUP for name in rates}
         self.drafters = {name: SimDrafter(self, name, rate, cost=(draft_costs or {}).get(name, default[name]),
                                           cheap=name in shadow, extra=(extra or {}).get(name, 0),
-                                          upkeep=CostModel(points) if name in upkeep else None)
+                                          upkeep=CostModel(points) if name in upkeep else None,
+                                          empty_misses=name in empty_misses)
                          for name, rate in rates.items()}
         self.ctl = Controller(CostModel(points), list(self.drafters.values()), clock=self.clock, **controller_kw)
         for name, d in self.drafters.items():

@@ -21,7 +21,7 @@ from controller_sim import (
 
 from localspec.drafting.base import Proposal
 from localspec.errors import InvalidOptionError
-from localspec.policy.controller import LOOKUP_RETIME, LOOKUP_RETIME_MAX, Controller
+from localspec.policy.controller import LOOKUP_RETIME, LOOKUP_RETIME_BACKOFF_MAX, LOOKUP_RETIME_MAX, Controller
 from localspec.policy.costs import CostModel
 from localspec.policy.decision import Decision
 from localspec.policy.estimates import (
@@ -217,10 +217,10 @@ class CountingController(Controller):
 
 
 def test_a_lookup_timed_again_that_finds_nothing_leaves_the_steps_until_its_next_timing_unplanned() -> None:
-    """Nothing to copy, a lookup too slow to ask every step: every LOOKUP_RETIME steps it is asked (timed
-    again, and it would draft a copy it found), and the steps between are plain without a plan, nothing
-    priced (before, the step after each timing priced it at every draft length: 31 lengths, more Python
-    than the rest of a plain step on a fast device)."""
+    """Nothing to copy, a lookup too slow to ask every step: it is asked (timed again, and it would draft a
+    copy it found) after LOOKUP_RETIME steps, then twice as long after each timing that found nothing, and
+    the steps between are plain without a plan, nothing priced (before, the step after each timing priced it
+    at every draft length: 31 lengths, more Python than the rest of a plain step on a fast device)."""
     clock = SimClock()
     lookup = EmptyCostlyLookup(clock)
     ctl = CountingController(CostModel(CPU), [lookup], clock=clock)
@@ -231,7 +231,7 @@ def test_a_lookup_timed_again_that_finds_nothing_leaves_the_steps_until_its_next
         history.append(len(history))
         ctl.observe(step_event((history[-1],), None, 0, 0), history)
     assert ctl.priced <= 1  # (once: the step its estimate first passed 2%, when no timing was due)
-    assert 200 // LOOKUP_RETIME <= lookup.calls <= 200 // LOOKUP_RETIME + 4  # its first few lookups are all timed
+    assert lookup.calls == 6  # steps 0, 1 (the prompt's, not judged), 9, 25, 57, 121 (8, 16, 32, 64 apart; then 128)
     waiting = [r for r in reasons if r.startswith("plain: no drafter has a proposal; paused for ")]
     assert len(waiting) >= 200 - 2 * lookup.calls - 2  # (each pause begins with the plan that timed it)
     assert ctl.costs.draft_ms("ngram", 8) > 0.02 * ctl.costs.plain_ms()  # (what keeps it from every step)
@@ -275,21 +275,49 @@ def test_a_pause_settles_its_steps_whenever_the_stats_are_read() -> None:
 
 
 @pytest.mark.parametrize("lookup_ms", [0.5, 2.0, 20.0])
-def test_a_lookup_timed_again_costs_at_most_its_share(lookup_ms: float) -> None:
+def test_a_lookup_timed_again_costs_at_most_its_share_and_waits_longer_each_time_it_finds_nothing(lookup_ms: float) -> None:
     """A lookup asked only to be timed is asked every LOOKUP_RETIME steps, or as seldom as keeps what those
     steps cost within lookup_share of the plain steps between (2 ms against 2% of a 5.4 ms plain step: one
-    step in 19), at most every LOOKUP_RETIME_MAX steps."""
+    step in 19), at most every LOOKUP_RETIME_MAX steps; each timing in a row that found nothing doubles
+    that, up to LOOKUP_RETIME_BACKOFF_MAX steps. A new text starts it over."""
     clock = SimClock()
     lookup = EmptyCostlyLookup(clock, lookup_ms)
     ctl = Controller(CostModel(CPU), [lookup], clock=clock)
-    asked = asked_each_step(ctl, lookup, 400)
+    asked = asked_each_step(ctl, lookup, 800)
     steps = [i for i, a in enumerate(asked) if a]
-    gaps = [b - a for a, b in zip(steps, steps[1:])][-5:]  # once the estimates settled
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
     every = max(LOOKUP_RETIME, min(LOOKUP_RETIME_MAX, math.ceil(lookup_ms / (0.02 * ctl.costs.plain_ms()))))
-    assert gaps == [every] * 5
     assert every == {0.5: LOOKUP_RETIME, 2.0: 19, 20.0: LOOKUP_RETIME_MAX}[lookup_ms]
-    assert lookup_ms * len(steps[-5:]) / (steps[-1] - steps[-6]) <= max(0.02 * ctl.costs.plain_ms(),
-                                                                        lookup_ms / LOOKUP_RETIME)
+    # steps 0 and 1 (the prompt's lookup, not judged), one timing at LOOKUP_RETIME before the cost of
+    # such a step is known, then doubling from the third timing in a row that found nothing
+    assert gaps[:3] == [1, LOOKUP_RETIME, 2 * LOOKUP_RETIME]
+    assert gaps[3:] == [min(LOOKUP_RETIME_BACKOFF_MAX, every << n) for n in range(2, len(gaps) - 1)]
+    assert gaps[-1] == LOOKUP_RETIME_BACKOFF_MAX
+    assert lookup_ms * 5 / (steps[-1] - steps[-6]) <= max(0.02 * ctl.costs.plain_ms(), lookup_ms / LOOKUP_RETIME)
+    ctl.start([lookup])  # another text: asked at its first step, then at its pace again
+    asked = asked_each_step(ctl, lookup, 3 * LOOKUP_RETIME_MAX)
+    assert asked[0] and asked.index(True, 1) <= 2 * every
+
+
+def test_a_copy_after_a_long_stretch_without_one_is_drafted_within_the_longest_wait() -> None:
+    """A lookup too slow to ask every step finds nothing for 300 steps, then the text starts copying: the
+    timings had backed off to one in LOOKUP_RETIME_BACKOFF_MAX steps; the first that finds the copy brings
+    them back to every LOOKUP_RETIME steps, each scored, and drafting starts once the evidence says it pays
+    (the price of the backoff: a copy noticed up to LOOKUP_RETIME_BACKOFF_MAX tokens late)."""
+    sim = Sim(CPU, {"ngram": lambda t: 0.0 if t < 300 else 1.0}, shadow=("ngram",),
+              draft_costs={"ngram": (0.5, 0.0)}, empty_misses=("ngram",))
+    asked = []
+    for _ in range(700):
+        before = sim.drafters["ngram"].proposals
+        sim.one()
+        asked.append(sim.drafters["ngram"].proposals > before)
+    timed = [i for i in range(300) if asked[i]]
+    assert [b - a for a, b in zip(timed, timed[1:])][-1] == LOOKUP_RETIME_BACKOFF_MAX
+    drafting = next(i for i, d in enumerate(sim.decisions) if d.draft_len)
+    assert 300 <= drafting <= 300 + LOOKUP_RETIME_BACKOFF_MAX + 4 * LOOKUP_RETIME
+    found = [i for i in range(300, drafting) if asked[i]]
+    assert found and all(b - a <= LOOKUP_RETIME for a, b in zip(found, found[1:]))
+    assert sum(d.draft_len > 0 for d in sim.decisions[drafting:]) > 0.9 * (700 - drafting)
 
 
 class SlowController(Controller):
