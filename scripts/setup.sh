@@ -73,8 +73,6 @@ case "${LOCALSPEC_LLAMAFILE:-$([ "$WANT_PATCH" = 1 ] && echo on || echo off)}" i
   off) LLAMAFILE=OFF; WANT_SGEMM=0 ;;
   *) echo "setup.sh: LOCALSPEC_LLAMAFILE must be on or off, not '$LOCALSPEC_LLAMAFILE'" >&2; exit 2 ;;
 esac
-# The patches' code, not their headers: a header is documentation, and editing one rebuilds nothing.
-PATCH_SUM=$(for p in ${PATCHES[@]+"${PATCHES[@]}"}; do sed -n '/^diff --git/,$p' "$p"; done | sha256sum | cut -c1-16)
 # ggml's RPC backend (small): remote rpc-server machines as devices for the target (--rpc, docs/rpc.md).
 BUILD_ARGS="${CMAKE_ARGS:-} -DGGML_LLAMAFILE=$LLAMAFILE -DGGML_RPC=ON"
 # --- CUDA: whether, for which architectures, with which toolkit ---------------------------------
@@ -92,6 +90,13 @@ WANT_CUDA=0
 if [ "$CUDA_MODE" = auto ] && [ -z "$GPU_CAPS" ] && command -v nvidia-smi >/dev/null; then
   echo "setup.sh: nvidia-smi is here but reports no GPU (a driver not loaded yet?): building for the CPU; LOCALSPEC_CUDA=on CUDA_ARCH=89 builds for an RTX 40xx anyway" >&2
 fi
+# Patches to ggml's CUDA backend alone (speed, not results): a CUDA build applies them after the others;
+# a CPU build's sources, wheel and cache key do not change with them.
+if [ "$WANT_CUDA" = 1 ] && [ "$WANT_PATCH" = 1 ]; then
+  PATCHES+=(scripts/llama.cpp-patches/cuda/*.patch)
+fi
+# The patches' code, not their headers: a header is documentation, and editing one rebuilds nothing.
+PATCH_SUM=$(for p in ${PATCHES[@]+"${PATCHES[@]}"}; do sed -n '/^diff --git/,$p' "$p"; done | sha256sum | cut -c1-16)
 CUDA_DESC=""
 if [ "$WANT_CUDA" = 1 ]; then
   ARCHS=${CUDA_ARCH:-$GPU_CAPS}
