@@ -81,7 +81,27 @@ def overhead_lines(overhead: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-def render(results: dict[str, Any], *, commit: str, dry_run: bool, overhead: dict[str, Any] | None = None) -> str:
+def graphs_lines(graphs: dict[str, Any]) -> list[str]:
+    """graphs.py's medians (``benchmarks/gpu/graphs.py --json``) as a section: each decode kind's ms with
+    ggml-cuda's graphs keyed by address (upstream) and by shape (our patch)."""
+    out = ["## CUDA graphs across speculation's shapes (graphs.py)", "",
+           f"{graphs.get('model', '?')}: one-token decodes and batches of k + 1 = {graphs.get('k', 0) + 1} rows, "
+           f"{graphs.get('n')} of each, in a row (steady) and alternating as speculation does; the median ms of "
+           f"each, with ggml-cuda's captured graphs keyed by their first node's address (upstream) and by "
+           f"their shape too (scripts/llama.cpp-patches/cuda/50-cuda-graph-key-by-shape.patch).", "",
+           "| decode | keyed by address (ms) | keyed by shape (ms) | shape / address |", "|---|---|---|---|"]
+    by_address, by_shape = graphs.get("address", {}), graphs.get("shape", {})
+    for name, ms in by_shape.items():
+        old = by_address.get(name)
+        if old is None:
+            out.append(f"| {name} | | {ms:.3f} | |")
+            continue
+        out.append(f"| {name} | {old:.3f} | {ms:.3f} | {ms / old:.2f} |")
+    return out + [""]
+
+
+def render(results: dict[str, Any], *, commit: str, dry_run: bool, overhead: dict[str, Any] | None = None,
+           graphs: dict[str, Any] | None = None) -> str:
     gpus = results.get("device", {}).get("gpus")
     on_gpu = isinstance(gpus, list) and bool(gpus)
     out: list[str] = []
@@ -189,6 +209,8 @@ def render(results: dict[str, Any], *, commit: str, dry_run: bool, overhead: dic
         out.append("")
     if overhead:
         out += overhead_lines(overhead)
+    if graphs:
+        out += graphs_lines(graphs)
     if results.get("errors"):
         out.append("## Errors")
         out.append("")
@@ -199,6 +221,17 @@ def render(results: dict[str, Any], *, commit: str, dry_run: bool, overhead: dic
     return "\n".join(out) + "\n"
 
 
+def _optional(path: Path | None) -> dict[str, Any] | None:
+    """A phase's JSON file, or None where it is missing or unreadable (the report goes on without it)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        print(f"report.py: {path} left out: {err}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path)
@@ -206,19 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", default="")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--step-overhead", type=Path, help="bench_step_overhead.py's --json (left out when missing)")
+    p.add_argument("--graphs", type=Path, help="graphs.py's --json (left out when missing)")
     args = p.parse_args(argv)
     try:
         results = json.loads(args.results.read_text())
     except (OSError, ValueError) as err:
         print(f"report.py: error: cannot read {args.results}: {err}", file=sys.stderr)
         return 2
-    overhead = None
-    if args.step_overhead is not None and args.step_overhead.is_file():
-        try:
-            overhead = json.loads(args.step_overhead.read_text())
-        except ValueError as err:
-            print(f"report.py: {args.step_overhead} left out: {err}", file=sys.stderr)
-    args.out.write_text(render(results, commit=args.commit, dry_run=args.dry_run, overhead=overhead))
+    overhead, graphs = _optional(args.step_overhead), _optional(args.graphs)
+    args.out.write_text(render(results, commit=args.commit, dry_run=args.dry_run, overhead=overhead, graphs=graphs))
     print(f"wrote {args.out}")
     return 0
 

@@ -7,8 +7,9 @@
 # Nothing is compiled here: the CUDA wheel pack.sh carried is installed (seconds); the random-weight
 # models are written; check.py measures within CHECK_BUDGET (it starts nothing new after it) and is
 # killed at CHECK_LIMIT; report.py writes RESULTS.md. Everything goes to $OUT (default /tmp/gpu-out):
-# run.log, results.json, RESULTS.md, selftest.json, models.log, curve-models.log, step-overhead.json.
-# About 7 minutes in all with the defaults (the step-overhead bench takes at most OVERHEAD_LIMIT, 90 s).
+# run.log, results.json, RESULTS.md, selftest.json, models.log, curve-models.log, step-overhead.json,
+# graphs.json. About 7.5 minutes in all with the defaults (the step-overhead bench takes at most
+# OVERHEAD_LIMIT, 90 s; graphs.py at most GRAPHS_LIMIT, 60 s).
 set -uo pipefail
 
 DRY=0
@@ -106,9 +107,15 @@ say "running bench_step_overhead.py on $(basename "$TARGET")"
 timeout "${OVERHEAD_LIMIT:-90}" $PY benchmarks/bench_step_overhead.py "$TARGET" --gpu-layers -1 $OVERHEAD \
   --json "$OUT/step-overhead.json" || say "bench_step_overhead.py did not finish (exit $?)"
 
+# --- 4c. CUDA graphs across speculation's shapes: ggml-cuda's graphs keyed by address (upstream) or by shape --
+# (benchmarks/gpu/graphs.py: one-token decodes and k + 1 row batches, steady and alternating; ~30 s)
+GRAPHS=$([ $DRY = 1 ] && echo "--n 8" || echo "--n 48")
+say "running graphs.py on $(basename "$TARGET")"
+timeout "${GRAPHS_LIMIT:-60}" $PY benchmarks/gpu/graphs.py "$TARGET" $GRAPHS --json "$OUT/graphs.json" \
+  || say "graphs.py did not finish (exit $?)"
 # --- 5. RESULTS.md --------------------------------------------------------------------------------------
 timeout 120 $PY benchmarks/gpu/report.py "$OUT/results.json" --out "$OUT/RESULTS.md" \
-  --step-overhead "$OUT/step-overhead.json" \
+  --step-overhead "$OUT/step-overhead.json" --graphs "$OUT/graphs.json" \
   --commit "$(head -1 "$PACK/COMMIT" 2>/dev/null)" $([ $DRY = 1 ] && echo --dry-run) || say "report.py failed (rerun it on results.json)"
 rm -f "$MODELS"/curve-*.gguf
 say "done"

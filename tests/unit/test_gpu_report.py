@@ -1,0 +1,38 @@
+"""The GPU check's report (benchmarks/gpu/report.py): the CUDA graphs phase's table, and a phase's file
+that is missing or unreadable left out rather than failing the report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+GPU_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU_DIR))
+
+import report  # noqa: E402
+
+GRAPHS = {"model": "target-8b.gguf", "k": 4, "n": 48,
+          "address": {"one, steady": 3.6, "one, alternating": 4.5},
+          "shape": {"one, steady": 3.6, "one, alternating": 3.7, "batch, alternating": 8.1}}
+
+
+def test_the_graphs_table_sets_each_decode_keyed_by_shape_beside_keyed_by_address() -> None:
+    lines = report.graphs_lines(GRAPHS)
+    assert "| one, steady | 3.600 | 3.600 | 1.00 |" in lines
+    assert "| one, alternating | 4.500 | 3.700 | 0.82 |" in lines
+    assert "| batch, alternating | | 8.100 | |" in lines  # (the address run had no such row)
+    assert any("batches of k + 1 = 5 rows" in line for line in lines)
+
+
+def test_a_missing_or_unreadable_phase_is_left_out(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"device": {"gpus": []}}))
+    bad = tmp_path / "graphs.json"
+    bad.write_text("{not json")
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(GRAPHS))
+    for graphs, shown in ((tmp_path / "none.json", False), (bad, False), (good, True)):
+        out = tmp_path / "RESULTS.md"
+        assert report.main([str(results), "--out", str(out), "--graphs", str(graphs)]) == 0
+        assert ("## CUDA graphs across speculation's shapes" in out.read_text()) is shown
