@@ -11,9 +11,12 @@ scripts/llama.cpp-patches/cuda/50-cuda-graph-key-by-shape.patch):
 ``address`` keys a graph by its first node alone (upstream): in the alternating pattern each change of
 shape resets the one shared graph's warmup, and the decodes run without a graph. ``shape`` (our patch)
 keys it by its shape too. Each decode is timed until the device finished it (``Context.decode``).
-On a CPU (a dry run) there are no graphs and both ways measure the same.
+The processes run in the order address, shape, shape, address (``--rounds`` such pairs): the same decode
+costs a few percent more or less from one process to the next, and the first pays for a cold start; each
+figure is the median over a keying's processes. On a CPU (a dry run) there are no graphs and both ways
+measure the same: what a dry run shows between them is that noise.
 
-    python benchmarks/gpu/graphs.py MODEL.gguf --json graphs.json [--k 4] [--n 48]
+    python benchmarks/gpu/graphs.py MODEL.gguf --json graphs.json [--k 4] [--n 48] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -69,14 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--k", type=int, default=4, help="draft length: verification batches of k + 1 rows")
     ap.add_argument("--n", type=int, default=48, help="decodes of each kind in each pattern")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="pairs of processes for each keying, run address, shape, shape, address")
     ap.add_argument("--gpu-layers", type=int, default=-1)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # (a child process: one keying)
     args = ap.parse_args(argv)
     if args.mode is not None:
         print(json.dumps(measure(args.model, args.k, args.n, args.gpu_layers)))
         return 0
-    results: dict[str, object] = {"model": args.model.name, "k": args.k, "n": args.n}
-    for mode in MODES:
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    order = [mode for _ in range(args.rounds) for mode in MODES + MODES[::-1]]
+    for mode in order:
         env = dict(os.environ, LOCALSPEC_CUDA_GRAPH_KEY=mode)
         run = subprocess.run([sys.executable, __file__, str(args.model), "--mode", mode, "--k", str(args.k),
                               "--n", str(args.n), "--gpu-layers", str(args.gpu_layers)],
@@ -85,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             print(run.stderr[-2000:], file=sys.stderr)
             print(f"graphs.py: the {mode} run failed (exit {run.returncode})", file=sys.stderr)
             return 1
-        results[mode] = json.loads(run.stdout.strip().splitlines()[-1])
+        runs[mode].append(json.loads(run.stdout.strip().splitlines()[-1]))
+    results: dict[str, object] = {"model": args.model.name, "k": args.k, "n": args.n, "processes": len(order)}
+    for mode in MODES:
+        results[mode] = {name: statistics.median(r[name] for r in runs[mode]) for name in runs[mode][0]}
     for name in results["shape"]:  # type: ignore[union-attr]
         row = "  ".join(f"{mode} {results[mode][name]:7.3f} ms" for mode in MODES)  # type: ignore[index]
         print(f"{name:20s} {row}")

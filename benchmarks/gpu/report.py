@@ -88,7 +88,9 @@ def graphs_lines(graphs: dict[str, Any]) -> list[str]:
            f"{graphs.get('model', '?')}: one-token decodes and batches of k + 1 = {graphs.get('k', 0) + 1} rows, "
            f"{graphs.get('n')} of each, in a row (steady) and alternating as speculation does; the median ms of "
            f"each, with ggml-cuda's captured graphs keyed by their first node's address (upstream) and by "
-           f"their shape too (scripts/llama.cpp-patches/cuda/50-cuda-graph-key-by-shape.patch).", "",
+           f"their shape too (scripts/llama.cpp-patches/cuda/50-cuda-graph-key-by-shape.patch); "
+           f"{graphs.get('processes', 2)} processes, in the order address, shape, shape, address. On a CPU "
+           f"there are no graphs: a difference there is the noise between processes.", "",
            "| decode | keyed by address (ms) | keyed by shape (ms) | shape / address |", "|---|---|---|---|"]
     by_address, by_shape = graphs.get("address", {}), graphs.get("shape", {})
     for name, ms in by_shape.items():
