@@ -15,6 +15,7 @@ A signal saves at once, before the terminal (perhaps already gone) is restored.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from pathlib import Path
 
@@ -60,6 +61,12 @@ from localspec_tui.widgets import (
     drafter_colours,
     legend,
 )
+
+SWITCH_INTERVAL_S = 0.0005
+"""The interpreter's thread switch interval while the app runs (Python's default is 5 ms). The reply's
+worker gives up the interpreter in every llama.cpp call and needs it back when the call returns; while the
+UI thread renders, it waits for it up to the switch interval each time. With a decode of a few
+milliseconds (a GPU) the 5 ms default cost the reply ~20% of its speed in the app; see docs/app.md."""
 
 OFF = "off"
 """The drafter choice that turns speculation off (plain decoding)."""
@@ -132,6 +139,7 @@ class LocalspecApp(App[int]):
                                           draft=engine.draft.name if engine.draft is not None else None)
         self.session_lock = session_lock or SessionLock.acquire(self.session.id, history_dir)
         self._notices: list[str] = []  # shown once the app is mounted
+        self._switch_interval = sys.getswitchinterval()  # restored when the app ends
         if system is not None:
             self.session.system = self._valid(system, "the system prompt") or None
         self._clean_session()
@@ -182,6 +190,7 @@ class LocalspecApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.sub_title = self.model_line()
         self.query_one("#chat", VerticalScroll).anchor()
         dashboard = self.query_one(Dashboard)
@@ -577,6 +586,7 @@ class LocalspecApp(App[int]):
             driver.close()  # its writer thread writes what it queued (leaving the alternate screen), then ends
 
     def on_unmount(self) -> None:
+        sys.setswitchinterval(self._switch_interval)
         self.wait_for_engine()
         self.session_lock.release()
         self._exit_signals.release()
