@@ -61,6 +61,7 @@ class Dashboard(VerticalScroll):
         self.legend = legend or Content("")
         self.speed_samples: deque[float] = deque(maxlen=SPEED_SAMPLES)
         self._last_point: tuple[int, float] | None = None  # (tokens, elapsed_s) of the previous update
+        self._shown: dict[str, object] = {}  # each part's last content, by id (see _show)
 
     def compose(self) -> ComposeResult:
         # The headline (speedup) first, so a short terminal still shows it.
@@ -186,9 +187,8 @@ class Dashboard(VerticalScroll):
         s = self.stats
         gamma = ("" if self.drafter == "off" else
                  f"  γ {self.draft_len}" if self.draft_len > 0 else f"  γ auto (≈{self.gamma})")
-        self.query_one("#dash-drafter", Static).update(
-            Content.assemble("drafter ", (self.drafter, "bold"), gamma, "\n", self.legend))
-        self.query_one("#dash-acceptance", Static).update("\n".join([
+        self._show("dash-drafter", Content.assemble("drafter ", (self.drafter, "bold"), gamma, "\n", self.legend))
+        self._show("dash-acceptance", "\n".join([
             f"α accepted      {self.alpha:5.2f}  {s.accepted}/{s.drafted} drafted",
             f"α reached       {self.reached_alpha:5.2f}  "
             f"{sum(s.position_accepted)}/{sum(s.position_drafted)} judged",
@@ -199,19 +199,27 @@ class Dashboard(VerticalScroll):
         ]))
         rows = [f"{i + 1:>2} {bar(a)} {a:4.2f} ({n})"
                 for i, (a, n) in enumerate(zip(s.position_acceptance, s.position_drafted, strict=True))]
-        self.query_one("#dash-positions", Static).update("\n".join(rows) or "no drafts yet")
+        self._show("dash-positions", "\n".join(rows) or "no drafts yet")
         self.query_one("#dash-sparkline", Sparkline).data = list(self.speed_samples)
         speedup = self.speedup
         plain = f"{self.plain_speed:.1f}" if self.plain_speed > 0 else "…"
-        self.query_one("#dash-speed", Static).update(Content.assemble(
+        self._show("dash-speed", Content.assemble(
             ("speedup ", "bold"), ("…" if speedup is None else f"{speedup:.2f}×", "bold"),
             f" over plain decoding\nreply {self.tokens_per_second:.1f} tok/s · plain {plain} tok/s",
         ))
-        self.query_one("#dash-split", Static).update(self._split_content())
+        self._show("dash-split", self._split_content())
         drafters = [f"{d.name:<10} α {d.acceptance_rate:4.2f}  {d.accepted}/{d.drafted} in {d.steps} steps"
                     for d in s.drafters]
-        self.query_one("#dash-drafters", Static).update("\n".join(drafters) or "none used")
-        self.query_one("#dash-control", Static).update(self.control_text)
+        self._show("dash-drafters", "\n".join(drafters) or "none used")
+        self._show("dash-control", self.control_text)
+
+    def _show(self, part: str, content: str | Content) -> None:
+        """Update part ``part`` only when what it shows changed: each update costs the app a render of
+        that part on the UI thread, the thread the reply's decoding shares the interpreter with."""
+        key = content if isinstance(content, str) else (content.plain, tuple(content.spans))
+        if self._shown.get(part) != key:
+            self._shown[part] = key
+            self.query_one(f"#{part}", Static).update(content)
 
     @property
     def control_text(self) -> str:
