@@ -133,6 +133,41 @@ def test_a_new_draft_length_alone_redraws_the_drafter_line() -> None:
     assert "drafter draft  γ 5" in before and "drafter draft  γ 7" in after, after
 
 
+def test_an_update_redraws_only_the_dashboard_parts_whose_text_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each redrawn part costs the UI thread a render, and the reply's decoding waits for that thread."""
+    from dataclasses import replace
+
+    from textual.widgets import Static
+
+    redrawn: list[str | None] = []
+    update = Static.update
+
+    def recording_update(self: Static, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        redrawn.append(self.id)
+        update(self, *args, **kwargs)
+
+    async def go() -> str:
+        app = DashboardApp()
+        async with app.run_test(size=(60, 50)) as pilot:
+            d = app.query_one(Dashboard)
+            d.drafter, d.draft_len, d.plain_tok_s = "draft", 5, 10.0
+            d.begin_reply()
+            d.show_stats(STATS)
+            await pilot.pause()
+            monkeypatch.setattr(Static, "update", recording_update)
+            d.show_stats(STATS)  # the same totals: nothing to redraw
+            assert redrawn == []
+            # four more tokens in one more step, in more time: the speed, τ and the time split change;
+            # the drafter line, the positions, the drafters and the controller do not
+            d.show_stats(replace(STATS, tokens=34, steps=13, elapsed_s=2.0, verify_ms=700.0))
+            await pilot.pause()
+            return svg_text(app.export_screenshot())
+
+    screen = asyncio.run(go())
+    assert sorted(redrawn) == ["dash-acceptance", "dash-speed", "dash-split"], redrawn
+    assert "τ tokens/step    2.62  34 tokens / 13 steps" in screen and "reply 17.0 tok/s" in screen, screen
+
+
 def test_dashboard_before_any_reply_shows_placeholders() -> None:
     async def go() -> str:
         app = DashboardApp()
@@ -329,6 +364,25 @@ def test_the_gpu_plan_shows_in_the_title_and_a_notification(tmp_path: Path) -> N
         assert "plan:" not in plain.model_line()
 
     asyncio.run(go())
+
+
+def test_the_app_runs_with_a_short_switch_interval_and_gives_the_old_one_back(tmp_path: Path) -> None:
+    """The reply's worker waits for the interpreter up to the switch interval each time a llama.cpp call
+    returns while the UI draws (benchmarks/bench_app_overhead.py: 0.77x the engine alone at Python's 5 ms
+    with a GPU-like decode, 0.90x at the app's)."""
+    from localspec_tui.app import SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    assert before != SWITCH_INTERVAL_S
+
+    async def go() -> float:
+        app = LocalspecApp(stub_engine(), GenerateOptions(), history_dir=tmp_path, measure_on_start=False)  # type: ignore[arg-type]
+        async with app.run_test(size=(120, 30)) as pilot:
+            await pilot.pause()
+            return sys.getswitchinterval()
+
+    assert asyncio.run(go()) == pytest.approx(SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == pytest.approx(before)
 
 
 def test_the_header_reports_the_context_llama_cpp_made_and_what_was_asked(tmp_path: Path) -> None:
