@@ -58,15 +58,21 @@ class DashboardApp(App[None]):
         yield Dashboard(id="dashboard")
 
 
+async def showing_stats(app: DashboardApp, pilot) -> Dashboard:  # type: ignore[no-untyped-def]
+    """``app``'s dashboard showing STATS, for a draft model at γ 5, against a plain speed of 10 tok/s."""
+    d = app.query_one(Dashboard)
+    d.drafter, d.draft_len, d.plain_tok_s = "draft", 5, 10.0
+    d.begin_reply()
+    d.show_stats(STATS)
+    await pilot.pause()
+    return d
+
+
 def test_dashboard_shows_the_engine_numbers_and_a_screenshot_has_them() -> None:
     async def go() -> tuple[Dashboard, str]:
         app = DashboardApp()
         async with app.run_test(size=(60, 50)) as pilot:
-            d = app.query_one(Dashboard)
-            d.drafter, d.draft_len, d.plain_tok_s = "draft", 5, 10.0
-            d.begin_reply()
-            d.show_stats(STATS)
-            await pilot.pause()
+            d = await showing_stats(app, pilot)
             return d, svg_text(app.export_screenshot())
 
     d, screen = asyncio.run(go())
@@ -149,11 +155,7 @@ def test_an_update_redraws_only_the_dashboard_parts_whose_text_changed(monkeypat
     async def go() -> str:
         app = DashboardApp()
         async with app.run_test(size=(60, 50)) as pilot:
-            d = app.query_one(Dashboard)
-            d.drafter, d.draft_len, d.plain_tok_s = "draft", 5, 10.0
-            d.begin_reply()
-            d.show_stats(STATS)
-            await pilot.pause()
+            d = await showing_stats(app, pilot)
             monkeypatch.setattr(Static, "update", recording_update)
             d.show_stats(STATS)  # the same totals: nothing to redraw
             assert redrawn == []
