@@ -51,7 +51,7 @@ from localspec_tui.messages import (
     ReplyProgress,
 )
 from localspec_tui.signals import ExitSignals
-from localspec_tui.streaming import measure_plain_speed, stream_reply
+from localspec_tui.streaming import UpdatePace, measure_plain_speed, stream_reply
 from localspec_tui.widgets import (
     MessageBox,
     ReplyView,
@@ -140,6 +140,7 @@ class LocalspecApp(App[int]):
         self.session_lock = session_lock or SessionLock.acquire(self.session.id, history_dir)
         self._notices: list[str] = []  # shown once the app is mounted
         self._switch_interval = sys.getswitchinterval()  # restored when the app ends
+        self.pace = UpdatePace()  # how often the reply's worker posts progress (made anew for each reply)
         if system is not None:
             self.session.system = self._valid(system, "the system prompt") or None
         self._clean_session()
@@ -391,6 +392,7 @@ class LocalspecApp(App[int]):
         dashboard = self.query_one(Dashboard)
         dashboard.drafter = self.drafter
         dashboard.begin_reply()
+        self.pace = UpdatePace()
         self.refresh_bindings()
         self._generate_reply(self._reply_id, self.session.chat_messages(), self.reply_options(),
                              None if self.drafter == OFF else self.drafter, self._cancel)
@@ -408,13 +410,14 @@ class LocalspecApp(App[int]):
                 self.post_message(ReplyFailed(reply_id, error_line(err), ends_reply=True))
                 return
             done = stream_reply(generation, reply_id, self.post_message, drafter=drafter, describe=error_line,
-                                should_stop=lambda: (cancel.is_set() or worker.is_cancelled
+                                pace=self.pace, should_stop=lambda: (cancel.is_set() or worker.is_cancelled
                                                      or self._shutting_down.is_set()))
             self._worker_done = (reply_id, done)  # for leaving before ReplyFinished is handled
 
     def on_reply_progress(self, message: ReplyProgress) -> None:
         if message.reply_id != self._reply_id or self._reply_view is None:
             return
+        self.pace.updated()
         self._reply_view.append(message.pieces)
         self.query_one(Dashboard).show_stats(message.stats)
         if not self._cancel.is_set():  # "stopping…" stays

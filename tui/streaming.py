@@ -29,6 +29,39 @@ from localspec_tui.messages import (
 UPDATE_INTERVAL_S = 0.1
 """At most ~10 UI updates per second: the dashboard cannot be read faster and Textual need not repaint faster."""
 
+DRAW_SHARE = 0.1
+"""The share of a streaming reply's time the app may spend drawing its updates (``UpdatePace``)."""
+
+LONGEST_INTERVAL_S = 0.5
+"""However long an update takes to draw, the reply's text still moves twice a second."""
+
+
+class UpdatePace:
+    """How often the worker posts a reply's progress: every ``UPDATE_INTERVAL_S``, or less often when the
+    app takes longer to draw an update than ``DRAW_SHARE`` of that.
+
+    The app draws on its own thread, and while it draws the reply's worker waits for the interpreter each
+    time a llama.cpp call returns (docs/app.md): drawing a long reply as Markdown took 10-20 ms an update.
+    Made on the UI thread as a reply starts; the app calls ``updated`` on that thread at each update, and
+    the thread's CPU time since the previous one is what drawing an update costs (``drew``). The interval
+    becomes that over ``DRAW_SHARE``, between ``shortest`` and ``LONGEST_INTERVAL_S``, halfway from where it
+    was (one slow update does not halve the pace). The worker reads ``interval_s`` (a float: no lock).
+    """
+
+    def __init__(self, shortest: float = UPDATE_INTERVAL_S) -> None:
+        self.shortest = shortest
+        self.interval_s = shortest
+        self._drawn_at = time.thread_time()
+
+    def updated(self) -> None:
+        now = time.thread_time()
+        self.drew(now - self._drawn_at)
+        self._drawn_at = now
+
+    def drew(self, busy_s: float) -> None:
+        wanted = min(LONGEST_INTERVAL_S, max(self.shortest, busy_s / DRAW_SHARE))
+        self.interval_s = max(self.shortest, (self.interval_s + wanted) / 2)
+
 PLAIN_PROMPT = "Count from one to fifty in words, separated by commas."
 """A prompt with a long, predictable answer, so the baseline run rarely stops early."""
 
@@ -38,8 +71,9 @@ Post = Callable[[Message], object]
 def stream_reply(generation: Generation, reply_id: int, post: Post, *, drafter: str | None,
                  should_stop: Callable[[], bool] = lambda: False,
                  describe: Callable[[Exception], str] = str,
-                 interval_s: float = UPDATE_INTERVAL_S) -> DoneEvent:
-    """Iterate ``generation``, posting ReplyProgress at most every ``interval_s`` and one ReplyFinished.
+                 pace: UpdatePace | None = None) -> DoneEvent:
+    """Iterate ``generation``, posting ReplyProgress at most every ``pace.interval_s`` (``UpdatePace``;
+    ``UPDATE_INTERVAL_S`` without one) and one ReplyFinished.
 
     The first step is posted at once (the user sees the reply start), later
     ones are batched. Every released piece of text is posted before the
@@ -49,6 +83,7 @@ def stream_reply(generation: Generation, reply_id: int, post: Post, *, drafter: 
     ``finish_reason == "error"`` (its partial text kept) and a ReplyFailed
     carrying ``describe(error)``: the app shows it and goes on.
     """
+    pace = pace or UpdatePace()
     pieces: list[Piece] = []
     steps: list[StepEvent] = []
     last_post = float("-inf")
@@ -74,7 +109,7 @@ def stream_reply(generation: Generation, reply_id: int, post: Post, *, drafter: 
                     pieces.append(Piece(event.text, event.drafter))
             elif isinstance(event, StepEvent):
                 steps.append(event)
-                if time.monotonic() - last_post >= interval_s:
+                if time.monotonic() - last_post >= pace.interval_s:
                     flush()
             elif isinstance(event, PrefillEvent):
                 post(PromptProgress(reply_id, event.done, event.total))

@@ -20,7 +20,7 @@ from localspec.history import latest_session
 from localspec_tui.app import LocalspecApp
 from localspec_tui.dashboard import Dashboard, bar, expected_tokens_per_step, tokens_per_step_ceiling
 from localspec_tui.messages import Piece, ReplyFinished, ReplyProgress
-from localspec_tui.streaming import stream_reply
+from localspec_tui.streaming import DRAW_SHARE, LONGEST_INTERVAL_S, UPDATE_INTERVAL_S, UpdatePace, stream_reply
 from localspec_tui.widgets import MessageBox, ReplyView, StatusLine, SystemPromptScreen
 from tui_support import shown_text, stub_engine, svg_text
 
@@ -234,7 +234,8 @@ def test_stream_reply_posts_all_text_before_finishing() -> None:
               TokenEvent(6, "!", None),
               DoneEvent("stop", "Hello world!", (1, 2, 3, 4, 5, 6), GenerationStats(tokens=6))]
     posted: list = []
-    done = stream_reply(FakeGeneration(events), 7, posted.append, drafter="draft", interval_s=3600)  # type: ignore[arg-type]
+    done = stream_reply(FakeGeneration(events), 7, posted.append, drafter="draft",  # type: ignore[arg-type]
+                        pace=UpdatePace(shortest=3600))
     assert done.finish_reason == "stop"
     assert isinstance(posted[-1], ReplyFinished) and posted[-1].done is done and posted[-1].reply_id == 7
     progress = [m for m in posted if isinstance(m, ReplyProgress)]
@@ -244,6 +245,62 @@ def test_stream_reply_posts_all_text_before_finishing() -> None:
     assert progress[1].pieces == (Piece(" world!", None),)
     assert "".join(p.text for m in progress for p in m.pieces) == done.text
     assert sum(len(m.steps) for m in progress) == 2
+
+
+def test_the_update_pace_slows_while_drawing_an_update_takes_more_than_its_share_and_recovers() -> None:
+    pace = UpdatePace()
+    pace.drew(0.2 * DRAW_SHARE * UPDATE_INTERVAL_S)  # cheap to draw: ten a second
+    assert pace.interval_s == UPDATE_INTERVAL_S
+    busy = 3 * DRAW_SHARE * UPDATE_INTERVAL_S  # an update takes 3x its share: a 3x longer interval wanted
+    pace.drew(busy)
+    assert pace.interval_s == pytest.approx(2 * UPDATE_INTERVAL_S)  # halfway there
+    for _ in range(20):
+        pace.drew(busy)
+    assert pace.interval_s == pytest.approx(3 * UPDATE_INTERVAL_S)
+    pace.drew(10.0)  # however slow: still twice a second
+    assert UPDATE_INTERVAL_S < pace.interval_s <= LONGEST_INTERVAL_S
+    for _ in range(20):
+        pace.drew(0.0)
+    assert pace.interval_s == pytest.approx(UPDATE_INTERVAL_S, abs=1e-4)
+
+
+def test_the_app_tells_the_pace_what_each_update_cost_its_thread(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    append = ReplyView.append
+    costs: list[float] = []
+
+    def slow_append(self: ReplyView, pieces) -> None:  # type: ignore[no-untyped-def]
+        start = time.thread_time()
+        while time.thread_time() - start < 0.05:  # 50 ms of this thread's CPU an update
+            pass
+        append(self, pieces)
+
+    def recording_drew(self: UpdatePace, busy_s: float) -> None:
+        costs.append(busy_s)
+        drew(self, busy_s)
+
+    drew = UpdatePace.drew
+    monkeypatch.setattr(UpdatePace, "drew", recording_drew)
+    monkeypatch.setattr(ReplyView, "append", slow_append)
+
+    async def go() -> float:
+        app = LocalspecApp(stub_engine(), GenerateOptions(), history_dir=tmp_path, measure_on_start=False)  # type: ignore[arg-type]
+        async with app.run_test(size=(120, 30)) as pilot:
+            app._reply_id = 7
+            app._reply_view = ReplyView(app.colours)
+            await app.query_one("#chat").mount(app._reply_view)
+            app.pace = UpdatePace()  # (as a reply starts)
+            for _ in range(4):
+                app.post_message(ReplyProgress(7, (Piece("b", None),), (), GenerationStats()))
+                await pilot.pause()
+            return app.pace.interval_s
+
+    interval = asyncio.run(go())
+    # each update is told the thread's time since the one before: from the second on, a slow update's 50 ms
+    assert len(costs) == 4 and all(cost >= 0.05 for cost in costs[1:]), costs
+    assert interval > 0.8 * LONGEST_INTERVAL_S, interval  # 50 ms an update over a 10% share: 0.5 s wanted
 
 
 def test_stream_reply_cancels_when_asked() -> None:
