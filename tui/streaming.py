@@ -60,7 +60,8 @@ class UpdatePace:
 
     def drew(self, busy_s: float) -> None:
         wanted = min(LONGEST_INTERVAL_S, max(self.shortest, busy_s / DRAW_SHARE))
-        self.interval_s = max(self.shortest, (self.interval_s + wanted) / 2)
+        self.interval_s = (self.interval_s + wanted) / 2
+
 
 PLAIN_PROMPT = "Count from one to fifty in words, separated by commas."
 """A prompt with a long, predictable answer, so the baseline run rarely stops early."""
