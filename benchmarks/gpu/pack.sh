@@ -29,7 +29,7 @@ fail() { echo "pack.sh: $*" >&2; exit 1; }
 if [ -z "${WHEEL:-}" ]; then
   # The newest cached build whose record says CUDA with this architecture.
   for dir in $(ls -td "$HOME"/.cache/localspec/wheels/*/ 2>/dev/null); do
-    if grep -q "^cuda: .*sm_[0-9,]*\b$ARCH\b" "$dir/BUILD.txt" 2>/dev/null; then
+    if grep -qE "^cuda: .*sm_([0-9]+,)*$ARCH\b" "$dir/BUILD.txt" 2>/dev/null; then  # sm_90, sm_89,90
       WHEEL=$(ls "$dir"/llama_cpp_python-*.whl 2>/dev/null | head -1); BUILD_TXT=$dir/BUILD.txt; break
     fi
   done
