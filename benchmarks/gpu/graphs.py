@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from variants import VariantFailed, run_variants
 
 MODES = ("address", "shape")
 
@@ -75,26 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="pairs of processes for each keying, run address, shape, shape, address")
     ap.add_argument("--gpu-layers", type=int, default=-1)
-    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # (a child process: one keying)
+    ap.add_argument("--variant", choices=MODES, help=argparse.SUPPRESS)  # (a child process: one keying)
     args = ap.parse_args(argv)
-    if args.mode is not None:
+    if args.variant is not None:
         print(json.dumps(measure(args.model, args.k, args.n, args.gpu_layers)))
         return 0
-    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
-    order = [mode for _ in range(args.rounds) for mode in MODES + MODES[::-1]]
-    for mode in order:
-        env = dict(os.environ, LOCALSPEC_CUDA_GRAPH_KEY=mode)
-        run = subprocess.run([sys.executable, __file__, str(args.model), "--mode", mode, "--k", str(args.k),
-                              "--n", str(args.n), "--gpu-layers", str(args.gpu_layers)],
-                             env=env, capture_output=True, text=True)
-        if run.returncode != 0:
-            print(run.stderr[-2000:], file=sys.stderr)
-            print(f"graphs.py: the {mode} run failed (exit {run.returncode})", file=sys.stderr)
-            return 1
-        runs[mode].append(json.loads(run.stdout.strip().splitlines()[-1]))
-    results: dict[str, object] = {"model": args.model.name, "k": args.k, "n": args.n, "processes": len(order)}
-    for mode in MODES:
-        results[mode] = {name: statistics.median(r[name] for r in runs[mode]) for name in runs[mode][0]}
+    child = [str(args.model), "--k", str(args.k), "--n", str(args.n), "--gpu-layers", str(args.gpu_layers)]
+    try:
+        medians, processes = run_variants(__file__, child, "LOCALSPEC_CUDA_GRAPH_KEY", {m: m for m in MODES},
+                                          args.rounds)
+    except VariantFailed as err:
+        print(f"graphs.py: {err}", file=sys.stderr)
+        return 1
+    results: dict[str, object] = {"model": args.model.name, "k": args.k, "n": args.n, "processes": processes,
+                                  **medians}
     for name in results["shape"]:  # type: ignore[union-attr]
         row = "  ".join(f"{mode} {results[mode][name]:7.3f} ms" for mode in MODES)  # type: ignore[index]
         print(f"{name:20s} {row}")
