@@ -102,8 +102,32 @@ def graphs_lines(graphs: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def kernels_lines(kernels: dict[str, Any]) -> list[str]:
+    """kernels.py's medians (``benchmarks/gpu/kernels.py --json``) as a section: a verification batch's ms
+    and its ratio to a one-token decode for each k, with ggml's kernel choice and with MMQ from 2 columns."""
+    stock, mmq = kernels.get("stock", {}), kernels.get("mmq", {})
+    out = ["## Which kernels make a verification batch cheap (kernels.py)", "",
+           f"{kernels.get('model', '?')}: a batch of k rows with logits for each, after a 256-token prompt, "
+           f"{kernels.get('n')} of each size in a row; the median ms, with ggml-cuda's own choice of matmul "
+           f"kernels (stock: matrix-vector kernels up to 8 columns on Hopper) and with MMQ from 2 columns "
+           f"(LOCALSPEC_CUDA_MMVQ_COLS=1, scripts/llama.cpp-patches/cuda/60-cuda-mmvq-columns-switch.patch); "
+           f"{kernels.get('processes', 2)} processes, in the order stock, mmq, mmq, stock. On a CPU the switch "
+           f"changes nothing: a difference there is the noise between processes.", "",
+           "| k | stock (ms) | × k = 1 | MMQ from 2 (ms) | × k = 1 | MMQ / stock |", "|---|---|---|---|---|---|"]
+    one_stock, one_mmq = stock.get("1"), mmq.get("1")
+    for k, ms in stock.items():
+        other = mmq.get(k)
+        ratio = f"{ms / one_stock:.2f}" if one_stock else ""
+        if other is None:
+            out.append(f"| {k} | {ms:.3f} | {ratio} | | | |")
+            continue
+        other_ratio = f"{other / one_mmq:.2f}" if one_mmq else ""
+        out.append(f"| {k} | {ms:.3f} | {ratio} | {other:.3f} | {other_ratio} | {other / ms:.2f} |")
+    return out + [""]
+
+
 def render(results: dict[str, Any], *, commit: str, dry_run: bool, overhead: dict[str, Any] | None = None,
-           graphs: dict[str, Any] | None = None) -> str:
+           graphs: dict[str, Any] | None = None, kernels: dict[str, Any] | None = None) -> str:
     gpus = results.get("device", {}).get("gpus")
     on_gpu = isinstance(gpus, list) and bool(gpus)
     out: list[str] = []
@@ -213,6 +237,8 @@ def render(results: dict[str, Any], *, commit: str, dry_run: bool, overhead: dic
         out += overhead_lines(overhead)
     if graphs:
         out += graphs_lines(graphs)
+    if kernels:
+        out += kernels_lines(kernels)
     if results.get("errors"):
         out.append("## Errors")
         out.append("")
@@ -242,14 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--step-overhead", type=Path, help="bench_step_overhead.py's --json (left out when missing)")
     p.add_argument("--graphs", type=Path, help="graphs.py's --json (left out when missing)")
+    p.add_argument("--kernels", type=Path, help="kernels.py's --json (left out when missing)")
     args = p.parse_args(argv)
     try:
         results = json.loads(args.results.read_text())
     except (OSError, ValueError) as err:
         print(f"report.py: error: cannot read {args.results}: {err}", file=sys.stderr)
         return 2
-    overhead, graphs = _optional(args.step_overhead), _optional(args.graphs)
-    args.out.write_text(render(results, commit=args.commit, dry_run=args.dry_run, overhead=overhead, graphs=graphs))
+    overhead, graphs, kernels = _optional(args.step_overhead), _optional(args.graphs), _optional(args.kernels)
+    args.out.write_text(render(results, commit=args.commit, dry_run=args.dry_run, overhead=overhead, graphs=graphs,
+                               kernels=kernels))
     print(f"wrote {args.out}")
     return 0
 

@@ -8,16 +8,16 @@
 # models are written; check.py measures within CHECK_BUDGET (it starts nothing new after it) and is
 # killed at CHECK_LIMIT; report.py writes RESULTS.md. Everything goes to $OUT (default /tmp/gpu-out):
 # run.log, results.json, RESULTS.md, selftest.json, models.log, curve-models.log, step-overhead.json,
-# graphs.json. About 7.5 minutes in all with the defaults (the step-overhead bench takes at most
-# OVERHEAD_LIMIT, 90 s; graphs.py at most GRAPHS_LIMIT, 60 s).
+# graphs.json, kernels.json. About 7.5 minutes in all with the defaults (the step-overhead bench takes at
+# most OVERHEAD_LIMIT, 90 s; graphs.py at most GRAPHS_LIMIT, 60 s; kernels.py at most KERNELS_LIMIT, 45 s).
 set -uo pipefail
 
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 OUT=${OUT:-$([ $DRY = 1 ] && echo /tmp/gpu-dry || echo /tmp/gpu-out)}
 WORKDIR=${GPU_WORKDIR:-/tmp/localspec-gpu}
-CHECK_BUDGET=${CHECK_BUDGET:-$([ $DRY = 1 ] && echo 150 || echo 230)}   # seconds: no new measurement after
-CHECK_LIMIT=${CHECK_LIMIT:-$([ $DRY = 1 ] && echo 300 || echo 330)}    # ... and killed after this
+CHECK_BUDGET=${CHECK_BUDGET:-$([ $DRY = 1 ] && echo 150 || echo 200)}   # seconds: no new measurement after
+CHECK_LIMIT=${CHECK_LIMIT:-$([ $DRY = 1 ] && echo 300 || echo 300)}    # ... and killed after this
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PACK=$ROOT/.gpu
 SITE=$WORKDIR/site
@@ -113,9 +113,16 @@ GRAPHS=$([ $DRY = 1 ] && echo "--n 8" || echo "--n 48")
 say "running graphs.py on $(basename "$TARGET")"
 timeout "${GRAPHS_LIMIT:-60}" $PY benchmarks/gpu/graphs.py "$TARGET" $GRAPHS --json "$OUT/graphs.json" \
   || say "graphs.py did not finish (exit $?)"
+
+# --- 4d. which matmul kernels make a verification batch cheap: ggml's choice against MMQ from 2 columns ---
+# (benchmarks/gpu/kernels.py, LOCALSPEC_CUDA_MMVQ_COLS; batches of 1-16 rows, four processes; ~25 s; #40)
+KERNELS=$([ $DRY = 1 ] && echo "--n 6" || echo "--n 16")
+say "running kernels.py on $(basename "$TARGET")"
+timeout "${KERNELS_LIMIT:-45}" $PY benchmarks/gpu/kernels.py "$TARGET" $KERNELS --json "$OUT/kernels.json" \
+  || say "kernels.py did not finish (exit $?)"
 # --- 5. RESULTS.md --------------------------------------------------------------------------------------
 timeout 120 $PY benchmarks/gpu/report.py "$OUT/results.json" --out "$OUT/RESULTS.md" \
-  --step-overhead "$OUT/step-overhead.json" --graphs "$OUT/graphs.json" \
+  --step-overhead "$OUT/step-overhead.json" --graphs "$OUT/graphs.json" --kernels "$OUT/kernels.json" \
   --commit "$(head -1 "$PACK/COMMIT" 2>/dev/null)" $([ $DRY = 1 ] && echo --dry-run) || say "report.py failed (rerun it on results.json)"
 rm -f "$MODELS"/curve-*.gguf
 say "done"

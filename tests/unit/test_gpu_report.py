@@ -1,5 +1,5 @@
-"""The GPU check's report (benchmarks/gpu/report.py): the CUDA graphs phase's table, and a phase's file
-that is missing or unreadable left out rather than failing the report."""
+"""The GPU check's report (benchmarks/gpu/report.py): the CUDA graphs and kernel phases' tables, and a
+phase's file that is missing or unreadable left out rather than failing the report."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ def test_the_graphs_table_sets_each_decode_keyed_by_shape_beside_keyed_by_addres
     assert "| one, alternating | 4.500 | 3.700 | 0.82 |" in lines
     assert "| batch, alternating | | 8.100 | |" in lines  # (the address run had no such row)
     assert any("batches of k + 1 = 5 rows" in line for line in lines)
+
+
+KERNELS = {"model": "target-8b.gguf", "n": 16, "processes": 4,
+           "stock": {"1": 3.74, "4": 5.94, "8": 8.73}, "mmq": {"1": 3.70, "4": 4.44, "16": 5.2}}
+
+
+def test_the_kernels_table_sets_each_batch_with_mmq_beside_ggmls_choice() -> None:
+    lines = report.kernels_lines(KERNELS)
+    assert "| 1 | 3.740 | 1.00 | 3.700 | 1.00 | 0.99 |" in lines
+    assert "| 4 | 5.940 | 1.59 | 4.440 | 1.20 | 0.75 |" in lines
+    assert "| 8 | 8.730 | 2.33 | | | |" in lines  # (the mmq runs had no such size)
+    assert any("4 processes, in the order stock, mmq, mmq, stock" in line for line in lines)
 
 
 def test_a_missing_or_unreadable_phase_is_left_out(tmp_path: Path) -> None:
