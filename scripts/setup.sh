@@ -90,8 +90,9 @@ WANT_CUDA=0
 if [ "$CUDA_MODE" = auto ] && [ -z "$GPU_CAPS" ] && command -v nvidia-smi >/dev/null; then
   echo "setup.sh: nvidia-smi is here but reports no GPU (a driver not loaded yet?): building for the CPU; LOCALSPEC_CUDA=on CUDA_ARCH=89 builds for an RTX 40xx anyway" >&2
 fi
-# Patches to ggml's CUDA backend alone (speed, not results): a CUDA build applies them after the others;
-# a CPU build's sources, wheel and cache key do not change with them.
+# Patches to ggml's CUDA backend alone: a CUDA build applies them after the others; a CPU build's sources,
+# wheel and cache key do not change with them. 50: CUDA graphs keyed by shape too (speed, not results);
+# 60: LOCALSPEC_CUDA_MMVQ_COLS, a switch to measure the matmul kernels of small batches (nothing unless set).
 if [ "$WANT_CUDA" = 1 ] && [ "$WANT_PATCH" = 1 ]; then
   PATCHES+=(scripts/llama.cpp-patches/cuda/*.patch)
 fi
