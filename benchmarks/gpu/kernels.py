@@ -10,8 +10,10 @@ scripts/llama.cpp-patches/cuda/60-cuda-mmvq-columns-switch.patch adds ``LOCALSPE
 processes of its own (``variants.py``: stock, mmq, mmq, stock, medians), so this gives both kernel
 families' cost at every k from 2 to 8, and where MMQ should start follows. Each batch is timed until
 the device finished it (``Context.decode``), after a 256-token prompt, steady (the same k in a row,
-its CUDA graph warm), logits for every row as a verification asks. On a CPU (a dry run) the switch
-changes nothing and the two settings measure the same.
+its CUDA graph warm), logits for every row as a verification asks. Then, under each setting, how far
+each row of a batch of 2, 4, 8 and 16 is from the same row decoded alone (check.py's batch_vs_single:
+the largest logit difference, the rows whose top token differs; #40 item 4's comparison with the switch
+on and off). On a CPU (a dry run) the switch changes nothing and the two settings measure the same.
 
     python benchmarks/gpu/kernels.py MODEL.gguf --json kernels.json [--n 16] [--rounds 1]
 """
@@ -28,11 +30,15 @@ from pathlib import Path
 from variants import VariantFailed, run_variants
 
 KS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
+EXACT_SIZES = (2, 4, 8, 16)
 SETTINGS = {"stock": None, "mmq": "1"}  # LOCALSPEC_CUDA_MMVQ_COLS: unset (ggml's choice), MMQ from 2 columns
 
 
 def measure(model_path: Path, n: int, gpu_layers: int) -> dict[str, float]:
-    """Median ms of a batch of k rows for each k in KS, on one context (this process's kernel choice)."""
+    """Median ms of a batch of k rows for each k in KS (keyed "k"), on one context (this process's kernel
+    choice); then each exactness size b's largest difference from one-token decodes ("max_diff b") and
+    its rows whose top token differs ("top_differs b")."""
+    from check import batch_vs_single
     from localspec.backend import Context, Model
 
     model = Model(model_path, n_gpu_layers=gpu_layers)
@@ -53,6 +59,10 @@ def measure(model_path: Path, n: int, gpu_layers: int) -> dict[str, float]:
             ctx.rollback_to(len(prompt))  # (every batch rejected: the next one sits where this one did)
         skip = min(4, n // 4)  # warm-up: a graph is captured on its second identical call
         out[str(k)] = statistics.median(times[skip:])
+    ctx.close()
+    exact = batch_vs_single(model, prompt[:64], EXACT_SIZES)
+    for b, row in exact["by_batch"].items():
+        out[f"max_diff {b}"], out[f"top_differs {b}"] = row["max_diff"], row["top_token_differs"]
     return out
 
 

@@ -116,6 +116,8 @@ def kernels_lines(kernels: dict[str, Any]) -> list[str]:
            "| k | stock (ms) | × k = 1 | MMQ from 2 (ms) | × k = 1 | MMQ / stock |", "|---|---|---|---|---|---|"]
     one_stock, one_mmq = stock.get("1"), mmq.get("1")
     for k, ms in stock.items():
+        if not k.isdigit():
+            continue
         other = mmq.get(k)
         ratio = f"{ms / one_stock:.2f}" if one_stock else ""
         if other is None:
@@ -123,6 +125,15 @@ def kernels_lines(kernels: dict[str, Any]) -> list[str]:
             continue
         other_ratio = f"{other / one_mmq:.2f}" if one_mmq else ""
         out.append(f"| {k} | {ms:.3f} | {ratio} | {other:.3f} | {other_ratio} | {other / ms:.2f} |")
+    sizes = [key.split()[1] for key in stock if key.startswith("max_diff ")]
+    if sizes:
+        out += ["", "Each row of a batch against the same row decoded alone (the largest logit difference; the rows "
+                    "whose top token differs):", "",
+                "| rows | stock: max diff | top differs | MMQ from 2: max diff | top differs |", "|---|---|---|---|---|"]
+        for b in sizes:
+            cells = [f"{side.get(f'max_diff {b}', float('nan')):.4g} | {side.get(f'top_differs {b}', float('nan')):g}"
+                     for side in (stock, mmq)]
+            out.append(f"| {b} | {cells[0]} | {cells[1]} |")
     return out + [""]
 
 

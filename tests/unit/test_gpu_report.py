@@ -26,7 +26,8 @@ def test_the_graphs_table_sets_each_decode_keyed_by_shape_beside_keyed_by_addres
 
 
 KERNELS = {"model": "target-8b.gguf", "n": 16, "processes": 4,
-           "stock": {"1": 3.74, "4": 5.94, "8": 8.73}, "mmq": {"1": 3.70, "4": 4.44, "16": 5.2}}
+           "stock": {"1": 3.74, "4": 5.94, "8": 8.73, "max_diff 4": 0.0, "top_differs 4": 0},
+           "mmq": {"1": 3.70, "4": 4.44, "16": 5.2, "max_diff 4": 1.25, "top_differs 4": 1}}
 
 
 def test_the_kernels_table_sets_each_batch_with_mmq_beside_ggmls_choice() -> None:
@@ -35,6 +36,8 @@ def test_the_kernels_table_sets_each_batch_with_mmq_beside_ggmls_choice() -> Non
     assert "| 4 | 5.940 | 1.59 | 4.440 | 1.20 | 0.75 |" in lines
     assert "| 8 | 8.730 | 2.33 | | | |" in lines  # (the mmq runs had no such size)
     assert any("4 processes, in the order stock, mmq, mmq, stock" in line for line in lines)
+    assert "| 4 | 0 | 0 | 1.25 | 1 |" in lines  # each batch row against the same row decoded alone
+    assert not any(line.startswith("| max_diff") for line in lines)
 
 
 def test_a_missing_or_unreadable_phase_is_left_out(tmp_path: Path) -> None:
