@@ -28,7 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from variants import VariantFailed, run_variants
+from variants import run_variants
 
 MODES = ("address", "shape")
 
@@ -81,12 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.model, args.k, args.n, args.gpu_layers)))
         return 0
     child = [str(args.model), "--k", str(args.k), "--n", str(args.n), "--gpu-layers", str(args.gpu_layers)]
-    try:
-        medians, processes = run_variants(__file__, child, "LOCALSPEC_CUDA_GRAPH_KEY", {m: m for m in MODES},
-                                          args.rounds)
-    except VariantFailed as err:
-        print(f"graphs.py: {err}", file=sys.stderr)
+    done = run_variants(__file__, child, "LOCALSPEC_CUDA_GRAPH_KEY", {m: m for m in MODES}, args.rounds)
+    if done is None:
         return 1
+    medians, processes = done
     results: dict[str, object] = {"model": args.model.name, "k": args.k, "n": args.n, "processes": processes,
                                   **medians}
     for name in results["shape"]:  # type: ignore[union-attr]

@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from variants import VariantFailed, run_variants
+from variants import run_variants
 
 KS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
 EXACT_SIZES = (2, 4, 8, 16)
@@ -79,11 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.model, args.n, args.gpu_layers)))
         return 0
     child = [str(args.model), "--n", str(args.n), "--gpu-layers", str(args.gpu_layers)]
-    try:
-        medians, processes = run_variants(__file__, child, "LOCALSPEC_CUDA_MMVQ_COLS", SETTINGS, args.rounds)
-    except VariantFailed as err:
-        print(f"kernels.py: {err}", file=sys.stderr)
+    done = run_variants(__file__, child, "LOCALSPEC_CUDA_MMVQ_COLS", SETTINGS, args.rounds)
+    if done is None:
         return 1
+    medians, processes = done
     results = {"model": args.model.name, "n": args.n, "processes": processes, **medians}
     for k in map(str, KS):
         row = "  ".join(f"{name} {medians[name][k]:7.3f} ms ({medians[name][k] / medians[name]['1']:.2f}x)"

@@ -15,15 +15,12 @@ import sys
 from typing import Sequence
 
 
-class VariantFailed(RuntimeError):
-    """A child process failed: its message names the setting and the exit code."""
-
-
 def run_variants(script: str, args: Sequence[str], variable: str, settings: dict[str, str | None],
-                 rounds: int = 1) -> tuple[dict[str, dict[str, float]], int]:
+                 rounds: int = 1) -> tuple[dict[str, dict[str, float]], int] | None:
     """Run ``python script *args --variant NAME`` once a sweep for each of ``settings`` (name -> the
     value of ``variable``, None: unset), each printing one JSON object of figures as its last line.
-    Returns (each setting's median figures, the number of processes run)."""
+    Returns (each setting's median figures, the number of processes run); None when a process failed
+    (its error's tail and one line naming the setting are printed)."""
     names = list(settings)
     order = [name for _ in range(rounds) for name in names + names[::-1]]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
@@ -36,7 +33,8 @@ def run_variants(script: str, args: Sequence[str], variable: str, settings: dict
                              text=True)
         if run.returncode != 0:
             print(run.stderr[-2000:], file=sys.stderr)
-            raise VariantFailed(f"the {name} run failed (exit {run.returncode})")
+            print(f"{os.path.basename(script)}: the {name} run failed (exit {run.returncode})", file=sys.stderr)
+            return None
         runs[name].append(json.loads(run.stdout.strip().splitlines()[-1]))
     medians = {name: {key: statistics.median(r[key] for r in runs[name]) for key in runs[name][0]}
                for name in names}

@@ -1,0 +1,47 @@
+"""benchmarks/gpu/variants.py: each setting of a once-per-process switch in processes of its own, in the
+order a, b, b, a, with the switch set (or unset) for each; medians per setting; a failed process named."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU_DIR))
+
+from variants import run_variants  # noqa: E402
+
+CHILD = """
+import json, os, sys
+log, variant = sys.argv[1], sys.argv[sys.argv.index("--variant") + 1]
+with open(log, "a") as f:
+    runs = sum(1 for _ in open(log)) if os.path.exists(log) else 0
+    f.write(variant + "=" + os.environ.get("SWITCH", "<unset>") + "\\n")
+if variant == "broken":
+    sys.exit("no device")
+print("some output first")
+print(json.dumps({"ms": 10.0 * (runs + 1), "setting": len(os.environ.get("SWITCH", ""))}))
+"""
+
+
+def test_settings_run_in_order_with_the_switch_set_or_unset_and_medians_per_setting(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    script, log = tmp_path / "child.py", tmp_path / "runs.log"
+    script.write_text(CHILD)
+    monkeypatch.setenv("SWITCH", "left over from the caller")
+    medians, processes = run_variants(str(script), [str(log)], "SWITCH", {"stock": None, "mmq": "1"}, rounds=2)
+    assert processes == 8
+    assert log.read_text().split() == ["stock=<unset>", "mmq=1", "mmq=1", "stock=<unset>"] * 2
+    assert medians["stock"] == {"ms": 45.0, "setting": 0}  # runs 1, 4, 5, 8: 10, 40, 50, 80 ms
+    assert medians["mmq"] == {"ms": 45.0, "setting": 1}  # runs 2, 3, 6, 7
+
+
+def test_a_failed_process_is_named_and_nothing_is_returned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script, log = tmp_path / "child.py", tmp_path / "runs.log"
+    script.write_text(CHILD)
+    assert run_variants(str(script), [str(log)], "SWITCH", {"stock": None, "broken": "x"}) is None
+    err = capsys.readouterr().err
+    assert "no device" in err and "child.py: the broken run failed (exit 1)" in err
+    assert log.read_text().split() == ["stock=<unset>", "broken=x"]  # it stopped at the failure
