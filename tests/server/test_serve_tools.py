@@ -8,7 +8,6 @@ on SmolLM2.)"""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Iterator
 
 import openai
