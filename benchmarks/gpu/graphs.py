@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.model, args.k, args.n, args.gpu_layers)))
         return 0
     child = [str(args.model), "--k", str(args.k), "--n", str(args.n), "--gpu-layers", str(args.gpu_layers)]
-    done = run_variants(__file__, child, "LOCALSPEC_CUDA_GRAPH_KEY", {m: m for m in MODES}, args.rounds)
+    done = run_variants(__file__, child, {m: {"LOCALSPEC_CUDA_GRAPH_KEY": m} for m in MODES}, args.rounds)
     if done is None:
         return 1
     medians, processes = done

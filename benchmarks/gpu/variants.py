@@ -1,4 +1,4 @@
-"""One measurement under each setting of a switch that a llama.cpp build reads once per process (our CUDA
+"""One measurement under each setting of switches that a llama.cpp build reads once per process (our CUDA
 patches' ``LOCALSPEC_CUDA_*`` variables): each setting in processes of its own, run in the order
 a, b, ..., b, a (``rounds`` such sweeps), since the same decode costs a few percent more or less from one
 process to the next and the first process pays for a cold start; the figures are medians over each
@@ -15,20 +15,20 @@ import sys
 from typing import Sequence
 
 
-def run_variants(script: str, args: Sequence[str], variable: str, settings: dict[str, str | None],
+def run_variants(script: str, args: Sequence[str], settings: dict[str, dict[str, str]],
                  rounds: int = 1) -> tuple[dict[str, dict[str, float]], int] | None:
     """Run ``python script *args --variant NAME`` once a sweep for each of ``settings`` (name -> the
-    value of ``variable``, None: unset), each printing one JSON object of figures as its last line.
-    Returns (each setting's median figures, the number of processes run); None when a process failed
-    (its error's tail and one line naming the setting are printed)."""
+    switches it sets, ``{variable: value}``; a variable some setting names is unset in every other
+    one), each printing one JSON object of figures as its last line. Returns (each setting's median
+    figures, the number of processes run); None when a process failed (its error's tail and one line
+    naming the setting are printed)."""
     names = list(settings)
+    variables = {variable for switches in settings.values() for variable in switches}
     order = [name for _ in range(rounds) for name in names + names[::-1]]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for name in order:
-        env = dict(os.environ)
-        env.pop(variable, None)
-        if settings[name] is not None:
-            env[variable] = str(settings[name])
+        env = {key: value for key, value in os.environ.items() if key not in variables}
+        env.update(settings[name])
         run = subprocess.run([sys.executable, script, *args, "--variant", name], env=env, capture_output=True,
                              text=True)
         if run.returncode != 0:

@@ -1,5 +1,5 @@
-"""benchmarks/gpu/variants.py: each setting of a once-per-process switch in processes of its own, in the
-order a, b, b, a, with the switch set (or unset) for each; medians per setting; a failed process named."""
+"""benchmarks/gpu/variants.py: each setting of once-per-process switches in processes of its own, in the
+order a, b, b, a, with its switches set and the others' unset; medians per setting; a failed process named."""
 
 from __future__ import annotations
 
@@ -31,17 +31,31 @@ def test_settings_run_in_order_with_the_switch_set_or_unset_and_medians_per_sett
     script, log = tmp_path / "child.py", tmp_path / "runs.log"
     script.write_text(CHILD)
     monkeypatch.setenv("SWITCH", "left over from the caller")
-    medians, processes = run_variants(str(script), [str(log)], "SWITCH", {"stock": None, "mmq": "1"}, rounds=2)
+    medians, processes = run_variants(str(script), [str(log)], {"stock": {}, "mmq": {"SWITCH": "1"}}, rounds=2)
     assert processes == 8
     assert log.read_text().split() == ["stock=<unset>", "mmq=1", "mmq=1", "stock=<unset>"] * 2
     assert medians["stock"] == {"ms": 45.0, "setting": 0}  # runs 1, 4, 5, 8: 10, 40, 50, 80 ms
     assert medians["mmq"] == {"ms": 45.0, "setting": 1}  # runs 2, 3, 6, 7
 
 
+def test_each_setting_sets_its_own_switches_and_unsets_the_others(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    script, log = tmp_path / "child.py", tmp_path / "runs.log"
+    script.write_text(CHILD.replace('os.environ.get("SWITCH", "<unset>")',
+                                    'os.environ.get("SWITCH", "<unset>") + "," + os.environ.get("OTHER", "<unset>")'))
+    monkeypatch.setenv("SWITCH", "left over")
+    monkeypatch.setenv("OTHER", "left over")
+    _, processes = run_variants(str(script), [str(log)], {"stock": {}, "mmq": {"SWITCH": "1"},
+                                                          "invariant": {"OTHER": "1"}})
+    assert processes == 6
+    assert log.read_text().split() == ["stock=<unset>,<unset>", "mmq=1,<unset>", "invariant=<unset>,1",
+                                       "invariant=<unset>,1", "mmq=1,<unset>", "stock=<unset>,<unset>"]
+
+
 def test_a_failed_process_is_named_and_nothing_is_returned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script, log = tmp_path / "child.py", tmp_path / "runs.log"
     script.write_text(CHILD)
-    assert run_variants(str(script), [str(log)], "SWITCH", {"stock": None, "broken": "x"}) is None
+    assert run_variants(str(script), [str(log)], {"stock": {}, "broken": {"SWITCH": "x"}}) is None
     err = capsys.readouterr().err
     assert "no device" in err and "child.py: the broken run failed (exit 1)" in err
     assert log.read_text().split() == ["stock=<unset>", "broken=x"]  # it stopped at the failure
