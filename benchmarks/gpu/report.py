@@ -102,38 +102,51 @@ def graphs_lines(graphs: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+# kernels.py's settings, in its order, as the tables name them
+KERNEL_SETTINGS = {"stock": "stock", "mmq": "MMQ from 2", "invariant": "batch-invariant"}
+
+
 def kernels_lines(kernels: dict[str, Any]) -> list[str]:
     """kernels.py's medians (``benchmarks/gpu/kernels.py --json``) as a section: a verification batch's ms
-    and its ratio to a one-token decode for each k, with ggml's kernel choice and with MMQ from 2 columns."""
-    stock, mmq = kernels.get("stock", {}), kernels.get("mmq", {})
-    out = ["## Which kernels make a verification batch cheap (kernels.py)", "",
+    and its ratio to a one-token decode for each k under each setting (ggml's kernel choice, MMQ from 2
+    columns, the batch-invariant switch; a setting the file lacks is left out), each beside stock; then
+    each setting's batch rows against the same rows decoded alone."""
+    names = [name for name in KERNEL_SETTINGS if isinstance(kernels.get(name), dict)]
+    order = ", ".join(names + names[::-1])
+    out = ["## Which kernels make a verification batch cheap, and which keep it exact (kernels.py)", "",
            f"{kernels.get('model', '?')}: a batch of k rows with logits for each, after a 256-token prompt, "
            f"{kernels.get('n')} of each size in a row; the median ms, with ggml-cuda's own choice of matmul "
-           f"kernels (stock: matrix-vector kernels up to 8 columns on Hopper) and with MMQ from 2 columns "
-           f"(LOCALSPEC_CUDA_MMVQ_COLS=1, scripts/llama.cpp-patches/cuda/60-cuda-mmvq-columns-switch.patch); "
-           f"{kernels.get('processes', 2)} processes, in the order stock, mmq, mmq, stock. On a CPU the switch "
-           f"changes nothing: a difference there is the noise between processes.", "",
-           "| k | stock (ms) | × k = 1 | MMQ from 2 (ms) | × k = 1 | MMQ / stock |", "|---|---|---|---|---|---|"]
-    one_stock, one_mmq = stock.get("1"), mmq.get("1")
-    for k, ms in stock.items():
-        if not k.isdigit():
-            continue
-        other = mmq.get(k)
-        ratio = f"{ms / one_stock:.2f}" if one_stock else ""
-        if other is None:
-            out.append(f"| {k} | {ms:.3f} | {ratio} | | | |")
-            continue
-        other_ratio = f"{other / one_mmq:.2f}" if one_mmq else ""
-        out.append(f"| {k} | {ms:.3f} | {ratio} | {other:.3f} | {other_ratio} | {other / ms:.2f} |")
-    sizes = [key.split()[1] for key in stock if key.startswith("max_diff ")]
-    if sizes:
+           f"kernels (stock: matrix-vector kernels up to 8 columns on Hopper), with MMQ from 2 columns "
+           f"(LOCALSPEC_CUDA_MMVQ_COLS=1, scripts/llama.cpp-patches/cuda/60-cuda-mmvq-columns-switch.patch) and "
+           f"with each query summed as a lone query is, up to 8 (LOCALSPEC_CUDA_BATCH_INVARIANT=1, "
+           f"70-cuda-batch-invariant-switch.patch); {kernels.get('processes', 2)} processes, in the order {order}. "
+           f"On a CPU the switches change nothing: a difference there is the noise between processes.", ""]
+    head, rule = ["k"], ["---"]
+    for name in names:
+        head += [f"{KERNEL_SETTINGS[name]} (ms)", "× k = 1"] + (["× stock"] if name != "stock" else [])
+        rule += ["---"] * (2 if name == "stock" else 3)
+    out += ["| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
+    stock = kernels.get("stock", {})
+    sizes = sorted({k for name in names for k in kernels[name] if k.isdigit()}, key=int)
+    for k in sizes:
+        cells = [k]
+        for name in names:
+            side = kernels[name]
+            ms, one = side.get(k), side.get("1")
+            cells += [f"{ms:.3f}" if ms is not None else "", f"{ms / one:.2f}" if ms is not None and one else ""]
+            if name != "stock":
+                cells.append(f"{ms / stock[k]:.2f}" if ms is not None and stock.get(k) else "")
+        out.append("|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|")
+    exact = sorted({key.split()[1] for name in names for key in kernels[name] if key.startswith("max_diff ")}, key=int)
+    if exact:
         out += ["", "Each row of a batch against the same row decoded alone (the largest logit difference; the rows "
                     "whose top token differs):", "",
-                "| rows | stock: max diff | top differs | MMQ from 2: max diff | top differs |", "|---|---|---|---|---|"]
-        for b in sizes:
-            cells = [f"{side.get(f'max_diff {b}', float('nan')):.4g} | {side.get(f'top_differs {b}', float('nan')):g}"
-                     for side in (stock, mmq)]
-            out.append(f"| {b} | {cells[0]} | {cells[1]} |")
+                "| rows | " + " | ".join(f"{KERNEL_SETTINGS[name]}: max diff | top differs" for name in names) + " |",
+                "|---|" + "---|---|" * len(names)]
+        for b in exact:
+            cells = [f"{kernels[name].get(f'max_diff {b}', float('nan')):.4g} | "
+                     f"{kernels[name].get(f'top_differs {b}', float('nan')):g}" for name in names]
+            out.append(f"| {b} | " + " | ".join(cells) + " |")
     return out + [""]
 
 

@@ -7,17 +7,17 @@
 # Nothing is compiled here: the CUDA wheel pack.sh carried is installed (seconds); the random-weight
 # models are written; check.py measures within CHECK_BUDGET (it starts nothing new after it) and is
 # killed at CHECK_LIMIT; report.py writes RESULTS.md. Everything goes to $OUT (default /tmp/gpu-out):
-# run.log, results.json, RESULTS.md, selftest.json, models.log, curve-models.log, step-overhead.json,
-# graphs.json, kernels.json. About 7.5 minutes in all with the defaults (the step-overhead bench takes at
-# most OVERHEAD_LIMIT, 90 s; graphs.py at most GRAPHS_LIMIT, 60 s; kernels.py at most KERNELS_LIMIT, 45 s).
+# run.log, results.json, RESULTS.md, selftest.json, selftest-invariant.json, models.log, curve-models.log,
+# step-overhead.json, graphs.json, kernels.json. About 7.5 minutes in all with the defaults (the step-overhead bench takes at
+# most OVERHEAD_LIMIT, 90 s; graphs.py at most GRAPHS_LIMIT, 60 s; kernels.py at most KERNELS_LIMIT, 70 s).
 set -uo pipefail
 
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 OUT=${OUT:-$([ $DRY = 1 ] && echo /tmp/gpu-dry || echo /tmp/gpu-out)}
 WORKDIR=${GPU_WORKDIR:-/tmp/localspec-gpu}
-CHECK_BUDGET=${CHECK_BUDGET:-$([ $DRY = 1 ] && echo 150 || echo 200)}   # seconds: no new measurement after
-CHECK_LIMIT=${CHECK_LIMIT:-$([ $DRY = 1 ] && echo 300 || echo 300)}    # ... and killed after this
+CHECK_BUDGET=${CHECK_BUDGET:-$([ $DRY = 1 ] && echo 150 || echo 180)}   # seconds: no new measurement after
+CHECK_LIMIT=${CHECK_LIMIT:-$([ $DRY = 1 ] && echo 300 || echo 280)}    # ... and killed after this
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PACK=$ROOT/.gpu
 SITE=$WORKDIR/site
@@ -88,6 +88,11 @@ TARGET=$MODELS/$([ $DRY = 1 ] && echo target-tiny.gguf || echo target-8b.gguf)
 timeout 120 $PY -m localspec.backend.selftest "$TARGET" > "$OUT/selftest.json" 2> "$WORKDIR/selftest.err" \
   || { tail -5 "$WORKDIR/selftest.err"; say "self-test FAILED (exit $?)"; }
 $PY -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; t=[x['selftest'] for x in r if 'selftest' in x]; print('self-test:', t[0] if t else 'none')" "$OUT/selftest.json"
+# ... and under our batch-invariant switch (70-cuda-batch-invariant-switch.patch; #40 item 2): the build says
+# CUDA_BATCH_INVARIANT = 1, a verification holds 8 rows, compared bit for bit with one-token decodes (~20 s)
+LOCALSPEC_CUDA_BATCH_INVARIANT=1 timeout 120 $PY -m localspec.backend.selftest "$TARGET" > "$OUT/selftest-invariant.json" \
+  2> "$WORKDIR/selftest-invariant.err" || { tail -5 "$WORKDIR/selftest-invariant.err"; say "invariant self-test FAILED (exit $?)"; }
+$PY -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; b=[x['build'].get('cuda_batch_invariant') for x in r if 'build' in x]; t=[x['selftest'] for x in r if 'selftest' in x]; print('self-test, batch-invariant switch', b[0] if b else '?', ':', t[0] if t else 'none')" "$OUT/selftest-invariant.json"
 
 # --- 4. the check ---------------------------------------------------------------------------------
 CURVES=$([ $DRY = 1 ] && echo "tiny-k:Q4_K_M,tiny-k:Q8_0" || echo "8b:Q8_0,27b:Q4_K_M,27b:Q8_0")
@@ -114,11 +119,12 @@ say "running graphs.py on $(basename "$TARGET")"
 timeout "${GRAPHS_LIMIT:-60}" $PY benchmarks/gpu/graphs.py "$TARGET" $GRAPHS --json "$OUT/graphs.json" \
   || say "graphs.py did not finish (exit $?)"
 
-# --- 4d. which matmul kernels make a verification batch cheap: ggml's choice against MMQ from 2 columns ---
-# (benchmarks/gpu/kernels.py, LOCALSPEC_CUDA_MMVQ_COLS; batches of 1-16 rows, four processes; ~25 s; #40)
+# --- 4d. which kernels make a verification batch cheap, and which keep it exact: ggml's choice, MMQ from
+# 2 columns, the batch-invariant switch (benchmarks/gpu/kernels.py, LOCALSPEC_CUDA_MMVQ_COLS and
+# LOCALSPEC_CUDA_BATCH_INVARIANT; batches of 1-16 rows, six processes; ~40 s; #40 items 1, 2 and 4)
 KERNELS=$([ $DRY = 1 ] && echo "--n 6" || echo "--n 16")
 say "running kernels.py on $(basename "$TARGET")"
-timeout "${KERNELS_LIMIT:-45}" $PY benchmarks/gpu/kernels.py "$TARGET" $KERNELS --json "$OUT/kernels.json" \
+timeout "${KERNELS_LIMIT:-70}" $PY benchmarks/gpu/kernels.py "$TARGET" $KERNELS --json "$OUT/kernels.json" \
   || say "kernels.py did not finish (exit $?)"
 # --- 5. RESULTS.md --------------------------------------------------------------------------------------
 timeout 120 $PY benchmarks/gpu/report.py "$OUT/results.json" --out "$OUT/RESULTS.md" \

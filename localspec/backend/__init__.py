@@ -38,6 +38,7 @@ from localspec.backend.build import (
                                      batch_invariant,
                                      cpu_flash_attention,
                                      cpu_switches,
+                                     cuda_batch_invariant,
                                      default_threads,
                                      gpu_devices,
                                      gpu_offload_supported,
@@ -64,7 +65,7 @@ from localspec.backend.nextn import mtp_unavailable_reason
 
 __all__ = [
     "ASSISTANT_TARGETS", "AssistantContext", "Context", "DFlashContext", "DecodeListener",
-    "Eagle3Context", "Grammar", "GrammarState", "Model", "MtpContext", "batch_invariant", "cpu_switches",
+    "Eagle3Context", "Grammar", "GrammarState", "Model", "MtpContext", "batch_invariant", "cpu_switches", "cuda_batch_invariant",
     "cpu_flash_attention", "local_gpus", "model_params", "on_fatal", "parse_endpoints", "probe", "rpc_devices", "default_threads", "gpu_devices", "gpu_offload_supported", "library_version",
     "eagle3_unavailable_reason", "mtp_unavailable_reason", "patched", "quantize", "recent_log", "repack_inexact_types",
     "repack_is_exact", "system_info",

@@ -17,7 +17,9 @@ import numpy as np
 
 from localspec.backend.build import (
     _FA_TILES_ENV,
+    CUDA_INVARIANT_ROWS,
     cpu_flash_attention,
+    cuda_batch_invariant,
     default_threads,
     gpu_offload_supported,
     last_error_line,
@@ -229,8 +231,14 @@ class Context(_OwnedContext):
         self.n_batch: int = min(n_batch, llama_cpp.llama_n_batch(ctx))
         self.max_verify_rows: int = self.n_batch
         """The most rows one verification batch may hold and still match one-token decodes: fewer than
-        the rows from which batch-invariant CPU flash attention takes its tiles, where it is on."""
-        if self.flash_attn is not False and cpu_flash_attention() and not gpu_offload_supported():
+        the rows from which batch-invariant CPU flash attention takes its tiles, where it is on; on a GPU
+        under our CUDA batch-invariant switch, the rows its kernels cover (``cuda_batch_invariant``)."""
+        on_gpu = gpu_offload_supported()
+        self.cuda_batch_invariant = on_gpu and bool(cuda_batch_invariant())
+        """Whether this context decodes under our CUDA batch-invariant switch (verification rows: at most 8)."""
+        if self.cuda_batch_invariant:
+            self.max_verify_rows = min(self.n_batch, CUDA_INVARIANT_ROWS)
+        elif self.flash_attn is not False and cpu_flash_attention() and not on_gpu:
             self.max_verify_rows = min(self.n_batch, _fa_tiles_from() - 1)
         self.n_seq = n_seq
         # What llama.cpp granted: it sets n_rs_seq to 0 for an architecture it cannot snapshot.

@@ -38,7 +38,8 @@ _TEXT = ("Speculative decoding lets a small draft propose several tokens that th
 
 # Flags in llama.cpp's system line that say how it was built, not what the CPU offers.
 _BUILD_FLAGS = ("LLAMAFILE", "OPENMP", "REPACK", "FA_BATCH_INVARIANT", "SGEMM_BATCH_INVARIANT",
-                "REPACK_Q4_K_INVARIANT", "SMALL_BATCH_CHUNKS")
+                "REPACK_Q4_K_INVARIANT", "SMALL_BATCH_CHUNKS", "USE_GRAPHS", "NO_VMM", "FORCE_MMQ", "FORCE_CUBLAS",
+                "NO_PEER_COPY", "BLACKWELL_NATIVE_FP4", "CUDA_BATCH_INVARIANT")
 
 
 def _int_flag(system: str, name: str) -> int | None:
@@ -73,6 +74,8 @@ def build_info() -> dict[str, object]:
         # compute capabilities ggml-cuda holds machine code for ("CUDA : ARCHS = 890,900"), also without a GPU
         "cuda_archs": (m.group(1).split(",") if (m := re.search(r"CUDA : ARCHS = ([0-9,]+)", system)) else []),
         "batch_invariant": backend.batch_invariant(),
+        # our CUDA batch-invariant switch: on or off in this process, None where the build has none
+        "cuda_batch_invariant": backend.cuda_batch_invariant(),
         "cpu_flash_attention": backend.cpu_flash_attention(),
         "gpus": [{"name": n, "free": free, "total": total} for n, free, total in backend.gpu_devices()],
     }
@@ -117,7 +120,9 @@ def decode_test(model_path: str, *, flash_attn: bool | None = None) -> dict[str,
         prefill_s = time.perf_counter() - t0
         first = int(np.argmax(ctx.logits(len(tokens) - 1)))
         pos0 = len(ctx.tokens)
-        draft = [first] + tokens[1:VERIFY_ROWS]
+        # Under our CUDA batch-invariant switch, as many as it covers (Context.max_verify_rows: 8).
+        rows = min(VERIFY_ROWS, ctx.max_verify_rows) if ctx.cuda_batch_invariant else VERIFY_ROWS
+        draft = [first] + tokens[1:rows]
         ctx.decode(draft, range(pos0, pos0 + len(draft)), outputs=[True] * len(draft))
         rows = [ctx.logits(i) for i in range(len(draft))]
         if not all(np.isfinite(r).all() for r in rows):

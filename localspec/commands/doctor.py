@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"CPU features  {' '.join(build['cpu_features']) or 'none reported'}")
         out.append(f"special paths {accel}")
         if build["gpus"]:
-            out.append("exactness     on the GPU: as the self-test below measures it (model exact)")
+            out.append("exactness     on the GPU: as the self-test below measures it (model exact)"
+                       + _cuda_switch(build.get("cuda_batch_invariant")))
         else:
             out.append(f"exactness     {'batch-invariant (greedy speculation is token-identical)' if build['batch_invariant'] else 'not batch-invariant (greedy speculation may part at near-ties)'}")
         if not build["gpu_offload"]:
@@ -255,6 +256,16 @@ def _rpc_lines(endpoints: tuple[str, ...], servers: list[dict[str, Any]]) -> lis
     seen = {s["endpoint"] for s in servers}
     lines += [f"RPC server    {e}: not checked (the check ended first)" for e in endpoints if e not in seen]
     return lines
+
+
+def _cuda_switch(on: bool | None) -> str:
+    """What the exactness line adds about our CUDA batch-invariant switch (None: the build has none)."""
+    if on is None:
+        return ""
+    if on:
+        return ("; batch-invariant kernels on (LOCALSPEC_CUDA_BATCH_INVARIANT=1: verification batches of at most "
+                "8 rows)")
+    return "; LOCALSPEC_CUDA_BATCH_INVARIANT=1 turns on this build's batch-invariant kernels (docs/gpu.md)"
 
 
 def _patches(build: dict[str, Any]) -> str:

@@ -307,3 +307,12 @@ def test_a_gpu_self_test_names_the_device_and_what_exactness_holds() -> None:
     assert doctor_cmd._model_exactness(test).startswith("no: on the GPU")
     assert doctor_cmd._where({"device": "cpu"}) == ""
     assert doctor_cmd._exact_short({"batch_invariant": True}) == "verification rows bit-identical to one-token decodes"
+
+
+def test_the_exactness_line_on_a_gpu_says_where_the_cuda_switch_stands() -> None:
+    from localspec.commands import doctor as doctor_cmd
+
+    assert doctor_cmd._cuda_switch(None) == ""  # a build without our switch: nothing to say
+    assert "batch-invariant kernels on" in doctor_cmd._cuda_switch(True)
+    assert "at most 8 rows" in doctor_cmd._cuda_switch(True)
+    assert "LOCALSPEC_CUDA_BATCH_INVARIANT=1 turns on" in doctor_cmd._cuda_switch(False)

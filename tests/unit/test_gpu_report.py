@@ -25,19 +25,31 @@ def test_the_graphs_table_sets_each_decode_keyed_by_shape_beside_keyed_by_addres
     assert any("batches of k + 1 = 5 rows" in line for line in lines)
 
 
-KERNELS = {"model": "target-8b.gguf", "n": 16, "processes": 4,
-           "stock": {"1": 3.74, "4": 5.94, "8": 8.73, "max_diff 4": 0.0, "top_differs 4": 0},
-           "mmq": {"1": 3.70, "4": 4.44, "16": 5.2, "max_diff 4": 1.25, "top_differs 4": 1}}
+KERNELS = {"model": "target-8b.gguf", "n": 16, "processes": 6,
+           "stock": {"1": 3.74, "4": 5.94, "8": 8.73, "max_diff 4": 0.5, "top_differs 4": 0},
+           "mmq": {"1": 3.70, "4": 4.44, "16": 5.2, "max_diff 4": 1.25, "top_differs 4": 1},
+           "invariant": {"1": 3.80, "4": 6.08, "8": 9.5, "max_diff 4": 0.0, "top_differs 4": 0}}
 
 
-def test_the_kernels_table_sets_each_batch_with_mmq_beside_ggmls_choice() -> None:
+def test_the_kernels_table_sets_each_batch_under_each_setting_beside_ggmls_choice() -> None:
     lines = report.kernels_lines(KERNELS)
-    assert "| 1 | 3.740 | 1.00 | 3.700 | 1.00 | 0.99 |" in lines
-    assert "| 4 | 5.940 | 1.59 | 4.440 | 1.20 | 0.75 |" in lines
-    assert "| 8 | 8.730 | 2.33 | | | |" in lines  # (the mmq runs had no such size)
-    assert any("4 processes, in the order stock, mmq, mmq, stock" in line for line in lines)
-    assert "| 4 | 0 | 0 | 1.25 | 1 |" in lines  # each batch row against the same row decoded alone
+    assert "| k | stock (ms) | × k = 1 | MMQ from 2 (ms) | × k = 1 | × stock | batch-invariant (ms) | × k = 1 | " \
+           "× stock |" in lines
+    assert "| 1 | 3.740 | 1.00 | 3.700 | 1.00 | 0.99 | 3.800 | 1.00 | 1.02 |" in lines
+    assert "| 4 | 5.940 | 1.59 | 4.440 | 1.20 | 0.75 | 6.080 | 1.60 | 1.02 |" in lines
+    assert "| 8 | 8.730 | 2.33 | | | | 9.500 | 2.50 | 1.09 |" in lines  # (the mmq runs had no such size)
+    assert "| 16 | | | 5.200 | 1.41 | | | | |" in lines  # (nor stock's and the invariant's this one)
+    assert any("6 processes, in the order stock, mmq, invariant, invariant, mmq, stock" in line for line in lines)
+    assert "| 4 | 0.5 | 0 | 1.25 | 1 | 0 | 0 |" in lines  # each batch row against the same row decoded alone
     assert not any(line.startswith("| max_diff") for line in lines)
+
+
+def test_a_kernels_file_from_before_the_invariant_setting_still_makes_its_tables() -> None:
+    old = {key: value for key, value in KERNELS.items() if key != "invariant"}
+    lines = report.kernels_lines(old)
+    assert "| 4 | 5.940 | 1.59 | 4.440 | 1.20 | 0.75 |" in lines
+    assert "| 4 | 0.5 | 0 | 1.25 | 1 |" in lines
+    assert any("in the order stock, mmq, mmq, stock" in line for line in lines)
 
 
 def test_a_missing_or_unreadable_phase_is_left_out(tmp_path: Path) -> None:
