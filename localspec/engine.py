@@ -357,15 +357,25 @@ class Engine:
         The one place where the backend bounds the draft length: a hybrid target
         that rolls back by recurrent-state snapshots takes back at most
         ``Context.max_rollback`` tokens (a draft model's context never rolls back
-        past its last batch: a recurrent draft drafts on a sequence copy).
+        past its last batch: a recurrent draft drafts on a sequence copy); under our
+        CUDA batch-invariant switch a verification holds at most ``Context.max_verify_rows``
+        rows, the last token's among them, so the controller plans no more than it verifies.
         """
-        return self.ctx.max_rollback
+        limit = self.ctx.max_rollback
+        if self.ctx.cuda_batch_invariant:
+            rows = self.ctx.max_verify_rows - 1
+            limit = rows if limit is None else min(limit, rows)
+        return limit
 
     @property
     def tree_nodes_limit(self) -> int:
         """The most nodes a tree grown by a drafter (``Drafter.tree_width``) may have: one sequence per
-        leaf beside the history's in the target's context (0: no trees, a context of one sequence)."""
-        return self.ctx.n_seq - 1 if self._draft_trees else 0
+        leaf beside the history's in the target's context (0: no trees, a context of one sequence), and
+        no more than a verification may hold under our CUDA batch-invariant switch (``draft_len_limit``)."""
+        if not self._draft_trees:
+            return 0
+        nodes = self.ctx.n_seq - 1
+        return min(nodes, self.ctx.max_verify_rows - 1) if self.ctx.cuda_batch_invariant else nodes
 
     def controller(self) -> Controller:
         """The controller; it keeps learning across generations.

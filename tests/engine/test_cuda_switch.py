@@ -54,3 +54,27 @@ def test_the_self_test_compares_as_many_rows_as_a_verification_may_hold(smollm2_
     assert selftest.decode_test(str(smollm2_path))["verify_rows"] == build.CUDA_INVARIANT_ROWS
     monkeypatch.setattr(context_module, "cuda_batch_invariant", lambda: None)
     assert selftest.decode_test(str(smollm2_path))["verify_rows"] == selftest.VERIFY_ROWS
+
+
+def test_under_the_switch_the_controller_plans_no_more_than_a_verification_holds(smollm2_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec.backend import Model
+    from localspec.drafting.specs import DrafterSpec
+    from localspec.engine import Engine
+
+    monkeypatch.setattr(context_module, "gpu_offload_supported", lambda: True)
+    monkeypatch.setattr(context_module, "cuda_batch_invariant", lambda: True)
+    target, draft = Model(smollm2_path, n_gpu_layers=0), Model(smollm2_path, n_gpu_layers=0)
+    engine = Engine(target, draft=draft, specs=[DrafterSpec("ngram")], n_ctx=1024, personal_history=False)
+    try:
+        assert engine.draft_len_limit == build.CUDA_INVARIANT_ROWS - 1  # the last token's row and 7 drafts
+        assert engine.tree_nodes_limit == build.CUDA_INVARIANT_ROWS - 1  # (a draft model grows trees)
+    finally:
+        engine.close()
+    monkeypatch.setattr(context_module, "cuda_batch_invariant", lambda: False)
+    target, draft = Model(smollm2_path, n_gpu_layers=0), Model(smollm2_path, n_gpu_layers=0)  # (closed with it)
+    engine = Engine(target, draft=draft, n_ctx=1024, personal_history=False)
+    try:
+        assert engine.draft_len_limit is None and engine.tree_nodes_limit > build.CUDA_INVARIANT_ROWS
+    finally:
+        engine.close()
