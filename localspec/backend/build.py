@@ -209,14 +209,14 @@ def batch_invariant() -> bool:
 
 # CUDA builds from scripts/setup.sh carry a switch (scripts/llama.cpp-patches/cuda/70-cuda-batch-invariant-
 # switch.patch) under which ggml-cuda sums each query of a batch of up to CUDA_INVARIANT_ROWS as it sums a lone
-# query: the user sets it before starting (ggml reads it once per process) and the build reports it among its
-# CUDA features. Read from the sources, unmeasured on a GPU (docs/gpu.md): the self-test measures it per model.
-CUDA_INVARIANT_ENV = "LOCALSPEC_CUDA_BATCH_INVARIANT"
+# query: the user sets LOCALSPEC_CUDA_BATCH_INVARIANT=1 before starting (ggml reads it once per process) and
+# the build reports it among its CUDA features. Read from the sources, unmeasured on a GPU (docs/gpu.md): the
+# self-test measures it per model.
 CUDA_INVARIANT_ROWS = 8  # ggml-cuda's MMVQ_MAX_BATCH_SIZE: larger batches take MMQ's tiles
 
 
 def cuda_batch_invariant() -> bool | None:
-    """Whether this process's CUDA kernels run under our batch-invariant switch (``CUDA_INVARIANT_ENV``);
+    """Whether this process's CUDA kernels run under our batch-invariant switch (see above);
     None where the build has no such switch (a CPU build, a stock one, or a CUDA build before it)."""
     value = system_flags().get("CUDA_BATCH_INVARIANT")
     return None if value is None else value == "1"

@@ -121,8 +121,8 @@ def decode_test(model_path: str, *, flash_attn: bool | None = None) -> dict[str,
         first = int(np.argmax(ctx.logits(len(tokens) - 1)))
         pos0 = len(ctx.tokens)
         # Under our CUDA batch-invariant switch, as many as it covers (Context.max_verify_rows: 8).
-        rows = min(VERIFY_ROWS, ctx.max_verify_rows) if ctx.cuda_batch_invariant else VERIFY_ROWS
-        draft = [first] + tokens[1:rows]
+        n_rows = min(VERIFY_ROWS, ctx.max_verify_rows) if ctx.cuda_batch_invariant else VERIFY_ROWS
+        draft = [first] + tokens[1:n_rows]
         ctx.decode(draft, range(pos0, pos0 + len(draft)), outputs=[True] * len(draft))
         rows = [ctx.logits(i) for i in range(len(draft))]
         if not all(np.isfinite(r).all() for r in rows):
