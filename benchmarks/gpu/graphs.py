@@ -28,7 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from variants import run_variants
+from variants import measure_variants
 
 MODES = ("address", "shape")
 
@@ -81,17 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.model, args.k, args.n, args.gpu_layers)))
         return 0
     child = [str(args.model), "--k", str(args.k), "--n", str(args.n), "--gpu-layers", str(args.gpu_layers)]
-    done = run_variants(__file__, child, {m: {"LOCALSPEC_CUDA_GRAPH_KEY": m} for m in MODES}, args.rounds)
-    if done is None:
+    results = measure_variants(__file__, child, {m: {"LOCALSPEC_CUDA_GRAPH_KEY": m} for m in MODES}, args.rounds,
+                               {"model": args.model.name, "k": args.k, "n": args.n}, args.json)
+    if results is None:
         return 1
-    medians, processes = done
-    results: dict[str, object] = {"model": args.model.name, "k": args.k, "n": args.n, "processes": processes,
-                                  **medians}
-    for name in results["shape"]:  # type: ignore[union-attr]
-        row = "  ".join(f"{mode} {results[mode][name]:7.3f} ms" for mode in MODES)  # type: ignore[index]
+    for name in results["shape"]:
+        row = "  ".join(f"{mode} {results[mode][name]:7.3f} ms" for mode in MODES)
         print(f"{name:20s} {row}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -32,7 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from variants import run_variants
+from variants import measure_variants
 
 KS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16)
 EXACT_SIZES = (2, 4, 8, 16)
@@ -85,17 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.model, args.n, args.gpu_layers)))
         return 0
     child = [str(args.model), "--n", str(args.n), "--gpu-layers", str(args.gpu_layers)]
-    done = run_variants(__file__, child, SETTINGS, args.rounds)
-    if done is None:
+    results = measure_variants(__file__, child, SETTINGS, args.rounds, {"model": args.model.name, "n": args.n},
+                               args.json)
+    if results is None:
         return 1
-    medians, processes = done
-    results = {"model": args.model.name, "n": args.n, "processes": processes, **medians}
     for k in map(str, KS):
-        row = "  ".join(f"{name} {medians[name][k]:7.3f} ms ({medians[name][k] / medians[name]['1']:.2f}x)"
+        row = "  ".join(f"{name} {results[name][k]:7.3f} ms ({results[name][k] / results[name]['1']:.2f}x)"
                         for name in SETTINGS)
         print(f"k = {k:>2}  {row}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
     return 0
 
 

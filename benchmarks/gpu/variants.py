@@ -12,7 +12,8 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 
 def run_variants(script: str, args: Sequence[str], settings: dict[str, dict[str, str]],
@@ -39,3 +40,17 @@ def run_variants(script: str, args: Sequence[str], settings: dict[str, dict[str,
     medians = {name: {key: statistics.median(r[key] for r in runs[name]) for key in runs[name][0]}
                for name in names}
     return medians, len(order)
+
+
+def measure_variants(script: str, args: Sequence[str], settings: dict[str, dict[str, str]], rounds: int,
+                     about: dict[str, object], json_path: Path | None) -> dict[str, Any] | None:
+    """``run_variants``, then one results object: ``about`` (what was measured), the processes run and each
+    setting's medians, written to ``json_path`` where given. None when a process failed."""
+    done = run_variants(script, args, settings, rounds)
+    if done is None:
+        return None
+    medians, processes = done
+    results: dict[str, Any] = {**about, "processes": processes, **medians}
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=1))
+    return results

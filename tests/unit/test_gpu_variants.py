@@ -3,6 +3,7 @@ order a, b, b, a, with its switches set and the others' unset; medians per setti
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 GPU_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
 sys.path.insert(0, str(GPU_DIR))
 
-from variants import run_variants  # noqa: E402
+from variants import measure_variants, run_variants  # noqa: E402
 
 CHILD = """
 import json, os, sys
@@ -59,3 +60,15 @@ def test_a_failed_process_is_named_and_nothing_is_returned(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert "no device" in err and "child.py: the broken run failed (exit 1)" in err
     assert log.read_text().split() == ["stock=<unset>", "broken=x"]  # it stopped at the failure
+
+
+def test_the_results_object_holds_what_was_measured_the_processes_and_the_medians(tmp_path: Path) -> None:
+    script, log, out = tmp_path / "child.py", tmp_path / "runs.log", tmp_path / "out.json"
+    script.write_text(CHILD)
+    results = measure_variants(str(script), [str(log)], {"stock": {}, "mmq": {"SWITCH": "1"}}, 1,
+                               {"model": "m.gguf", "n": 4}, out)
+    assert results == {"model": "m.gguf", "n": 4, "processes": 4,
+                       "stock": {"ms": 25.0, "setting": 0}, "mmq": {"ms": 25.0, "setting": 1}}
+    assert json.loads(out.read_text()) == results
+    assert measure_variants(str(script), [str(log)], {"broken": {"SWITCH": "x"}}, 1, {}, tmp_path / "no.json") is None
+    assert not (tmp_path / "no.json").exists()
