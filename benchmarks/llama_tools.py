@@ -14,6 +14,8 @@ build, each keyed by what went into it:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import platform
@@ -26,7 +28,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 DEFAULT_SRC = "/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"
 SOURCES = Path.home() / ".cache" / "localspec" / "llama-src"
@@ -53,17 +55,33 @@ def llama_sources(version: str) -> Path | str:
     vendor = SOURCES / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
     if (vendor / "CMakeLists.txt").is_file():
         return vendor
-    SOURCES.mkdir(parents=True, exist_ok=True)
-    sdist = SOURCES / f"llama_cpp_python-{version}.tar.gz"
-    if not sdist.is_file():
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-                               ":all:", f"llama-cpp-python=={version}", "-d", str(SOURCES)],
-                              capture_output=True, text=True)
-        if done.returncode != 0 or not sdist.is_file():
-            return f"could not download llama-cpp-python {version}'s sources with pip: {done.stderr.strip()[-200:]}"
-    with tarfile.open(sdist) as tar:
-        tar.extractall(SOURCES, filter="data")
+    with locked(SOURCES / ".lock"):
+        if (vendor / "CMakeLists.txt").is_file():  # another process fetched them meanwhile
+            return vendor
+        sdist = SOURCES / f"llama_cpp_python-{version}.tar.gz"
+        if not sdist.is_file():
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+                                   ":all:", f"llama-cpp-python=={version}", "-d", str(SOURCES)],
+                                  capture_output=True, text=True)
+            if done.returncode != 0 or not sdist.is_file():
+                return f"could not download llama-cpp-python {version}'s sources with pip: {done.stderr.strip()[-200:]}"
+        with tarfile.open(sdist) as tar:
+            tar.extractall(SOURCES, filter="data")
     return vendor
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing) for the block: processes that fetch or build
+    into one cache folder at once (two test workers, a benchmark beside the tests) take turns, and the
+    later one finds the earlier one's result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def our_patches() -> list[Path]:
@@ -132,9 +150,18 @@ def ensure_tools(src: Path, jobs: int, tools: Sequence[str], *, patches: Sequenc
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         return f"cannot build llama.cpp's tools: {' and '.join(missing)} not found; install them"
+    with locked(home / ".lock"):
+        return _build(src, home, found, jobs, patches)
+
+
+def _build(src: Path, home: Path, found: dict[str, Path], jobs: int, patches: Sequence[Path]) -> dict[str, Path] | str:
+    """``ensure_tools``' build of what ``found`` lacks into ``home``/build (under its lock)."""
+    build = home / "build"
     build.mkdir(parents=True, exist_ok=True)
     log = home / "build.log"
     unbuilt = [t for t, path in found.items() if not path.is_file()]
+    if not unbuilt:  # another process built them while this one waited for the lock
+        return found
     kind = "patched " if patches else ""
     print(f"building {kind}{', '.join(unbuilt)} into {build} (several minutes, once; log: {log})", file=sys.stderr)
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []

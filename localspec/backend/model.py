@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -235,7 +236,9 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: st
     if ftype not in _FTYPES:
         raise ValueError(f"unknown quantization {ftype!r}; choose one of {', '.join(_FTYPES)}")
     dst = Path(dst)
-    tmp = dst.with_name(dst.name + ".partial")
+    # A name of its own: two processes quantizing the same file at once (two test workers) never write
+    # into one partial file; the last rename wins, and each renames a whole file.
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.{threading.get_ident()}.partial")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = _FTYPES[ftype]
     params.nthread = n_threads or default_threads()
