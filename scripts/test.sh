@@ -5,4 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
-exec .venv/bin/python -m pytest -q "$@"
+# One worker process per CPU (pytest-xdist), each test file whole in one worker (its module fixtures
+# load a model once); tests/conftest.py gives each worker CPUs of its own. LOCALSPEC_TEST_WORKERS=0 runs
+# everything in this process.
+exec .venv/bin/python -m pytest -q -n "${LOCALSPEC_TEST_WORKERS:-auto}" --dist loadfile "$@"

@@ -6,12 +6,12 @@ llama.cpp on real models, the command line or the app. Every test outside
 ``unit/``, and every test anywhere that asks for a real model (directly or
 through another fixture), is marked ``slow`` here, so ``-m "not slow"`` is the
 quick layer without anyone remembering a mark. A quick run in which a test
-initialises llama.cpp fails at the end, naming that test, so a slow test
-cannot hide in ``unit/``.
+initialises llama.cpp fails, so a slow test cannot hide in ``unit/``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -35,7 +35,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
-_first_to_run_llama: list[str] = []  # the first test during which llama.cpp was initialised
+def _pin_worker() -> None:
+    """Under pytest-xdist (scripts/test.sh runs a worker per CPU), keep each worker and what it starts
+    (llama.cpp's threads, a CLI's or a server's process) on CPUs of its own.
+
+    Why: llama.cpp takes as many threads as the process may use (``default_threads``, from its CPU
+    affinity), and ggml's threads spin while they wait for each other; two workers each running two
+    threads on two CPUs would spend their decodes waiting for a thread the other worker has preempted.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count <= 1 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return
+    share = cpus[int(worker[2:]) % count::count] or cpus
+    os.sched_setaffinity(0, share)
+
+
+_pin_worker()
 
 
 def _llama_initialised() -> bool:
@@ -45,20 +64,16 @@ def _llama_initialised() -> bool:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):  # noqa: ANN201  (a hook wrapper)
+    """In the quick layer (-m 'not slow'), the test during which llama.cpp was first initialised in this
+    process fails, named: it belongs outside tests/unit (or should ask for a model fixture). A failure of
+    the test itself, so that it shows whether or not the tests run in several worker processes."""
     before = _llama_initialised()
-    try:
-        return (yield)
-    finally:
-        if not before and _llama_initialised() and not _first_to_run_llama:
-            _first_to_run_llama.append(item.nodeid)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    markexpr = session.config.getoption("markexpr", "") or ""
-    if "not slow" in markexpr and _first_to_run_llama:
-        print(f"\nconftest: the quick layer (-m 'not slow') ran llama.cpp in {_first_to_run_llama[0]}: a test "
-              "that runs llama.cpp belongs outside tests/unit (or asks for a model fixture)", file=sys.stderr)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    result = yield
+    markexpr = item.config.getoption("markexpr", "") or ""
+    if "not slow" in markexpr and not before and _llama_initialised():
+        pytest.fail("the quick layer (-m 'not slow') ran llama.cpp in this test: a test that runs llama.cpp "
+                    "belongs outside tests/unit (or asks for a model fixture)", pytrace=False)
+    return result
 
 
 @pytest.fixture(scope="session")
