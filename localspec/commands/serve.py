@@ -10,6 +10,7 @@ import argparse
 import importlib
 import ipaddress
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 from localspec.commands.flags import add_model_options, check_engine_options
 from localspec.commands.loading import load_engine
 from localspec.commands.refs import resolve_draft_refs, resolve_ref
-from localspec.commands.signals import stop_on_signals
+from localspec.commands.signals import Terminated, stop_on_signals
 from localspec.errors import InvalidOptionError, LocalspecError
 
 if TYPE_CHECKING:
@@ -100,8 +101,15 @@ def run(args: argparse.Namespace) -> int:
             ready = (f"localspec: serving {model.id} at {base_url(sock)} (drafters: "
                      f"{', '.join(d for d in model.drafters if ',' not in d) or 'off'}; context {engine.n_ctx} "
                      f"tokens; queue {args.queue}; {'API key required' if api_key else 'no API key'}); Ctrl-C stops")
-            serve(engine, sock, model, api_key=api_key, queue=args.queue, base=base, log_requests=not args.quiet,
-                  on_ready=lambda: print(ready, file=sys.stderr, flush=True))
+            stopped_by = serve(engine, sock, model, api_key=api_key, queue=args.queue, base=base,
+                               log_requests=not args.quiet, on_ready=lambda: print(ready, file=sys.stderr, flush=True))
+            # uvicorn raises the stop signal again once it has shut down, for the handler it found to act;
+            # under asyncio's runner that once ended in a normal return (a loaded machine: Ctrl-C exited 0).
+            # The exit code says how the server was stopped, whichever way that went.
+            if stopped_by == signal.SIGINT:
+                raise KeyboardInterrupt
+            if stopped_by is not None:
+                raise Terminated(stopped_by)
         finally:
             engine.close()
     finally:

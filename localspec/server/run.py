@@ -54,6 +54,7 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self.slot = slot
         self.on_ready = on_ready
+        self.stopped_by: int | None = None  # the first stop signal
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -61,14 +62,17 @@ class _Server(uvicorn.Server):
             self.on_ready()  # listening now: a client told so may connect at once
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = sig
         self.slot.stop()
         super().handle_exit(sig, frame)
 
 
 def serve(engine: "Engine", sock: socket.socket, model: ServedModel, *, api_key: str | None = None,
           queue: int = 4, base: "GenerateOptions | None" = None, log_requests: bool = True,
-          on_ready: Callable[[], None] = lambda: None) -> None:
-    """Serve ``engine`` on the bound ``sock`` until a stop signal; the engine stays the caller's.
+          on_ready: Callable[[], None] = lambda: None) -> int | None:
+    """Serve ``engine`` on the bound ``sock`` until a stop signal, and return that signal (None: it
+    stopped otherwise); the engine stays the caller's.
 
     ``base``: the server's settings for what requests do not choose (``create_app``); ``on_ready``
     is called once the socket listens.
@@ -80,7 +84,9 @@ def serve(engine: "Engine", sock: socket.socket, model: ServedModel, *, api_key:
     app = create_app(slot, metrics, model, api_key=api_key, base=base)
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=GRACE_S)
+    server = _Server(config, slot, on_ready)
     try:
-        _Server(config, slot, on_ready).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         slot.shutdown()  # the worker thread is done with the engine before the caller closes it
+    return server.stopped_by
