@@ -7,6 +7,9 @@ alternates six loops round by round so that drift hits each alike:
 
   raw plain       decode one token, wait for it, read its row, argmax on the host, feed it back
   plain           localspec's Engine, plain decoding (no drafter)
+  raw device argmax  raw plain with llama.cpp's greedy backend sampler: the argmax is a node of the
+                  decode's graph and no logits are copied to the host (not what localspec does; whether
+                  it would pay: on a GPU it saves each row's copy, on the CPU ggml pads the logits first)
   raw ngram's ctx raw plain on the n-gram engine's context (one with 33 sequences, for trees)
   ngram-none      localspec with its n-gram drafter and the controller, on a text where the lookup finds
                   nothing to copy (every step plain: what a lookup that finds nothing costs, asked or not)
@@ -98,16 +101,40 @@ class RawLoops:
     def clear(self, ctx: Any) -> None:
         self.L.llama_memory_clear(self.L.llama_get_memory(ctx), True)
 
-    def plain(self, ctx: Any, prompt: list[int], n: int) -> tuple[int, int]:
-        """(tokens, steps) of greedy plain decoding after ``prompt`` on ``ctx``."""
+    def plain(self, ctx: Any, prompt: list[int], n: int,
+              choose: Callable[[Any], int] | None = None) -> tuple[int, int]:
+        """(tokens, steps) of greedy plain decoding after ``prompt`` on ``ctx``; ``choose(ctx)``: the next
+        token (default: the host's argmax of the row). The tokens are kept in ``last_tokens``."""
+        choose = choose or self.host_choice
         self.clear(ctx)
         self.decode(ctx, prompt[:-1], 0, False)
         tok, pos = prompt[-1], len(prompt) - 1
+        out = self.last_tokens = []
         for _ in range(n):
             self.decode(ctx, [tok], pos, False)
-            tok = self.argmax(ctx, 0)
+            tok = choose(ctx)
+            out.append(tok)
             pos += 1
         return n, n
+
+    def host_choice(self, ctx: Any) -> int:
+        return self.argmax(ctx, 0)
+
+    def plain_device_argmax(self, ctx: Any, prompt: list[int], n: int) -> tuple[int, int]:
+        """``plain`` with llama.cpp's greedy backend sampler on sequence 0: the argmax is a node of the
+        decode's graph (on the device, on a GPU), the logits are not copied to the host, and each token is
+        read with ``llama_get_sampled_token_ith``. Not what localspec does: whether it would pay."""
+        L = self.L
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+        if not L.llama_set_sampler(ctx, 0, chain):
+            L.llama_sampler_free(chain)
+            raise RuntimeError("llama.cpp did not take the greedy sampler onto the backend")
+        try:
+            return self.plain(ctx, prompt, n, lambda c: L.llama_get_sampled_token_ith(c, 0))
+        finally:
+            L.llama_set_sampler(ctx, 0, None)
+            L.llama_sampler_free(chain)
 
     def self_draft(self, target: Any, draft: Any, prompt: list[int], n: int, k: int = 4) -> tuple[int, int]:
         """(tokens, steps) of greedy speculative decoding with the model drafting for itself (the target's
@@ -195,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     loops: dict[str, Callable[[], tuple[int, int, Any, float]]] = {
         "raw plain": raw_loop(plain, raw.plain),
         "plain": engine_loop(plain, GenerateOptions(max_tokens=n, speculative=False)),
+        "raw device argmax": raw_loop(plain, raw.plain_device_argmax),
         "raw ngram's ctx": raw_loop(ngram, raw.plain),
         "ngram-none": engine_loop(ngram, GenerateOptions(max_tokens=n)),
         "raw self k=4": raw_loop(selfd, raw.self_draft),
@@ -216,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
             seconds[name].append(time.perf_counter() - t0)
             cpu[name].append(time.thread_time() - c0)
             decoding[name].append(in_decodes)
+    # Whether the argmax in the graph chose what the host's did (ties aside: ggml's keeps the last maximum).
+    raw_loop(plain, raw.plain)()
+    host_tokens = raw.last_tokens
+    raw_loop(plain, raw.plain_device_argmax)()
+    same_tokens = raw.last_tokens == host_tokens
     raw.close()
 
     tps = {name: tokens[name] / statistics.median(s) for name, s in seconds.items()}
@@ -249,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {row['loop']:13} {row['ratio']:.3f}x {row['anchor']:13} ({row['extra_us_per_step']:+.0f} us a step; "
               f"goal >= {row['goal']:.2f}x; by this thread's CPU time {row['cpu_ratio']:.3f}x; "
               f"drafted {row['drafted']}, kept {row['accepted']})")
+    device = {"ratio": tps["raw device argmax"] / tps["raw plain"], "same_tokens": same_tokens,
+              "host_us_per_step": host["raw device argmax"] * 1e6, "raw_host_us_per_step": host["raw plain"] * 1e6}
+    print(f"  raw device argmax {device['ratio']:.3f}x raw plain (llama.cpp's greedy sampler in the decode's graph, "
+          f"no logits copied to the host; the same tokens: {'yes' if same_tokens else 'NO'}; host "
+          f"{device['host_us_per_step']:.1f} us a step against {device['raw_host_us_per_step']:.1f})")
     for row in rows:
         print(f"  {row['loop']:13} host {row['host_us_per_step']:6.1f} us a step against {row['raw_host_us_per_step']:6.1f}"
               f" ({row['host_us_per_step'] - row['raw_host_us_per_step']:+.1f}); at the raw loop's decode time "
@@ -258,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "threads": args.threads, "gpu_layers": args.gpu_layers,
                                          "tokens_per_s": tps, "seconds": seconds, "cpu_seconds": cpu,
                                          "decode_seconds": decoding,
-                                         "rows": rows}, indent=1))
+                                         "rows": rows, "device_argmax": device}, indent=1))
     return 0  # (the engines share one target Model: the process's exit frees them)
 
 

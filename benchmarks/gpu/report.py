@@ -78,6 +78,12 @@ def overhead_lines(overhead: dict[str, Any]) -> list[str]:
     for r in overhead.get("rows", []):
         out.append(f"| {r['loop']} | {r['anchor']} | {r['ratio']:.3f} | {r['host_us_per_step']:.1f} / "
                    f"{r['raw_host_us_per_step']:.1f} | {r['host_ratio']:.3f} | >= {r['goal']:.2f} |")
+    device = overhead.get("device_argmax")
+    if device:
+        out += ["", f"The raw loop with llama.cpp's greedy sampler in the decode's graph (the argmax on the device, "
+                    f"no logits copied to the host): {device['ratio']:.3f}x the raw loop's tokens/s, host "
+                    f"{device['host_us_per_step']:.1f} us a step against {device['raw_host_us_per_step']:.1f}; "
+                    f"the same tokens: {'yes' if device['same_tokens'] else 'no'}."]
     return out + [""]
 
 

@@ -1,5 +1,5 @@
-"""The GPU check's report (benchmarks/gpu/report.py): the CUDA graphs and kernel phases' tables, and a
-phase's file that is missing or unreadable left out rather than failing the report."""
+"""The GPU check's report (benchmarks/gpu/report.py): the step overhead's, the CUDA graphs' and the kernel
+phases' tables, and a phase's file that is missing or unreadable left out rather than failing the report."""
 
 from __future__ import annotations
 
@@ -23,6 +23,22 @@ def test_the_graphs_table_sets_each_decode_keyed_by_shape_beside_keyed_by_addres
     assert "| one, alternating | 4.500 | 3.700 | 0.82 |" in lines
     assert "| batch, alternating | | 8.100 | |" in lines  # (the address run had no such row)
     assert any("batches of k + 1 = 5 rows" in line for line in lines)
+
+
+OVERHEAD = {"model": "target-8b.gguf", "tokens": 128, "rounds": 3,
+            "rows": [{"loop": "plain", "anchor": "raw plain", "ratio": 0.97, "host_us_per_step": 80.0,
+                      "raw_host_us_per_step": 60.0, "host_ratio": 0.99, "goal": 0.95}]}
+
+
+def test_the_overhead_section_says_what_the_device_argmax_did_when_it_was_measured() -> None:
+    lines = report.overhead_lines(OVERHEAD)
+    assert "| plain | raw plain | 0.970 | 80.0 / 60.0 | 0.990 | >= 0.95 |" in lines
+    assert not any("greedy sampler" in line for line in lines)  # (a file from before it was measured)
+    device = {"ratio": 1.042, "same_tokens": False, "host_us_per_step": 20.5, "raw_host_us_per_step": 60.0}
+    lines = report.overhead_lines({**OVERHEAD, "device_argmax": device})
+    said = next(line for line in lines if "greedy sampler" in line)
+    assert "1.042x the raw loop's tokens/s" in said and "20.5 us a step against 60.0" in said
+    assert said.endswith("the same tokens: no.")
 
 
 KERNELS = {"model": "target-8b.gguf", "n": 16, "processes": 6,
