@@ -137,16 +137,19 @@ def penalties(args: argparse.Namespace):
             raise InvalidOptionError(f"--logit-bias {item!r} is not ID=BIAS (e.g. 1234=-100)")
     found = Penalties(presence=args.presence_penalty, frequency=args.frequency_penalty, repeat=args.repeat_penalty,
                       last_n=args.repeat_last_n, logit_bias=tuple(bias))
-    return None if found == Penalties(last_n=found.last_n) else found  # the defaults: no shaper at all
+    if found == Penalties(last_n=found.last_n):  # the defaults: no shaper at all, but a bad flag is still refused
+        found.validate()
+        return None
+    return found
 
 
 def generate_options(args: argparse.Namespace):
     from localspec.engine import GenerateOptions
 
-    opts = GenerateOptions(max_tokens=args.max_tokens, sampling=sampling_params(args), stop=tuple(args.stop),
-                           draft_len=args.draft_len, p_min=args.p_min, penalties=penalties(args),
-                           logprobs=getattr(args, "logprobs", None))
     try:
+        opts = GenerateOptions(max_tokens=args.max_tokens, sampling=sampling_params(args), stop=tuple(args.stop),
+                               draft_len=args.draft_len, p_min=args.p_min, penalties=penalties(args),
+                               logprobs=getattr(args, "logprobs", None))
         opts.validate()
     except InvalidOptionError as err:  # the core names its parameters; the flags are spelt with dashes
         if err.param in ("presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias",

@@ -40,6 +40,7 @@ def test_logprobs_and_penalties_are_the_same_with_speculation_on_and_off(smollm2
     (("--json", "--logprobs", "21"), ("--logprobs 21", "[0, 20]")),
     (("--json", "--frequency-penalty", "-3"), ("--frequency-penalty", "[-2, 2]")),
     (("--json", "--logit-bias", "7"), ("--logit-bias", "ID=BIAS")),
+    (("--repeat-last-n", "-2"), ("--repeat-last-n -2", ">= -1")),  # refused with every penalty off too
 ])
 def test_mistakes_are_one_line(args: tuple[str, ...], needles: tuple[str, ...]) -> None:
     assert_clean_error(localspec("generate", "--prompt", "x", *args), *needles)
