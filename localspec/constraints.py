@@ -27,7 +27,7 @@ import numpy as np
 
 from localspec.backend.grammar import Grammar, GrammarState, schema_grammar
 from localspec.errors import InvalidOptionError
-from localspec.sampling import ShaperChain
+from localspec.sampling import ShaperChain, argmax
 
 # Candidates asked at once while looking for a greedy row's most probable allowed token.
 _WIDTHS = (16, 256, 4096)
@@ -139,7 +139,7 @@ def _masked_for_argmax(state: GrammarState, logits: np.ndarray) -> np.ndarray:
     """``logits`` with the tokens ruled out above the most probable allowed one at ``-inf``: its argmax
     (lowest id among ties, as ``np.argmax``) is the fully masked row's."""
     x = np.asarray(logits)
-    top = int(np.argmax(x))
+    top = argmax(x)
     if state.allows(top):
         return x  # the argmax is allowed: nothing above it to rule out
     n = x.size

@@ -32,7 +32,7 @@ from localspec.backend import Context
 from localspec.drafting.base import Drafter, Proposal, TreeProposal
 from localspec.events import StepEvent, TokenLogprob
 from localspec.logprobs import token_logprob
-from localspec.sampling import RowShaper, Sampler, sample
+from localspec.sampling import RowShaper, Sampler, argmax as _argmax, sample
 
 NO_PROPOSAL = Proposal()
 T = TypeVar("T")
@@ -85,13 +85,6 @@ class _ShapedRows:
 
     def logits(self, i: int) -> np.ndarray:
         return self._shaper.shape(self._ctx.logits(i), self._history, self._path_of(i))
-
-
-_argmax_of = np.ndarray.argmax
-
-
-def _argmax(logits: np.ndarray) -> int:
-    return int(_argmax_of(logits))
 
 
 def speculative_step(target: Context, history: list[int], drafter: Drafter | None, sampler: Sampler,

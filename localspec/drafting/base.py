@@ -35,7 +35,7 @@ from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from localspec.drafting.tree import CandidateTree, tree_from_branches
-from localspec.sampling import Sampler, sample
+from localspec.sampling import Sampler, argmax, sample
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ def draft_token(logits: np.ndarray, sampler: Sampler, p_min: float, history: Seq
     if sampler.params.greedy:
         if p_min > 0.0 and top_probability(logits) < p_min:
             return None
-        return int(logits.argmax()), None
+        return argmax(logits), None
     q = sampler.distribution(logits)
     if p_min > 0.0 and float(q.max()) < p_min:
         return None

@@ -36,6 +36,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from localspec.drafting.base import DrafterBase, Proposal, top_probability
+from localspec.sampling import argmax
 
 if TYPE_CHECKING:
     from localspec.backend import Context, Model
@@ -134,7 +135,7 @@ class TextDrafter(DrafterBase):
             logits = self.ctx.logits(-1)
             if self.p_min > 0.0 and top_probability(logits) < self.p_min:
                 return out, False
-            tok = int(logits.argmax())
+            tok = argmax(logits)
             if self.draft.is_eog(tok):
                 return out, True
             out += self.draft.piece(tok)

@@ -58,6 +58,7 @@ import numpy as np
 
 from localspec.drafting.base import BatchExtra, DrafterBase, TreeProposal
 from localspec.drafting.tree import tree_from_branches
+from localspec.sampling import argmax
 
 
 class NgramPool:
@@ -255,7 +256,7 @@ class LookaheadDrafter(DrafterBase):
         """The Jacobi update: the argmax at each newest-level row is the next guess one position on."""
         if step != self._step or levels is not self._levels:
             return  # logits of an older proposal: the window has moved since
-        fresh = [int(np.argmax(get(first_output + i))) for i in range(self.width)]
+        fresh = [argmax(get(first_output + i)) for i in range(self.width)]
         for gram in column_ngrams(levels, last, fresh):
             self.pool.add(gram)
         self._fresh = fresh
