@@ -8,7 +8,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from localspec import sampling
@@ -388,13 +388,19 @@ def check_against_reference(values: list[float], params: SamplingParams) -> None
                                     min(0.999, params.min_p * b)))
         for a in wiggle for b in wiggle
     ]
-    matching = [r for r in readings if support(r) == s]
+    # And a token whose probability is below the rounding of the sums (1e-16 against a mass near 1) may
+    # land on either side of a top-p cut that sits within those roundings of 1 (values of 1 - 1e-16
+    # found so): the supports may differ by tokens of negligible probability only.
+    exact = [r for r in readings if support(r) == s]
+    matching = exact or [r for r in readings if all(max(r[i], d[i]) < 1e-12 for i in support(r) ^ s)]
     assert matching, (s, [support(r) for r in readings])
-    np.testing.assert_allclose(d, matching[0], rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(d, matching[0], rtol=1e-9, atol=1e-15 if exact else 1e-12)
 
 
 @settings(max_examples=300, deadline=None)
 @given(logit_lists, param_sets)
+@example([0.0, 0.0, 17.75], SamplingParams(temperature=0.5, top_p=0.9999999999999999))  # a cut within rounding of 1
+@example([0.0, 14.0], SamplingParams(temperature=0.5))
 def test_property_matches_reference(values: list[float], params: SamplingParams) -> None:
     check_against_reference(values, params)
 
