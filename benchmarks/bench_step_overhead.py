@@ -30,6 +30,11 @@ the ratio the two host times give at the raw loop's decode time (the decodes the
 by a few percent from round to round on one context, which the first ratio carries and this one not). Issue #39's goals on the CPU
 proxy (one thread): plain >= 0.95x raw, ngram-none >= 0.93x raw plain, self k=4 >= 0.90x raw.
 
+Last, raw plain and plain once more with every decode left out (``warm_host``): what a plain step's
+host work costs with warm caches. On a CPU each decode sweeps the weights through the caches and the
+host work after it runs cold, several times slower (the engine's plain step: 75 us after a 9 MB sweep,
+15 us warm, on a 2-core Xeon); while a GPU decodes, the host's caches mostly stay warm.
+
     python benchmarks/bench_step_overhead.py MODEL.gguf [--tokens 512] [--rounds 9] [--threads 1]
                                              [--gpu-layers N] [--json OUT.json]
 
@@ -80,6 +85,7 @@ class RawLoops:
         self.n_vocab = n_vocab
         self.batch = L.llama_batch_init(512, 0, 1)
         self.decode_seconds = 0.0  # in llama_decode and the wait for it, as Context.decode_seconds counts
+        self.no_device = False  # ``warm_host``: fill the batch, decode nothing (the last rows stay in place)
 
     def decode(self, ctx: Any, tokens: list[int], pos0: int, all_rows: bool) -> None:
         b = self.batch
@@ -90,6 +96,8 @@ class RawLoops:
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
             b.logits[i] = all_rows or i == len(tokens) - 1
+        if self.no_device:
+            return
         t0 = time.perf_counter()
         assert self.L.llama_decode(ctx, b) == 0
         self.L.llama_synchronize(ctx)
@@ -168,6 +176,45 @@ class RawLoops:
 
     def close(self) -> None:
         self.L.llama_batch_free(self.batch)
+
+
+def warm_host(raw: RawLoops, engine: Any, prompt: list[int], n: int, rounds: int) -> dict[str, float] | None:
+    """Microseconds a plain step costs on the host with no decode at all, raw loop against the engine:
+    each decode is left out (the last decode's row stays in place and is read again), so the host's
+    caches stay warm, as they mostly do while a GPU decodes.
+
+    On a CPU the decode itself sweeps the model's weights through the caches, and the host work after
+    it then runs on cold caches: with a 9 MB sweep in place of each decode the engine's plain step
+    measured 75 us on the host against 15 warm. The loops above carry that; this says what the Python
+    costs on its own. None when the repeated row ends the reply early (its argmax an end token)."""
+    from localspec.backend import context
+    from localspec.engine import GenerateOptions
+
+    opts = GenerateOptions(max_tokens=n, speculative=False)
+    engine.generate(prompt, GenerateOptions(max_tokens=2, speculative=False)).run()  # a real row in place
+    real = context.synchronized_decode
+    times: dict[str, list[float]] = {"raw plain": [], "plain": []}
+    steps = n
+    try:
+        context.synchronized_decode = lambda ctx, run, batch: (0, 0.0)
+        raw.no_device = True
+        for _ in range(rounds):
+            gc.collect()
+            t0 = time.perf_counter()
+            raw.plain(engine.ctx.handle, prompt, n)
+            times["raw plain"].append(time.perf_counter() - t0)
+            gc.collect()
+            t0 = time.perf_counter()
+            done = engine.generate(prompt, opts).run()
+            times["plain"].append(time.perf_counter() - t0)
+            steps = min(steps, done.stats.steps)
+    finally:
+        context.synchronized_decode = real
+        raw.no_device = False
+        engine.invalidate()
+    if steps < n:
+        return None
+    return {name: statistics.median(t) / n * 1e6 for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 chosen[name] = raw.last_tokens
     # Whether the argmax in the graph chose what the host's did (ties aside: ggml's keeps the last maximum).
     same_tokens = chosen["raw plain"] == chosen["raw device argmax"]
+    warm = warm_host(raw, plain, prompt, n, args.rounds)
     raw.close()
 
     tps = {name: tokens[name] / statistics.median(s) for name, s in seconds.items()}
@@ -291,12 +339,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {row['loop']:13} host {row['host_us_per_step']:6.1f} us a step against {row['raw_host_us_per_step']:6.1f}"
               f" ({row['host_us_per_step'] - row['raw_host_us_per_step']:+.1f}); at the raw loop's decode time "
               f"{row['host_ratio']:.3f}x")
+    if warm is None:
+        print("  warm host: not measured (the repeated row's argmax ends the reply)")
+    else:
+        print(f"  plain         host {warm['plain']:6.1f} us a step against {warm['raw plain']:6.1f} with no decode "
+              f"(warm caches, as while a GPU decodes; {warm['plain'] - warm['raw plain']:+.1f})")
     if args.json:
         args.json.write_text(json.dumps({"model": str(path), "tokens": n, "rounds": args.rounds,
                                          "threads": args.threads, "gpu_layers": args.gpu_layers,
                                          "tokens_per_s": tps, "seconds": seconds, "cpu_seconds": cpu,
                                          "decode_seconds": decoding,
-                                         "rows": rows, "device_argmax": device}, indent=1))
+                                         "rows": rows, "device_argmax": device, "warm_host_us_per_step": warm},
+                                        indent=1))
     return 0  # (the engines share one target Model: the process's exit frees them)
 
 

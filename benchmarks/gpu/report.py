@@ -84,6 +84,10 @@ def overhead_lines(overhead: dict[str, Any]) -> list[str]:
                     f"no logits copied to the host): {device['ratio']:.3f}x the raw loop's tokens/s, host "
                     f"{device['host_us_per_step']:.1f} us a step against {device['raw_host_us_per_step']:.1f}; "
                     f"the same tokens: {'yes' if device['same_tokens'] else 'no'}."]
+    warm = overhead.get("warm_host_us_per_step")
+    if warm:
+        out += ["", f"With no decode at all (the last row read again; the host's caches stay warm): a plain step "
+                    f"{warm['plain']:.1f} us on the host against the raw loop's {warm['raw plain']:.1f}."]
     return out + [""]
 
 

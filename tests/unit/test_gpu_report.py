@@ -41,6 +41,16 @@ def test_the_overhead_section_says_what_the_device_argmax_did_when_it_was_measur
     assert said.endswith("the same tokens: no.")
 
 
+def test_the_overhead_section_gives_the_warm_host_cost_when_it_was_measured() -> None:
+    assert not any("no decode at all" in line for line in report.overhead_lines(OVERHEAD))
+    lines = report.overhead_lines({**OVERHEAD, "warm_host_us_per_step": {"raw plain": 7.2, "plain": 13.5}})
+    said = next(line for line in lines if "no decode at all" in line)
+    assert "a plain step 13.5 us on the host against the raw loop's 7.2" in said
+    # (a reply ended early by the repeated row: not measured, nothing said)
+    assert not any("no decode at all" in line
+                   for line in report.overhead_lines({**OVERHEAD, "warm_host_us_per_step": None}))
+
+
 KERNELS = {"model": "target-8b.gguf", "n": 16, "processes": 6,
            "stock": {"1": 3.74, "4": 5.94, "8": 8.73, "max_diff 4": 0.5, "top_differs 4": 0},
            "mmq": {"1": 3.70, "4": 4.44, "16": 5.2, "max_diff 4": 1.25, "top_differs 4": 1},
