@@ -41,7 +41,7 @@ def token_logprob(logits: np.ndarray, token: int, top_n: int = 0) -> TokenLogpro
     m = float(x.max())
     if not math.isfinite(m):
         raise ValueError(f"logits must have a finite maximum, got {m}")
-    z = x.astype(np.float64) - m
+    z = np.subtract(x, m, dtype=np.float64)  # (cast and shifted in one pass)
     lse = math.log(float(np.exp(z).sum()))
     chosen = float(z[token]) - lse
     if top_n <= 0:

@@ -170,16 +170,17 @@ def _distribution(x: np.ndarray, params: SamplingParams) -> np.ndarray:
     idx: np.ndarray | None = None
     if 0 < k < n:
         idx = _top_k(x, k)
-        z = x[idx].astype(np.float64)
-    else:
-        z = x.astype(np.float64)  # our own copy: everything below works in place on it
+        x = x[idx]
 
     # z = log(p / p_max), computed in float64 after subtracting the max, so w = exp(z) is in
-    # [0, 1] with w == 1 exactly at the argmax, and sum(w) >= 1 never overflows.
-    z -= m
+    # [0, 1] with w == 1 exactly at the argmax, and sum(w) >= 1 never overflows. Our own array
+    # (everything below works in place on it), cast and shifted in one pass; the temperature and
+    # the normalisation multiply by a reciprocal (a float64 division over a 152k vocabulary took
+    # 89 us, a multiplication 24; the two differ by a rounding).
+    z = np.subtract(x, m, dtype=np.float64)
     if params.temperature != 1.0:
         with np.errstate(over="ignore"):  # a tiny temperature sends z to -inf: p = 0, fine
-            z /= params.temperature
+            z *= 1.0 / params.temperature
 
     w = np.exp(z, out=z)
     top_p, min_p = params.top_p, params.min_p
@@ -190,7 +191,7 @@ def _distribution(x: np.ndarray, params: SamplingParams) -> np.ndarray:
         keep = w >= min_p  # p_i >= min_p * p_max  <=>  w_i >= min_p, because w = p / p_max
     if keep is not None:
         np.multiply(w, keep, out=w)
-    w /= w.sum()
+    w *= 1.0 / w.sum()
 
     if idx is None:
         return w
