@@ -179,8 +179,12 @@ def _distribution(x: np.ndarray, params: SamplingParams) -> np.ndarray:
     # 89 us, a multiplication 24; the two differ by a rounding).
     z = np.subtract(x, m, dtype=np.float64)
     if params.temperature != 1.0:
+        inverse = 1.0 / params.temperature
         with np.errstate(over="ignore"):  # a tiny temperature sends z to -inf: p = 0, fine
-            z *= 1.0 / params.temperature
+            if math.isfinite(inverse):
+                z *= inverse
+            else:  # a subnormal temperature: inf * 0 at the maximum would be NaN
+                z /= params.temperature
 
     w = np.exp(z, out=z)
     top_p, min_p = params.top_p, params.min_p

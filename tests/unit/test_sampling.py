@@ -141,6 +141,13 @@ def test_low_temperature_approaches_greedy() -> None:
     assert d[1] > 1 - 1e-12
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-310, 5e-324])
+def test_a_vanishing_temperature_is_one_hot_at_the_argmax(temperature: float) -> None:
+    """Down to the smallest subnormal temperature (whose reciprocal overflows to inf)."""
+    d = distribution(frozen([1.0, 3.0, 2.0, 3.0]), SamplingParams(temperature=temperature))
+    assert d.tolist() == [0.0, 0.5, 0.0, 0.5]  # the two maxima tie
+
+
 def test_large_logits_do_not_overflow() -> None:
     x = frozen([1e30, 1e30 - 1e24, -1e30], np.float64)
     d = distribution(x, SamplingParams(temperature=1.0))
