@@ -3,7 +3,7 @@
 On a GPU a decode takes a few milliseconds, so every host millisecond between decodes shows in the
 speed. On a CPU the same host work can be seen with a tiny model, where a decode takes 0.2-0.4 ms: this
 benchmark runs unchanged on both (``--gpu-layers``), one process, greedy, the same model object, and
-alternates six loops round by round so that drift hits each alike:
+alternates seven loops round by round so that drift hits each alike:
 
   raw plain       decode one token, wait for it, read its row, argmax on the host, feed it back
   plain           localspec's Engine, plain decoding (no drafter)
