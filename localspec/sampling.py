@@ -131,9 +131,15 @@ def argmax(x: np.ndarray) -> int:
 
     Rows of llama.cpp's logits are handed out read-only (``Context.logits``), and that copy cost 3-4x
     the argmax itself (over a 262k vocabulary 59 us against 13, on the CPU that drives the GPU). So a
-    read-only ``x`` over writeable memory is read through a writeable alias, which nothing writes; one
-    over memory read-only at its source takes numpy's own way, copy and all."""
+    read-only view of a whole writeable vector (its ``base``: how ``Context.logits`` makes its rows) is
+    read through that vector; any other read-only ``x`` over writeable memory through a writeable alias
+    (whose making cost ~5 us a step in the tiny-model proxy, its caches cold after each decode); nothing
+    writes either. One over memory read-only at its source takes numpy's own way, copy and all."""
     if not x.flags.writeable:
+        base = x.base  # a read-only view of a whole writeable vector (``Context.logits``): read the vector
+        if (type(base) is np.ndarray and x.ndim == 1 and base.shape == x.shape and base.strides == x.strides
+                and base.dtype == x.dtype and base.flags.writeable):
+            return int(_argmax_of(base))
         alias = x.view()
         try:
             alias.flags.writeable = True

@@ -106,7 +106,9 @@ class RowViews:
                 return None
             if len(self._views) >= self.MAX_VIEWS:
                 self._views.clear()
-            view = np.frombuffer((ctypes.c_float * self._width).from_address(addr), dtype=np.float32)
+            # The read-only view's base is a writeable one over the same floats, so an argmax (numpy's
+            # wants a writeable array) reads it without a copy (``sampling.argmax``).
+            view = np.frombuffer((ctypes.c_float * self._width).from_address(addr), dtype=np.float32).view()
             view.flags.writeable = False
             self._views[addr] = view
         return view

@@ -83,7 +83,15 @@ def read_only_view(values: np.ndarray) -> np.ndarray:
     return view
 
 
-@pytest.mark.parametrize("make", [frozen, lambda v: read_only_view(np.array(v, dtype=np.float32))])
+@pytest.mark.parametrize("make", [
+    frozen,
+    # read through its base (a view of the whole vector, as Context.logits makes them), or else an alias
+    lambda v: read_only_view(np.array(v, dtype=np.float32)),
+    lambda v: read_only_view(np.array([9.0, *v, 9.0], dtype=np.float32))[1:-1],
+    lambda v: read_only_view(np.array(v[::-1], dtype=np.float32))[::-1],
+    lambda v: read_only_view(np.array(v, dtype=np.float32)).view(np.int32).view(np.float32),
+    lambda v: read_only_view(np.array([v, v[::-1]], dtype=np.float32))[0],
+], ids=["frozen", "whole", "part", "reversed", "retyped", "a row"])
 def test_argmax_is_numpys_on_read_only_rows(make) -> None:  # noqa: ANN001
     for values in ([1.0, 7.0, 3.0, 7.0, 7.0], [-math.inf, -1.0, -1.0], [2.0, math.nan, 5.0], [0.0]):
         row = make(values)
