@@ -369,7 +369,10 @@ class Context(_OwnedContext):
 
     def logits(self, row: int) -> np.ndarray:
         """Logits of batch row ``row`` from the last decode: a read-only float32 view."""
-        return self._logits_row(row, lambda: f"no logits were requested for row {row}")
+        view = self._rows(self._ctx, row)  # (``_logits_row``'s work, a call shorter: it runs every row)
+        if view is None:
+            raise RuntimeError(f"no logits were requested for row {row}")
+        return view
 
     # --- hidden rows for an MTP head -----------------------------------------
     def enable_hidden_rows(self) -> None:
