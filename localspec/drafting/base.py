@@ -171,6 +171,11 @@ class Drafter(Protocol):
     tree_width: int
     """The most children a node may have in a tree this drafter grows when the
     controller asks for one (``propose_tree``); 0: it drafts chains only."""
+    follows_each_step: bool
+    """``accepted`` must see every step, those that used none of its proposal
+    too (lookahead moves its window on). False: it does nothing then (it
+    catches up from the history at its next ``propose``), so a step the
+    controller takes without planning (a pause) leaves it out."""
 
     def propose(self, history: Sequence[int], draft_len: int) -> "Proposal | TreeProposal":
         """Propose up to ``draft_len`` tokens (a tree: up to that depth) that continue ``history``.
@@ -220,12 +225,13 @@ class Drafter(Protocol):
 
 
 class DrafterBase:
-    """The defaults of the ``Drafter`` protocol: not cheap, no extra batch tokens, no trees, never
-    behind, nothing remembered across replies, nothing to free."""
+    """The defaults of the ``Drafter`` protocol: not cheap, no extra batch tokens, no trees, told of every
+    step, never behind, nothing remembered across replies, nothing to free."""
 
     cheap: ClassVar[bool] = False
     batch_extra_tokens: ClassVar[int] = 0
     tree_width: int = 0
+    follows_each_step: ClassVar[bool] = True
 
     def propose_tree(self, history: Sequence[int], draft_len: int, nodes: int) -> "Proposal | TreeProposal":
         return self.propose(history, draft_len)  # type: ignore[attr-defined]

@@ -79,6 +79,8 @@ class TextDrafter(DrafterBase):
     the draft's text. ``p_min``: stop where the draft's top probability falls below it.
     """
 
+    follows_each_step = False  # a step it had no part in changes nothing here (see Drafter)
+
     def __init__(self, ctx: Context, target: Model, *, p_min: float = 0.0, name: str = "draft") -> None:
         self.ctx = ctx
         self.draft = ctx.model

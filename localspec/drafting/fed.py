@@ -92,6 +92,7 @@ class ListeningDrafter(DrafterBase):
     ``width`` floats), at most ``max_rows`` of them, until ``close``."""
 
     name: str
+    follows_each_step = False  # a step it had no part in changes nothing here (see Drafter)
 
     def __init__(self, target: Target, read: Callable[[int], np.ndarray], width: int, max_rows: int) -> None:
         self.target = target

@@ -35,6 +35,7 @@ class ForcedDrafter(DrafterBase):
 
     name = FORCED
     cheap = True
+    follows_each_step = False  # a step it had no part in changes nothing here (see Drafter)
 
     def __init__(self, target: Model, sampler: Sampler) -> None:
         self.target = target

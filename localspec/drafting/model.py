@@ -51,6 +51,8 @@ class ModelDrafter(DrafterBase):
     token costs a draft forward pass and a verification row).
     """
 
+    follows_each_step = False  # a step it had no part in changes nothing here (see Drafter)
+
     def __init__(self, ctx: Context, sampler: Sampler, *, p_min: float = 0.0, name: str = "draft") -> None:
         self.ctx = ctx
         self.sampler = sampler

@@ -28,6 +28,7 @@ class RestDrafter(DrafterBase):
     evidence; the controller chooses the length."""
 
     cheap = True  # a lookup: the controller may ask it before planning (see Drafter)
+    follows_each_step = False  # a step it had no part in changes nothing here (see Drafter)
 
     def __init__(self, store: Store, *, name: str = "rest", max_branches: int = 4, max_candidates: int = 8) -> None:
         self.store = store

@@ -169,6 +169,7 @@ class Controller:
                                min_wait=min_wait, max_wait=max_wait)
         self._states: dict[str, DrafterState] = {}
         self._members: dict[str, Drafter] = {}
+        self._followers: list[Drafter] = []
         self.draft_len: int | None = None
         self.draft_len_limit: int | None = None
         self.tree_nodes_limit = 0
@@ -213,6 +214,8 @@ class Controller:
         if len(set(names)) != len(names):
             raise ValueError(f"drafter names must differ: {names}")
         self._members = {d.name: d for d in drafters}
+        # The drafters a paused step tells of itself (``Drafter.follows_each_step``; the rest catch up later).
+        self._followers = [d for d in drafters if getattr(d, "follows_each_step", True)]
         for name in self._members:
             state = self._states.get(name)
             if state is None:
@@ -592,7 +595,8 @@ class Controller:
         self.probing.settle(step, decision, t0, used.probe if used is not None else None, self.draft_len)
 
     def _observe_paused(self, step: StepEvent, history: Sequence[int]) -> None:
-        """``observe`` for a paused step: the drafters follow the text; the rest waits in the ledger."""
+        """``observe`` for a paused step: the drafters that follow each step are told of it; the rest waits in
+        the ledger."""
         self._pending_paused = False
         self._step += 1
         ledger = self._ledger
@@ -601,7 +605,7 @@ class Controller:
         ledger.history = history
         if self._step % UNPLANNED_LEARN_EVERY == 0:  # the costs learn from one paused step in so many
             ledger.sampled.append((step, len(history) - step.emitted - 1))
-        for drafter in self._members.values():
+        for drafter in self._followers:
             drafter.accepted(history, 0)
 
     def _settle_pause(self) -> None:

@@ -274,6 +274,24 @@ def test_a_pause_settles_its_steps_whenever_the_stats_are_read() -> None:
         assert (state.kept_tokens, state.expected_kept) == pytest.approx((4.0 * CALIBRATION_DECAY**200, 8.0 * CALIBRATION_DECAY**200))
 
 
+def test_a_paused_step_tells_only_the_drafters_that_follow_each_step() -> None:
+    """``accepted(history, 0)`` after a paused step goes to the drafters that act on every step
+    (``follows_each_step``: lookahead moves its window); one that does nothing then (the n-gram index and
+    a draft model catch up from the history) is left out of the pauses, the controller's own per-step
+    work on a fast decode, and told of the steps it plans."""
+    clock = SimClock()
+    follower, lazy = EmptyCostlyLookup(clock), EmptyCostlyLookup(clock)
+    lazy.name, lazy.follows_each_step = "lookup", False  # type: ignore[misc]
+    ctl = Controller(CostModel(CPU), [follower, lazy], clock=clock)
+    history, paused = [0], 0
+    for _ in range(200):
+        paused += plan(ctl, history=history) is ctl._paused  # (a step left unplanned)
+        history.append(len(history))
+        ctl.observe(step_event((history[-1],), None, 0, 0), history)
+    assert follower.kept == [0] * 200
+    assert paused > 150 and lazy.kept == [0] * (200 - paused)
+
+
 @pytest.mark.parametrize("lookup_ms", [0.5, 2.0, 20.0])
 def test_a_lookup_timed_again_costs_at_most_its_share_and_waits_longer_each_time_it_finds_nothing(lookup_ms: float) -> None:
     """A lookup asked only to be timed is asked every LOOKUP_RETIME steps, or as seldom as keeps what those
