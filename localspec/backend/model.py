@@ -59,6 +59,8 @@ def model_params(*, n_gpu_layers: int = -1, vocab_only: bool = False, use_mmap: 
     return params, keep
 
 
+_PieceBuffer = ctypes.c_char * 64  # a token's text: the longest seen are a few dozen bytes
+
 class Model:
     """A loaded GGUF model and its vocabulary."""
 
@@ -190,7 +192,7 @@ class Model:
         cached = self._pieces.get(token)
         if cached is not None:
             return cached
-        buf = ctypes.create_string_buffer(64)
+        buf = _PieceBuffer()  # (the array type called directly: create_string_buffer is Python, audited)
         n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
