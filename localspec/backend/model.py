@@ -61,6 +61,7 @@ def model_params(*, n_gpu_layers: int = -1, vocab_only: bool = False, use_mmap: 
 
 _PieceBuffer = ctypes.c_char * 64  # a token's text: the longest seen are a few dozen bytes
 
+
 class Model:
     """A loaded GGUF model and its vocabulary."""
 

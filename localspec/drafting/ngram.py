@@ -89,7 +89,7 @@ class NgramDrafter(DrafterBase):
     name: str = "ngram"
     stats: DrafterStats = field(default_factory=DrafterStats)
     cheap: ClassVar[bool] = True  # a lookup: the controller may ask it before planning (see Drafter)
-    follows_each_step : ClassVar[bool] = False  # a step it had no part in changes nothing here (see Drafter)
+    follows_each_step: ClassVar[bool] = False  # a step it had no part in changes nothing here (see Drafter)
 
     def __post_init__(self) -> None:
         self.reset()
