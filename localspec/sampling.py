@@ -156,7 +156,15 @@ def _as_logits(logits: np.ndarray) -> np.ndarray:
     return x
 
 
-def _distribution(x: np.ndarray, params: SamplingParams) -> np.ndarray:
+# ``_distribution``'s float32 exponentials fall back to float64 below this temperature (1/T would overflow
+# float32) and for a maximum logit beyond this size (float64 logits past float32's range: inf - inf).
+_FLOAT32_MIN_TEMPERATURE = 1e-37
+_FLOAT32_MAX_LOGIT = 1e30
+
+
+def _distribution(x: np.ndarray, params: SamplingParams, exp_dtype: type = np.float64) -> np.ndarray:
+    """``distribution``'s work; ``exp_dtype`` np.float32: the exponentials in float32, the rest in float64
+    (``Sampler.draft_distribution``)."""
     n = x.size
     if params.greedy:
         i = argmax(x)  # the first maximum: lowest id wins ties
@@ -183,7 +191,9 @@ def _distribution(x: np.ndarray, params: SamplingParams) -> np.ndarray:
     # (everything below works in place on it), cast and shifted in one pass; the temperature and
     # the normalisation multiply by a reciprocal (a float64 division over a 152k vocabulary took
     # 89 us, a multiplication 24; the two differ by a rounding).
-    z = np.subtract(x, m, dtype=np.float64)
+    if exp_dtype is not np.float64 and (params.temperature < _FLOAT32_MIN_TEMPERATURE or abs(m) > _FLOAT32_MAX_LOGIT):
+        exp_dtype = np.float64
+    z = np.subtract(x, m, dtype=exp_dtype)
     if params.temperature != 1.0:
         inverse = 1.0 / params.temperature
         with np.errstate(over="ignore"):  # a tiny temperature sends z to -inf: p = 0, fine
@@ -193,6 +203,8 @@ def _distribution(x: np.ndarray, params: SamplingParams) -> np.ndarray:
                 z /= params.temperature
 
     w = np.exp(z, out=z)
+    if w.dtype != np.float64:
+        w = w.astype(np.float64)
     top_p, min_p = params.top_p, params.min_p
     keep: np.ndarray | None = None
     if top_p < 1.0:
@@ -419,6 +431,18 @@ class Sampler:
     def distribution(self, logits: np.ndarray) -> np.ndarray:
         """:func:`distribution` of ``logits`` under this sampler's params."""
         return _distribution(_as_logits(logits), self.params)
+
+    def draft_distribution(self, logits: np.ndarray) -> np.ndarray:
+        """q, the distribution a drafter draws a token from and the acceptance rule judges it by: the same
+        filters as :meth:`distribution`, with the exponentials taken in float32 (float64 again after them).
+
+        Rejection sampling keeps the target's distribution exactly for ANY q, as long as the drafted token
+        is drawn from the very q it is judged by, so q need not be p's arithmetic twin; it only needs to be
+        close to it to be accepted as often. The float32 exponentials differ from float64's by ~1e-7 of
+        each probability and cost a fifth to a third less, once per drafted token at T > 0 (the whole q over
+        a 49k vocabulary 124 -> 87 us, 152k 383 -> 300 us, 262k 712 -> 582 us, on a 2-core Xeon; with top-k
+        the same, its exponentials being few). The target's p stays float64."""
+        return _distribution(_as_logits(logits), self.params, np.float32)
 
     def pick(self, logits: np.ndarray) -> int:
         """The next token: the argmax when greedy, else a draw from :meth:`distribution`."""

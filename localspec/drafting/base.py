@@ -273,7 +273,7 @@ def draft_token(logits: np.ndarray, sampler: Sampler, p_min: float, history: Seq
         if p_min > 0.0 and top_probability(logits) < p_min:
             return None
         return argmax(logits), None
-    q = sampler.distribution(logits)
+    q = sampler.draft_distribution(logits)
     if p_min > 0.0 and float(q.max()) < p_min:
         return None
     return sample(q, sampler.rng), q

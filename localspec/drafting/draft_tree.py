@@ -54,13 +54,14 @@ def tree_q(logits: np.ndarray, sampler: Sampler, history: Sequence[int] = (), pa
     children are its most probable tokens, whatever the sampling settings cut). With the sampler's
     shaper (a grammar), the logits are first shaped as the target's row after ``history`` + ``path``
     (the node's token path); a row it rules out whole gets no children (q all zero)."""
-    logits = np.asarray(sampler.shaped(logits, history, path), dtype=np.float64)
+    logits = sampler.shaped(logits, history, path)
     if sampler.shaper is not None and not np.isfinite(logits.max()):
         return np.zeros(logits.size)
     if sampler.params.greedy:
+        logits = np.asarray(logits, dtype=np.float64)
         e = np.exp(logits - logits.max())
         return e / e.sum()
-    return np.array(sampler.distribution(logits), dtype=np.float64)
+    return sampler.draft_distribution(logits)
 
 
 QBatch = Callable[[Sequence[tuple[int, ...]]], Sequence[np.ndarray]]

@@ -287,6 +287,44 @@ def test_all_filters_together_match_the_reference() -> None:
     np.testing.assert_allclose(distribution(x, params), reference(x, params), rtol=1e-9, atol=1e-15)
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=60, top_p=0.8, min_p=0.02),
+    SamplingParams(temperature=1.3, top_p=0.5), SamplingParams(temperature=0.4, min_p=0.1),
+], ids=["plain", "all filters", "top-p", "min-p"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_drafts_q_is_the_targets_distribution_with_float32_exponentials(params: SamplingParams, dtype: type) -> None:
+    """q (``Sampler.draft_distribution``): the same filters, the exponentials in float32: a float64 vector
+    summing to 1 within rounding, each probability within float32's precision of ``distribution``'s."""
+    x = frozen(np.random.default_rng(5).normal(size=4000) * 3, dtype)
+    q, p = Sampler(params).draft_distribution(x), distribution(x, params)
+    assert q.dtype == np.float64 and q.shape == p.shape
+    assert abs(q.sum() - 1.0) < 1e-12
+    np.testing.assert_allclose(q, p, rtol=1e-5, atol=1e-12)
+    assert np.array_equal(q > 0, p > 0)  # (no filter boundary falls within a rounding here)
+
+
+@pytest.mark.parametrize("logits, temperature, expected", [
+    ([1.0, 3.0, 2.0, 3.0], 1e-300, [0.0, 0.5, 0.0, 0.5]),  # 1/T overflows float32: float64 again
+    ([1.0, 3.0, 2.0, 3.0], 5e-324, [0.0, 0.5, 0.0, 0.5]),
+    ([1e300, 1e300, -1e300], 1.0, [0.5, 0.5, 0.0]),  # past float32's range: float64 again, no inf - inf
+])
+def test_a_drafts_q_takes_float64_where_float32_cannot_hold_it(logits, temperature, expected) -> None:  # noqa: ANN001
+    q = Sampler(SamplingParams(temperature=temperature)).draft_distribution(frozen(logits, np.float64))
+    assert q.tolist() == expected
+
+
+def test_a_drafted_token_carries_the_q_it_was_drawn_from() -> None:
+    """Rejection sampling is exact for any q, provided the token is judged by the q it was drawn from."""
+    from localspec.drafting.base import draft_token
+    from localspec.drafting.draft_tree import tree_q
+
+    x = frozen(np.random.default_rng(6).normal(size=300) * 2)
+    sampler = Sampler(SamplingParams(temperature=0.8, top_p=0.9, seed=1))
+    token, q = draft_token(x, sampler, 0.0)
+    assert q is not None and np.array_equal(q, sampler.draft_distribution(x)) and q[token] > 0
+    assert np.array_equal(tree_q(x, sampler), sampler.draft_distribution(x))
+
+
 # --- output hygiene -------------------------------------------------------------------------
 
 
