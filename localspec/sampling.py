@@ -203,7 +203,7 @@ def _distribution(x: np.ndarray, params: SamplingParams, exp_dtype: type = np.fl
                 z /= params.temperature
 
     w = np.exp(z, out=z)
-    if w.dtype != np.float64:
+    if exp_dtype is not np.float64:
         w = w.astype(np.float64)
     top_p, min_p = params.top_p, params.min_p
     keep: np.ndarray | None = None
