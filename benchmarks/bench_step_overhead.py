@@ -30,10 +30,11 @@ the ratio the two host times give at the raw loop's decode time (the decodes the
 by a few percent from round to round on one context, which the first ratio carries and this one not). Issue #39's goals on the CPU
 proxy (one thread): plain >= 0.95x raw, ngram-none >= 0.93x raw plain, self k=4 >= 0.90x raw.
 
-Last, raw plain and plain once more with every decode left out (``warm_host``): what a plain step's
-host work costs with warm caches. On a CPU each decode sweeps the weights through the caches and the
-host work after it runs cold, several times slower (the engine's plain step: 75 us after a 9 MB sweep,
-15 us warm, on a 2-core Xeon); while a GPU decodes, the host's caches mostly stay warm.
+Last, raw plain, plain and ngram-none once more with every decode left out (``warm_host``: the row is
+rewritten to walk text with nothing to copy): what a step's host work costs with warm caches. On a CPU
+each decode sweeps the weights through the caches and the host work after it runs cold, several times
+slower (the engine's plain step: 75 us after a 9 MB sweep, 15 us warm, on a 2-core Xeon); while a GPU
+decodes, the host's caches mostly stay warm.
 
     python benchmarks/bench_step_overhead.py MODEL.gguf [--tokens 512] [--rounds 9] [--threads 1]
                                              [--gpu-layers N] [--json OUT.json]
@@ -85,7 +86,7 @@ class RawLoops:
         self.n_vocab = n_vocab
         self.batch = L.llama_batch_init(512, 0, 1)
         self.decode_seconds = 0.0  # in llama_decode and the wait for it, as Context.decode_seconds counts
-        self.no_device = False  # ``warm_host``: fill the batch, decode nothing (the last rows stay in place)
+        self.no_device: NoDecode | None = None  # ``warm_host``: fill the batch, then this stands in for the decode
 
     def decode(self, ctx: Any, tokens: list[int], pos0: int, all_rows: bool) -> None:
         b = self.batch
@@ -96,7 +97,8 @@ class RawLoops:
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
             b.logits[i] = all_rows or i == len(tokens) - 1
-        if self.no_device:
+        if self.no_device is not None:
+            assert self.no_device(ctx, self.L.llama_decode, b)[0] == 0
             return
         t0 = time.perf_counter()
         assert self.L.llama_decode(ctx, b) == 0
@@ -178,43 +180,105 @@ class RawLoops:
         self.L.llama_batch_free(self.batch)
 
 
-def warm_host(raw: RawLoops, engine: Any, prompt: list[int], n: int, rounds: int) -> dict[str, float] | None:
-    """Microseconds a plain step costs on the host with no decode at all, raw loop against the engine:
-    each decode is left out (the last decode's row stays in place and is read again), so the host's
-    caches stay warm, as they mostly do while a GPU decodes.
+class NoDecode:
+    """Stands in for the decode in ``warm_host`` (``context.synchronized_decode``'s signature): a one-token
+    decode does no device work; the row the last real one-token decode left in place is rewritten as a
+    one-hot at the fed token's successor on a random cycle through the vocabulary. So a greedy reply walks
+    text that never repeats (an n-gram lookup finds nothing to copy, as in ngram-none) with no decode at
+    all. A batch of more tokens (a prefill), and the first one-token decode after it on a context, run for
+    real: llama.cpp has a one-token row to rewrite only after one."""
 
-    On a CPU the decode itself sweeps the model's weights through the caches, and the host work after
-    it then runs on cold caches: with a 9 MB sweep in place of each decode the engine's plain step
-    measured 75 us on the host against 15 warm. The loops above carry that; this says what the Python
-    costs on its own. None when the repeated row ends the reply early (its argmax an end token)."""
+    def __init__(self, n_vocab: int, real: Callable[[Any, Any, Any], tuple[int, float]]) -> None:
+        import llama_cpp
+        import numpy as np
+
+        order = np.random.default_rng(0).permutation(n_vocab)
+        successor = np.empty(n_vocab, dtype=np.int64)
+        successor[order] = np.roll(order, -1)
+        self._np, self._row_of = np, llama_cpp.llama_get_logits_ith
+        self._successor = successor.tolist()
+        self._n_vocab = n_vocab
+        self._real = real
+        self._ready: set[int] = set()  # the contexts whose last real decode was a one-token one
+        self._rows: dict[int, tuple[Any, list[int]]] = {}  # by row address: its view, its hot token
+
+    def __call__(self, ctx: Any, run: Any, batch: Any) -> tuple[int, float]:
+        import ctypes
+
+        key = ctypes.cast(ctx, ctypes.c_void_p).value or 0
+        if batch.n_tokens != 1 or key not in self._ready:
+            rc, seconds = self._real(ctx, run, batch)
+            if batch.n_tokens == 1 and rc == 0:
+                self._ready.add(key)
+            else:
+                self._ready.discard(key)
+            return rc, seconds
+        address = ctypes.cast(self._row_of(ctx, 0), ctypes.c_void_p).value or 0
+        held = self._rows.get(address)
+        if held is None:
+            view = self._np.frombuffer((ctypes.c_float * self._n_vocab).from_address(address), dtype=self._np.float32)
+            view[:] = 0.0
+            held = self._rows[address] = (view, [0])
+        view, hot = held
+        view[hot[0]] = 0.0
+        hot[0] = self._successor[batch.token[0]]
+        view[hot[0]] = 1.0
+        return 0, 0.0
+
+
+def warm_host(raw: RawLoops, plain: Any, ngram: Any, prompt: list[int], n: int,
+              rounds: int) -> dict[str, float] | None:
+    """Microseconds a step costs on the host with no decode at all, the raw loop against the engine, plain
+    and ngram-none: ``NoDecode`` stands in for each one-token decode, so the host's caches stay warm, as
+    they mostly do while a GPU decodes, and the reply walks text with nothing to copy.
+
+    On a CPU each decode sweeps the model's weights through the caches and the host work after it then
+    runs on cold caches: with a 9 MB sweep in place of each decode the engine's plain step measured 75 us
+    on the host against 15 warm. The loops above carry that; this says what the Python costs on its own.
+    ngram-none is left out (None) when its lookup drafted anyway; None in all when a reply ended early."""
     from localspec.backend import context
     from localspec.engine import GenerateOptions
 
-    opts = GenerateOptions(max_tokens=n, speculative=False)
-    engine.generate(prompt, GenerateOptions(max_tokens=2, speculative=False)).run()  # a real row in place
     real = context.synchronized_decode
-    times: dict[str, list[float]] = {"raw plain": [], "plain": []}
-    steps = n
+    no_decode = NoDecode(plain.target.n_vocab, real)
+    loops: dict[str, Callable[[], tuple[int, int]]] = {
+        "raw plain": lambda: (raw.plain(plain.ctx.handle, prompt, n)[0], 0),
+        "plain": lambda: _tokens_drafted(plain.generate(prompt, GenerateOptions(max_tokens=n,
+                                                                                speculative=False)).run()),
+        "ngram-none": lambda: _tokens_drafted(ngram.generate(prompt, GenerateOptions(max_tokens=n)).run()),
+    }
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    short = False
+    drafted = 0
     try:
-        context.synchronized_decode = lambda ctx, run, batch: (0, 0.0)
-        raw.no_device = True
+        context.synchronized_decode = no_decode
+        raw.no_device = no_decode
         for _ in range(rounds):
-            gc.collect()
-            t0 = time.perf_counter()
-            raw.plain(engine.ctx.handle, prompt, n)
-            times["raw plain"].append(time.perf_counter() - t0)
-            gc.collect()
-            t0 = time.perf_counter()
-            done = engine.generate(prompt, opts).run()
-            times["plain"].append(time.perf_counter() - t0)
-            steps = min(steps, done.stats.steps)
+            for name, loop in loops.items():
+                gc.collect()
+                t0 = time.perf_counter()
+                tokens, drafts = loop()
+                times[name].append(time.perf_counter() - t0)
+                if name == "raw plain":
+                    plain.invalidate()  # the raw loop decoded on the engine's context
+                short = short or tokens < n
+                drafted += drafts if name == "ngram-none" else 0
     finally:
         context.synchronized_decode = real
-        raw.no_device = False
-        engine.invalidate()
-    if steps < n:
+        raw.no_device = None
+        plain.invalidate()
+        ngram.invalidate()
+    if short:
         return None
-    return {name: statistics.median(t) / n * 1e6 for name, t in times.items()}
+    out = {name: statistics.median(t) / n * 1e6 for name, t in times.items()}
+    if drafted:
+        del out["ngram-none"]
+    return out
+
+
+def _tokens_drafted(done: Any) -> tuple[int, int]:
+    """A finished reply's tokens and drafted tokens."""
+    return len(done.tokens), done.stats.drafted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                 chosen[name] = raw.last_tokens
     # Whether the argmax in the graph chose what the host's did (ties aside: ggml's keeps the last maximum).
     same_tokens = chosen["raw plain"] == chosen["raw device argmax"]
-    warm = warm_host(raw, plain, prompt, n, args.rounds)
+    warm = warm_host(raw, plain, ngram, prompt, n, args.rounds)
     raw.close()
 
     tps = {name: tokens[name] / statistics.median(s) for name, s in seconds.items()}
@@ -340,10 +404,12 @@ def main(argv: list[str] | None = None) -> int:
               f" ({row['host_us_per_step'] - row['raw_host_us_per_step']:+.1f}); at the raw loop's decode time "
               f"{row['host_ratio']:.3f}x")
     if warm is None:
-        print("  warm host: not measured (the repeated row's argmax ends the reply)")
+        print("  warm host: not measured (a reply with no decode ended early)")
     else:
-        print(f"  plain         host {warm['plain']:6.1f} us a step against {warm['raw plain']:6.1f} with no decode "
-              f"(warm caches, as while a GPU decodes; {warm['plain'] - warm['raw plain']:+.1f})")
+        for name in ("plain", "ngram-none"):
+            if name in warm:
+                print(f"  {name:13} host {warm[name]:6.1f} us a step against {warm['raw plain']:6.1f} with no decode "
+                      f"(warm caches, as while a GPU decodes; {warm[name] - warm['raw plain']:+.1f})")
     if args.json:
         args.json.write_text(json.dumps({"model": str(path), "tokens": n, "rounds": args.rounds,
                                          "threads": args.threads, "gpu_layers": args.gpu_layers,

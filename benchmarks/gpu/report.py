@@ -86,8 +86,10 @@ def overhead_lines(overhead: dict[str, Any]) -> list[str]:
                     f"the same tokens: {'yes' if device['same_tokens'] else 'no'}."]
     warm = overhead.get("warm_host_us_per_step")
     if warm:
-        out += ["", f"With no decode at all (the last row read again; the host's caches stay warm): a plain step "
-                    f"{warm['plain']:.1f} us on the host against the raw loop's {warm['raw plain']:.1f}."]
+        ngram = (f", an ngram-none step {warm['ngram-none']:.1f} us" if "ngram-none" in warm else "")
+        out += ["", f"With no decode at all (the row rewritten to walk text with nothing to copy; the host's caches "
+                    f"stay warm): a plain step {warm['plain']:.1f} us on the host{ngram}, against the raw loop's "
+                    f"{warm['raw plain']:.1f}."]
     return out + [""]
 
 

@@ -45,8 +45,13 @@ def test_the_overhead_section_gives_the_warm_host_cost_when_it_was_measured() ->
     assert not any("no decode at all" in line for line in report.overhead_lines(OVERHEAD))
     lines = report.overhead_lines({**OVERHEAD, "warm_host_us_per_step": {"raw plain": 7.2, "plain": 13.5}})
     said = next(line for line in lines if "no decode at all" in line)
-    assert "a plain step 13.5 us on the host against the raw loop's 7.2" in said
-    # (a reply ended early by the repeated row: not measured, nothing said)
+    assert "a plain step 13.5 us on the host, against the raw loop's 7.2" in said
+    assert "ngram" not in said  # (its lookup drafted: left out)
+    lines = report.overhead_lines({**OVERHEAD, "warm_host_us_per_step": {"raw plain": 7.2, "plain": 13.5,
+                                                                          "ngram-none": 19.25}})
+    said = next(line for line in lines if "no decode at all" in line)
+    assert "a plain step 13.5 us on the host, an ngram-none step 19.2 us, against the raw loop's 7.2" in said
+    # (a reply ended early: not measured, nothing said)
     assert not any("no decode at all" in line
                    for line in report.overhead_lines({**OVERHEAD, "warm_host_us_per_step": None}))
 
