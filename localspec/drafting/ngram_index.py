@@ -28,7 +28,8 @@ class NgramIndex:
     key, are no work for the garbage collector, which otherwise came due in
     the middle of a decode loop every few lookups.
 
-    Cost: ``extend`` does (n_max - n_min + 1) dict updates per new token;
+    Cost: ``extend`` does (n_max - n_min + 1) dict updates per new token (for the n-gram drafter's
+    n = 1..4 in a loop with the levels written out, ``_extend_one_to_four``);
     ``truncate`` undoes them per removed token (exact, not lazy: the chains
     grow at their heads, so a removed token's entry is always a head).
     ``lookup`` looks at the ``max_occurrences`` most recent occurrences only,
@@ -61,6 +62,9 @@ class NgramIndex:
         self._prev: list[list[int]] = [[0] for _ in range(n_max + 1)]
         self._count: list[list[int]] = [[0] for _ in range(n_max + 1)]
         self._has_separators = False
+        # What extend updates per level (the dicts and lists themselves: never replaced, only changed).
+        self._levels = [(n, self._heads[n], self._prev[n], self._count[n]) for n in range(n_min, n_max + 1)]
+        self._one_to_four = (n_min, n_max) == (1, 4)  # the n-gram drafter's shape: extend's unrolled loop
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -89,7 +93,17 @@ class NgramIndex:
         h = self._tokens
         start = len(h)
         h.extend(new)
-        n_min, n_max = self.n_min, self.n_max
+        if self._one_to_four and len(h) > 3:
+            if start < 3:
+                self._extend_general(start, 3)
+                start = 3
+            self._extend_one_to_four(start)
+        else:
+            self._extend_general(start, len(h))
+
+    def _extend_general(self, start: int, end: int) -> None:
+        """Index the n-grams ending at positions ``start`` + 1 .. ``end`` of the history (any n_min, n_max)."""
+        h, n_max = self._tokens, self.n_max
         # keys[n]: the key of the n tokens ending at the position being indexed, rolled on token by token
         # (the n-gram ending at p is the (n-1)-gram ending at p - 1 and the token at p - 1)
         keys = [0] * (n_max + 1)
@@ -98,8 +112,8 @@ class NgramIndex:
             for n in range(n_max, 1, -1):
                 keys[n] = keys[n - 1] << _TOKEN_BITS | t
             keys[1] = t
-        levels = [(n, self._heads[n], self._prev[n], self._count[n]) for n in range(n_min, n_max + 1)]
-        for p in range(start + 1, len(h) + 1):
+        levels = self._levels
+        for p in range(start + 1, end + 1):
             t = h[p - 1] & _TOKEN_MASK
             for n in range(n_max, 1, -1):
                 keys[n] = keys[n - 1] << _TOKEN_BITS | t
@@ -114,6 +128,37 @@ class NgramIndex:
                 chain[key] = p
                 prev.append(last)
                 count.append(count[last] + 1)
+
+    def _extend_one_to_four(self, start: int) -> None:
+        """``_extend_general`` for n = 1..4 (the n-gram drafter's index) from position ``start`` >= 3 to the
+        history's end: the same updates, the four levels written out (a third to a half less time a token:
+        this runs on every step that drafts with a lookup, and over the whole prompt at the first)."""
+        h, bits, mask = self._tokens, _TOKEN_BITS, _TOKEN_MASK
+        a, b, k1 = h[start - 3] & mask, h[start - 2] & mask, h[start - 1] & mask
+        k2, k3 = b << bits | k1, (a << bits | b) << bits | k1  # the keys of the n-grams ending at start - 1
+        (_, c1, p1, n1), (_, c2, p2, n2), (_, c3, p3, n3), (_, c4, p4, n4) = self._levels
+        for p in range(start + 1, len(h) + 1):
+            t = h[p - 1] & mask
+            k4 = k3 << bits | t
+            k3 = k2 << bits | t
+            k2 = k1 << bits | t
+            k1 = t
+            last = c1.get(k1, 0)
+            c1[k1] = p
+            p1.append(last)
+            n1.append(n1[last] + 1)
+            last = c2.get(k2, 0)
+            c2[k2] = p
+            p2.append(last)
+            n2.append(n2[last] + 1)
+            last = c3.get(k3, 0)
+            c3[k3] = p
+            p3.append(last)
+            n3.append(n3[last] + 1)
+            last = c4.get(k4, 0)
+            c4[k4] = p
+            p4.append(last)
+            n4.append(n4[last] + 1)
 
     def truncate(self, length: int) -> None:
         """Roll the history back to its first ``length`` tokens."""

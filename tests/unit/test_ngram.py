@@ -17,7 +17,7 @@ from localspec.drafting.base import Drafter, Evidence, Proposal, TreeProposal
 from localspec.drafting.lookup import Candidate, Lookup, proposal_from_lookup, strongest
 from localspec.drafting.loops import LOOP_MAX_RUN
 from localspec.drafting.ngram import NgramDrafter
-from localspec.drafting.ngram_index import NgramIndex
+from localspec.drafting.ngram_index import NgramIndex, _suffix_keys
 
 tokens = st.lists(st.integers(0, 3), max_size=80)
 
@@ -167,6 +167,51 @@ def test_incremental_extend_and_truncate_equal_a_fresh_build(ops: list) -> None:
     fresh.extend(hist)
     assert len(index) == len(hist)
     assert index._state() == fresh._state()  # the invariant itself, not just its consequences
+
+
+def brute_index_state(hist: list[int], n_min: int, n_max: int) -> tuple[object, ...]:
+    """``NgramIndex._state()`` built the slow way: for each n and each position p (after the n-gram
+    ending there), the previous position after the same n-gram and how many occurred up to p."""
+    heads, prevs, counts = [], [], []
+    for n in range(n_min, n_max + 1):
+        head: dict[int, int] = {}
+        prev, count = [0], [0]
+        for p in range(1, len(hist) + 1):
+            if n > p:
+                prev.append(0)
+                count.append(0)
+                continue
+            key = _suffix_keys(hist[p - n:p])[n]
+            ends = [q for q in range(n, p) if hist[q - n:q] == hist[p - n:p]]
+            prev.append(ends[-1] if ends else 0)
+            count.append(len(ends) + 1)
+            head[key] = p
+        heads.append(head)
+        prevs.append(prev)
+        counts.append(count)
+    return hist, heads, prevs, counts
+
+
+# ids across the whole int32 range, and separators (negative)
+any_tokens = st.lists(st.sampled_from([0, 1, 2, 7, -1, 2**31 - 1, 49151]), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.one_of(any_tokens, st.integers(0, 40)), max_size=14),
+       shape=st.sampled_from([(1, 4), (1, 3), (2, 5), (1, 1)]))
+def test_extend_in_any_steps_builds_the_brute_force_index(ops: list, shape: tuple[int, int]) -> None:
+    """The n-gram drafter's shape (1..4) has extend's unrolled loop, the rest the general one: either way,
+    extends of any length and truncations in between leave the index a brute force builds."""
+    index = NgramIndex(*shape)
+    hist: list[int] = []
+    for op in ops:
+        if isinstance(op, int):
+            index.truncate(op)
+            del hist[op:]
+        else:
+            index.extend(op)
+            hist += op
+        assert index._state() == brute_index_state(hist, *shape)
 
 
 def test_recency_breaks_ties_and_decay_prefers_recent() -> None:
