@@ -151,24 +151,6 @@ def test_a_repeat_reaching_the_end_of_the_history_drafts_on_through_it() -> None
     assert NgramDrafter().propose(hist, 5).tokens == (3, 1, 2, 3, 1)
 
 
-@settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.one_of(tokens, st.integers(0, 90)), max_size=12))
-def test_incremental_extend_and_truncate_equal_a_fresh_build(ops: list) -> None:
-    index = NgramIndex(1, 3)
-    hist: list[int] = []
-    for op in ops:
-        if isinstance(op, int):
-            index.truncate(op)
-            del hist[op:]
-        else:
-            index.extend(op)
-            hist += op
-    fresh = NgramIndex(1, 3)
-    fresh.extend(hist)
-    assert len(index) == len(hist)
-    assert index._state() == fresh._state()  # the invariant itself, not just its consequences
-
-
 def brute_index_state(hist: list[int], n_min: int, n_max: int) -> tuple[object, ...]:
     """``NgramIndex._state()`` built the slow way: for each n and each position p (after the n-gram
     ending there), the previous position after the same n-gram and how many occurred up to p."""
