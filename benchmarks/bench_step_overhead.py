@@ -262,7 +262,7 @@ def warm_host(raw: RawLoops, plain: Any, ngram: Any, prompt: list[int], n: int,
                 if name == "raw plain":
                     plain.invalidate()  # the raw loop decoded on the engine's context
                 short = short or tokens < n
-                drafted += drafts if name == "ngram-none" else 0
+                drafted += drafts  # (only ngram-none can draft)
     finally:
         context.synchronized_decode = real
         raw.no_device = None
