@@ -483,6 +483,11 @@ class Engine:
             raise InvalidOptionError(f"the prompt must be text (str) or a list of token ids, not "
                                      f"{type(prompt).__name__}", param="prompt") from None
         n_vocab = self.target.n_vocab
+        # The common case in C (a chat's history, tens of thousands of ids, comes every turn: walked in
+        # Python it took 3 ms for 12,000): plain ints within the vocabulary. Anything else is walked, to
+        # name the first id that is wrong.
+        if tokens and set(map(type, tokens)) == {int} and 0 <= min(tokens) and max(tokens) < n_vocab:
+            return tokens
         for tok in tokens:
             if isinstance(tok, bool) or not isinstance(tok, int) and not hasattr(tok, "__index__"):
                 raise InvalidOptionError(f"the prompt's token {tok!r} is not a token id (an int)", param="prompt")
