@@ -29,6 +29,7 @@ from localspec.backend.model import Model
 from localspec.backend.nextn import mtp_unavailable_reason, nextn_api
 from localspec.errors import ModelFileError, UnsupportedModelError
 from localspec.llama_facts import ROLLBACK_SNAPSHOTS
+from localspec.token_ids import common_prefix
 
 
 def _set_threads(params: Any, n_threads: int | None) -> None:
@@ -526,12 +527,7 @@ class Context(_OwnedContext):
         The first ``start`` positions are taken as known to match (callers that
         only ever extend a history need not compare it again).
         """
-        n = min(start, len(self.tokens), len(tokens))
-        for a, b in zip(self.tokens[n:], tokens[n:]):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(self.tokens, tokens, start)
 
 
 DecodeListener = Callable[[Sequence[int], Sequence[int], "Sequence[Sequence[int]] | None"], None]

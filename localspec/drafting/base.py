@@ -310,11 +310,3 @@ def top_probability(logits: np.ndarray) -> float:
     return 1.0 / float(np.exp(logits - m, dtype=np.float64).sum()) if np.isfinite(m) else 0.0
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -32,11 +32,12 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, common_prefix, draft_chain
+from localspec.drafting.base import DrafterBase, Proposal, TreeProposal, draft_chain
 from localspec.drafting.draft_tree import grow_on_node_sequences, tree_q
 from localspec.drafting.hidden_rows import HiddenRows
 from localspec.models.memory import DRAFT_ROWS_MAX_BYTES
 from localspec.sampling import Sampler
+from localspec.token_ids import common_prefix
 
 MAX_ROW_BYTES = DRAFT_ROWS_MAX_BYTES
 """Default cap on the target rows a drafter keeps for its next catch-up."""

@@ -75,14 +75,6 @@ class ReplyStore(Protocol):
     def remember(self, reply: Sequence[int], context: Sequence[int] = ()) -> bool: ...
 
 
-def as_list(tokens: Sequence[int] | np.ndarray) -> list[int]:
-    """``tokens`` as a list of ints: a list is taken as it is (a history is one; only read, never kept
-    or changed here), anything else converted (numpy ids hash and compare as the ints they hold)."""
-    if type(tokens) is list:
-        return tokens
-    return tokens.tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens]
-
-
 def continuation(tokens: list[int], start: int, draft_len: int) -> list[int]:
     """Up to ``draft_len`` of what follows ``tokens[:start]``, if the text ending ``tokens`` copies it.
 

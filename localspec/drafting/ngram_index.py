@@ -9,7 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.drafting.lookup import Lookup, as_list, continuation, cut_at_separator, rank_continuations
+from localspec.drafting.lookup import Lookup, continuation, cut_at_separator, rank_continuations
+from localspec.token_ids import as_list
 
 
 # A token's bits in an n-gram's key (see NgramIndex): ids are int32, separators negative.

@@ -56,8 +56,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from localspec.acceptance import ROOT
-from localspec.drafting.base import Evidence, Proposal, TreeProposal, common_prefix
+from localspec.drafting.base import Evidence, Proposal, TreeProposal
 from localspec.drafting.tree import CandidateTree
+from localspec.token_ids import common_prefix
 
 
 # --- acceptance with forgetting ----------------------------------------------

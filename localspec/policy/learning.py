@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from localspec.drafting.base import Evidence, Proposal, common_prefix
+from localspec.drafting.base import Evidence, Proposal
 from localspec.events import StepEvent
 from localspec.policy.costs import CostModel
 from localspec.policy.decision import Decision
 from localspec.policy.estimates import DrafterEstimates
 from localspec.policy.pricing import line_starts
 from localspec.policy.probing import ProbeState
+from localspec.token_ids import common_prefix
 
 
 @dataclass

@@ -321,8 +321,44 @@ def test_drafter_keeps_its_index_in_sync(steps: list, as_array: bool) -> None:
         fresh.extend(hist)
         assert drafter._index._state() == fresh._state()
         drafter.accepted(passed, 0)
+
+
+sequences = st.lists(st.tuples(st.integers(0, 80), st.integers(0, 80), st.lists(st.integers(0, 3), max_size=40)),
+                     min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(turns=sequences, check=st.sampled_from([1, 4, 16]))
+def test_a_new_sequence_reuses_the_index_only_where_it_agrees(turns: list, check: int) -> None:
+    """Each turn a new sequence (``reset``): the last one cut at ``keep``, one token changed at ``edit``
+    (anywhere: before the checked tail too) and extended. The kept index must equal a fresh index
+    of the new history, which a drafter that trusted its tail check after a reset would miss."""
+    drafter = NgramDrafter(n_min=1, n_max=4, sync_check=check)
+    hist: list[int] = []
+    for keep, edit, new in turns:
+        hist = hist[:keep] + new
+        if edit < len(hist):
+            hist[edit] += 7  # a token the alphabet above never holds: the sequences now differ there
+        drafter.reset()
+        drafter.propose(list(hist), 4)
+        fresh = NgramIndex(1, 4)
+        fresh.extend(hist)
+        assert drafter._index._state() == fresh._state()
+        drafter.accepted(hist, 0)
+
+
+def test_a_chat_turn_indexes_only_what_is_new() -> None:
+    """The next turn of a conversation keeps the index and appends to it (its lists are the same ones)."""
+    drafter = NgramDrafter()
+    turn = [5, 6, 7, 8] * 50
+    drafter.propose(turn, 4)
+    kept = drafter._index
     drafter.reset()
-    assert len(drafter._index) == 0
+    drafter.propose(turn + [9, 5, 6], 4)
+    assert drafter._index is kept and len(kept) == len(turn) + 3
+    drafter.reset()
+    drafter.propose([1, 2, 3], 4)  # another text: most of the index would be undone, so it starts afresh
+    assert drafter._index is not kept and drafter._index.tokens == [1, 2, 3]
 
 
 def test_drafter_counts_what_was_kept() -> None:
