@@ -9,6 +9,8 @@ from typing import Sequence
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from localspec.drafting.base import DrafterBase, TreeProposal
 from localspec.drafting.lookahead import (
@@ -182,6 +184,39 @@ def test_history_ngrams_feed_the_pool() -> None:
     assert proposal.tree.branches == ((3, 1),)  # 2 was followed by 3, 1
     d.accepted(history + [8], 0)
     assert d.pool.get(1)[0] == (2, 8)  # the newest occurrence comes first
+
+
+turns = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.lists(st.integers(0, 3), max_size=20),
+                          st.integers(1, 3)), min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(turns=turns)
+def test_a_new_history_adds_only_the_ngrams_past_what_it_shares(turns: list) -> None:
+    """Each turn a new history (``reset``): the last one cut at ``keep``, one token changed at ``edit``
+    (anywhere), extended, and followed over a few steps. The pool holds every n-gram of it, and only
+    the n-grams not wholly within the part shared with the last history were added: the rest were
+    added already (a drafter that trusted the old history would miss the edit; one that forgot it
+    added everything again)."""
+    d = LookaheadDrafter(width=1, ngram=3, max_candidates=16, max_seqs=17)
+    added: list[tuple[int, ...]] = []
+    add = d.pool.add
+    d.pool.add = lambda gram: (added.append(tuple(gram)), add(gram))  # type: ignore[method-assign]
+    hist: list[int] = []
+    for keep, edit, new, steps in turns:
+        last = hist
+        hist = hist[:keep] + new
+        if edit < len(hist):
+            hist[edit] += 4  # a token the alphabet above never holds
+        first = max(0, len(hist) - steps + 1)  # the history's length when the drafter first sees it
+        shared = next((i for i, (a, b) in enumerate(zip(last, hist[:first])) if a != b), min(len(last), first))
+        d.reset()
+        added.clear()
+        for cut in range(first, len(hist) + 1):  # the history grows step by step
+            d.accepted(tuple(hist[:cut]), 0)
+        grams = [tuple(hist[i:i + 3]) for i in range(len(hist) - 2)]
+        assert added == grams[max(0, shared - 2):]
+        assert all(g[1:] in d.pool.get(g[0]) for g in grams)
 
 
 def test_parameters_must_fit_the_sequences() -> None:
