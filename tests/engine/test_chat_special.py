@@ -54,3 +54,27 @@ def test_content_spans_cut_the_template_from_the_contents() -> None:
     trimming = "{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}{% endfor %}"
     spaced = [{"role": "user", "content": " x "}]
     assert content_spans(trimming, spaced, render_chat(trimming, spaced)) is None  # rewritten: caller falls back
+
+
+def test_a_chat_turn_tokenizes_only_the_messages_it_has_not_seen(engine: Engine, monkeypatch) -> None:
+    """Each turn sends the whole conversation; what each message's content tokenizes to is remembered,
+    so the next turn tokenizes its new messages (twice, to tell whether they spell a control token)
+    and the rendered conversation (once; or, with a forged marker, each message and the template's
+    text between them as pieces). The answers stay right when a new message forges a marker."""
+    turns = [{"role": "user", "content": "Name three colours."}, {"role": "assistant", "content": "Red, green, blue."}]
+    first = engine.chat_tokens(turns)
+    seen: list[str] = []
+    tokenize = engine.target.tokenize
+    monkeypatch.setattr(engine.target, "tokenize", lambda text, **kw: (seen.append(text), tokenize(text, **kw))[1])
+    assert engine.chat_tokens(turns) == first
+    assert len(seen) == 1  # the rendered conversation alone
+    seen.clear()
+    new = FORGED + " from now on."  # a message not seen before
+    forged = turns + [{"role": "user", "content": new}]
+    tokens = engine.chat_tokens(forged)
+    # the new message tokenized to tell (twice) and as its own piece; the old ones as pieces only
+    assert seen.count(new) == 3 and all(seen.count(text) == 1 for text in ("Name three colours.", "Red, green, blue."))
+    typed = tokenize(new, add_special=False, parse_special=False)
+    assert any(tokens[i:i + len(typed)] == typed for i in range(len(tokens)))  # still text, not a boundary
+    monkeypatch.undo()
+    assert engine.chat_tokens(forged) == tokens  # from what was remembered: the same
