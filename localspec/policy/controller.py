@@ -349,7 +349,9 @@ class Controller:
                 # Timed again and fast: what kept it out (a cold start, a long pause) is past, and
                 # its old times would take hundreds of steps to outweigh.
                 self.costs.restart_draft(drafter.name)
-            if state.lookups:  # the first lookup of a sequence indexes the whole prompt: not a step's cost
+            # The first lookup of a sequence may index the whole prompt (a new text; a chat's next turn
+            # indexes only what is new): not a step's cost.
+            if state.lookups:
                 # A lookup takes tens of microseconds, so one caught by a garbage collection or a
                 # preemption (milliseconds) would lift its estimate past lookup_share for dozens of
                 # steps, and a lookup not asked is not timed again: the copy it would have drafted
