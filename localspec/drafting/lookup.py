@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-import numpy as np
-
 from localspec.drafting.base import Evidence, Proposal, TreeProposal
 from localspec.drafting.tree import CandidateTree, build_tree, tree_from_branches
 
