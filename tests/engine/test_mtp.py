@@ -15,6 +15,8 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from localspec import backend
 from localspec.backend import Context, Model, MtpContext
@@ -283,6 +285,49 @@ def test_the_app_switch_offers_mtp(agreeing_path):
 
 class _Head:
     n_embd, n_batch, n_heads, n_seq = 4, 8, 1, 1
+
+
+class _RecordingHead(_Head):
+    """A head that keeps nothing and records where each catch-up started."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+
+    def rollback_to(self, start: int) -> None:
+        self.starts.append(start)
+
+    def decode(self, tokens, positions, rows, outputs) -> None:  # noqa: ANN001
+        pass
+
+
+generations = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60), st.lists(st.integers(0, 3), min_size=2,
+                                                                                  max_size=30),
+                                 st.integers(1, 4)), min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(gens=generations)
+def test_the_catch_up_starts_where_the_history_parts_from_what_the_cache_was_built_from(gens: list) -> None:
+    """Each generation a new history (``reset``): the last one cut at ``keep``, one token changed at
+    ``edit`` (anywhere: before the checked tail too) and extended, then drafted from over a few growing
+    steps. Every catch-up must rebuild from the first row whose tokens differ from what the cache was
+    built from (a drafter that trusted its tail check across a reset would miss the edit; one that
+    rebuilt more would cost every step)."""
+    head = _RecordingHead()
+    drafter = MtpDrafter(head, HiddenRowSource(), Sampler(SamplingParams(temperature=0.0)))  # type: ignore[arg-type]
+    built: list[int] = []  # what the cache holds, as a drafter comparing everything sees it
+    hist: list[int] = []
+    for keep, edit, new, steps in gens:
+        hist = hist[:keep] + new
+        if edit < len(hist):
+            hist[edit] += 4  # a token the alphabet above never holds
+        drafter.reset()
+        for cut in range(max(2, len(hist) - steps + 1), len(hist) + 1):
+            history = hist[:cut]
+            shared = next((i for i, (a, b) in enumerate(zip(built, history)) if a != b), min(len(built), cut))
+            drafter._catch_up(history)
+            assert head.starts[-1] == max(0, min(shared, cut - 1) + drafter.lag - drafter.reads_token)
+            built = history[:cut - 1 + drafter.reads_token]
 
 
 def test_hidden_rows_are_found_by_position_and_token():
