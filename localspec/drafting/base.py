@@ -209,7 +209,9 @@ class Drafter(Protocol):
         ...
 
     def reset(self) -> None:
-        """Forget all state tied to the current sequence."""
+        """A new sequence begins: forget, or stop trusting, the state tied to the last one. What a drafter
+        keeps of it (a draft model's or a head's cache, the n-gram index, lookahead's indexed history) is
+        compared with the next history before use, so a chat's next turn pays only for what is new."""
         ...
 
     def remember_reply(self, reply: Sequence[int], context: Sequence[int]) -> bool:
