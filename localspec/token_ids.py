@@ -38,3 +38,14 @@ def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray, 
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def held_prefix(held: list[int], history: Sequence[int] | np.ndarray, *, trusted: bool, check: int) -> int:
+    """How many leading tokens of ``history`` match ``held`` (what a drafter built from an earlier history).
+    ``trusted``: the history only grew since (within a generation), so ``held`` is taken whole when its last
+    ``check`` tokens agree; otherwise (after a reset) it is compared whole. A change hidden before the checked
+    tail could only make drafts worse, never the output wrong: every draft is verified by the target."""
+    n = len(held)
+    if trusted and len(history) >= n and as_list(history[max(0, n - check):n]) == held[max(0, n - check):]:
+        return n
+    return common_prefix(held, history)

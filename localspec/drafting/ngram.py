@@ -20,7 +20,7 @@ from localspec.drafting.base import DrafterBase, Proposal, TreeProposal
 from localspec.drafting.lookup import Lookup, NgramSource, ReplyStore, proposal_from_lookup, strongest
 from localspec.drafting.loops import end_loop, loop_lookup, loop_run
 from localspec.drafting.ngram_index import NgramIndex
-from localspec.token_ids import as_list, common_prefix
+from localspec.token_ids import as_list, held_prefix
 
 
 @dataclass
@@ -119,21 +119,14 @@ class NgramDrafter(DrafterBase):
 
     def _sync(self, history: Sequence[int]) -> None:
         index = self._index
-        ours = index.tokens
-        n_idx = len(ours)
-        start = max(0, n_idx - self.sync_check)
-        if self._trusted and len(history) >= n_idx and as_list(history[start:n_idx]) == ours[start:]:
-            if len(history) > n_idx:
-                index.extend(history[n_idx:])
-            return
-        hist = as_list(history)
-        common = common_prefix(hist, ours)
+        n_idx = len(index)
+        common = held_prefix(index.tokens, history, trusted=self._trusted, check=self.sync_check)
         if _UNDO_COST * (n_idx - common) > common:  # cheaper to index the shared part again than to undo the rest
             index = self._index = self._new_index()
             common = 0
-        else:
+        elif common < n_idx:
             index.truncate(common)
-        index.extend(hist[common:])
+        index.extend(history[common:])
         self._trusted = True
 
     def _best_lookup(self, history: Sequence[int], draft_len: int) -> Lookup | None:
