@@ -9,11 +9,12 @@ Python objects or mutate anything.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localspec.errors import UnsupportedModelError
@@ -99,12 +100,19 @@ def render_chat(template: str | None, messages: Iterable[Message | Mapping[str, 
     msgs = [m.as_dict() if isinstance(m, Message) else dict(m) for m in messages]
     extra = {} if tools is None else {"tools": [dict(t) for t in tools]}
     try:
-        return _env.from_string(template).render(
+        return _compiled(template).render(
             messages=msgs, bos_token=bos_token, eos_token=eos_token,
             add_generation_prompt=add_generation_prompt, **extra,
         )
     except TemplateError as err:
         raise UnsupportedModelError(f"the chat template of {model_name} failed: {err}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str) -> Template:
+    """A template compiled once: compiling is most of rendering a chat (3 of 3.5 ms for SmolLM2's small
+    template and a 12,000-token chat on a 2-core CPU), and a chat renders its template every turn."""
+    return _env.from_string(template)
 
 
 _OPEN, _CLOSE = "\U0010fffd", "\U0010fffe"

@@ -43,6 +43,22 @@ def test_raise_exception_in_a_template_is_reported() -> None:
         render_chat(template, [Message("system", "x")], model_name="m.gguf")
 
 
+def test_a_template_is_compiled_once_and_a_broken_one_fails_every_time(monkeypatch) -> None:
+    """A chat renders its template every turn, and compiling is most of the work (30 ms for Qwen3's)."""
+    from localspec import chat
+
+    compiled: list[str] = []
+    compile_ = chat._env.from_string
+    monkeypatch.setattr(chat._env, "from_string", lambda source: (compiled.append(source), compile_(source))[1])
+    template = CHATML + "{# compiled once #}"
+    first = render_chat(template, [Message("user", "Hi")])
+    assert render_chat(template, [Message("user", "Hi"), Message("assistant", "Yo")]).startswith(first)
+    assert compiled == [template]
+    for _ in range(2):
+        with pytest.raises(UnsupportedModelError, match="chat template of m.gguf failed"):
+            render_chat("{% for %}", [Message("user", "Hi")], model_name="m.gguf")
+
+
 @pytest.mark.parametrize("template", [
     "{{ ''.__class__.__mro__[1].__subclasses__() }}",         # reach Python's object graph
     "{{ messages.append({'role': 'x', 'content': 'y'}) }}",   # mutate what it was given
