@@ -27,6 +27,7 @@ from localspec.errors import (
 from localspec.constraints import GrammarShaper, grammar_text
 from localspec.generation import Generation
 from localspec.options import GenerateOptions
+from localspec.piecewise import PiecewiseTokenizer, SpecialTexts
 from localspec.models.split import DeviceSplit
 from localspec.policy.controller import Controller
 from localspec.policy.costs import CostModel
@@ -71,6 +72,9 @@ class _Turn:
 TREE_SEQUENCES = 32
 # Message contents whose tokenization chat_tokens remembers (Engine._spells_control): a long chat's messages.
 SPELLED_KEPT = 1024
+# Rendered chats this long (characters) are tokenized a message at a time (localspec.piecewise); shorter
+# ones whole (a few milliseconds at most, and a short prompt never pays for reading the vocabulary).
+PIECEWISE_FROM = 4096
 
 
 BUSY = ("one generation at a time: finish or cancel the first (another thread is still generating with this "
@@ -141,6 +145,8 @@ class Engine:
         self._setup = Setup(target, draft, self.ctx, n_ctx, n_batch, n_threads, TREE_SEQUENCES, personal_history)
         self._grammars: dict[str, Grammar] = {}  # compiled grammars by their text (Engine.shaper)
         self._spelled: dict[str, bool] = {}  # message contents -> whether they spell a control token (chat_tokens)
+        self._piecewise: PiecewiseTokenizer | None = None  # chat_tokens' for long chats, once the vocabulary is read
+        self._piecewise_read = False
         # Each kind's context is built right after the target's, before it decodes (the assistant's must be).
         self._wired: list[Wired] = []
         for kind, spec in zip(kinds, entries):
@@ -343,7 +349,20 @@ class Engine:
             if pieces is not None:
                 return [t for i, (piece, content) in enumerate(pieces)
                         for t in tokenize(piece, add_special=add_bos and i == 0, parse_special=not content)]
+        piecewise = self._piecewise_tokenizer() if len(text) >= PIECEWISE_FROM else None
+        if piecewise is not None:  # the same ids, tokenizing only the messages not seen before
+            return piecewise.tokenize(text, add_bos)
         return tokenize(text, add_special=add_bos, parse_special=True)
+
+    def _piecewise_tokenizer(self) -> PiecewiseTokenizer | None:
+        """The target's chat tokenizer that remembers messages (None where cutting is not known exact)."""
+        if not self._piecewise_read:
+            self._piecewise_read = True
+            texts = self.target.partition_texts()
+            self._piecewise = None if texts is None else PiecewiseTokenizer(
+                lambda text, add_special: self.target.tokenize(text, add_special=add_special, parse_special=True),
+                SpecialTexts(*texts))
+        return self._piecewise
 
     def _spells_control(self, content: str) -> bool:
         """Whether ``content`` tokenizes otherwise when its control-token text is parsed (``<|im_end|>`` typed

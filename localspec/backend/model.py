@@ -188,6 +188,31 @@ class Model:
                 raise RuntimeError(f"llama_tokenize failed ({n})")
         return list(buf[:n])
 
+    def partition_texts(self) -> tuple[list[str], list[str]] | None:
+        """What llama.cpp's tokenizer cuts a text at before tokenizing the stretches between (the texts of
+        control, user-defined and unknown tokens), and which of them end a turn and strip nothing after
+        them (for ``localspec.piecewise``). None where cutting a text is not known to be exact: a vocabulary
+        other than SentencePiece or byte-level BPE, one that adds EOS, or a special text not UTF-8."""
+        kind = llama_cpp.llama_vocab_type(self._vocab)
+        if kind not in (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE) or \
+                llama_cpp.llama_vocab_get_add_eos(self._vocab):
+            return None
+        cuts = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | \
+            llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        attr, text, vocab = llama_cpp.llama_vocab_get_attr, llama_cpp.llama_vocab_get_text, self._vocab
+        texts, markers = [], []
+        for token in range(self.n_vocab):
+            flags = attr(vocab, token)
+            if flags & cuts:
+                try:
+                    spelled = (text(vocab, token) or b"").decode("utf-8")
+                except UnicodeDecodeError:
+                    return None
+                texts.append(spelled)
+                if not flags & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP and self.is_eog(token):
+                    markers.append(spelled)
+        return texts, markers
+
     def piece(self, token: int) -> bytes:
         """The bytes a token stands for in generated text (control tokens render as nothing)."""
         cached = self._pieces.get(token)
