@@ -326,7 +326,9 @@ class Engine:
                     tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """Messages rendered with the model's own template, then tokenized: the template's markers as control
         tokens, each message's content as text (a message that spells `<|im_end|>` cannot end its turn).
-        ``tools``: OpenAI's function objects, rendered by the template (``localspec.tools``)."""
+        ``tools``: OpenAI's function objects, rendered by the template (``localspec.tools``). A chat of
+        ``PIECEWISE_FROM`` characters or more is tokenized a message at a time, each message's ids
+        remembered, to the same ids as the whole text's (``localspec.piecewise``)."""
         self.check_open()
         listed = isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping))
         messages = list(messages) if listed else []
