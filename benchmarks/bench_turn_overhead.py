@@ -7,7 +7,7 @@ This benchmark measures that host work on a conversation of ``--history`` tokens
 as alternating messages), round by round alternating between the engines:
 
   chat_tokens     rendering the conversation with the model's template and tokenizing it (what
-                  the app and the server do every turn before generating)
+                  the app and the server do every turn before generating), a new message a turn
   plain           a turn of two tokens with no drafter, its decodes left out (``decode_seconds``)
   ngram           the same with the n-gram drafter (its index follows the conversation)
   lookahead       the same with lookahead decoding (its pool learns the conversation's n-grams)
@@ -81,12 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         histories[name] = history + list(engine.generate(history, GenerateOptions(max_tokens=2)).run().tokens)
 
     times: dict[str, list[float]] = {name: [] for name in ["chat_tokens", *engines]}
+    n_messages = len(messages)
     for r in range(args.rounds + 1):
+        question = f"Question {r}: what does section {r + 2} say?"
+        messages = [*messages, {"role": "user", "content": question}]  # the chat grows by a message a turn
         t = time.perf_counter()
         first.chat_tokens(messages)
         times["chat_tokens"].append((time.perf_counter() - t) * 1e3)
+        messages.append({"role": "assistant", "content": f"Section {r + 2} says what it says."})
         for name, engine in engines.items():
-            turn = histories[name] + first.tokenize(f"\nQuestion {r}: what does section {r + 2} say?")
+            turn = histories[name] + first.tokenize(f"\n{question}")
             decoded = engine.ctx.decode_seconds
             t = time.perf_counter()
             reply = engine.generate(turn, GenerateOptions(max_tokens=2)).run()
@@ -94,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             histories[name] = turn + list(reply.tokens)
             if r:  # the first turn meets the conversation for the first time
                 times[name].append(host * 1e3)
-    result = {"model": path.name, "history_tokens": len(history), "messages": len(messages),
+    result = {"model": path.name, "history_tokens": len(history), "messages": n_messages,
               "rounds": args.rounds, "median_ms": {k: round(statistics.median(v), 2) for k, v in times.items()}}
-    print(f"{path.name}: a conversation of {len(history):,} tokens in {len(messages)} messages, "
+    print(f"{path.name}: a conversation of {len(history):,} tokens in {n_messages} messages, "
           f"{args.rounds} turns each")
     for name, ms in result["median_ms"].items():
         print(f"  {name:<12} {ms:8.2f} ms a turn (host, median)")

@@ -27,7 +27,7 @@ from localspec.errors import (
 from localspec.constraints import GrammarShaper, grammar_text
 from localspec.generation import Generation
 from localspec.options import GenerateOptions
-from localspec.piecewise import PiecewiseTokenizer, SpecialTexts
+from localspec.piecewise import PiecewiseTokenizer, SpecialTexts, TokenMemo
 from localspec.models.split import DeviceSplit
 from localspec.policy.controller import Controller
 from localspec.policy.costs import CostModel
@@ -145,7 +145,11 @@ class Engine:
         self._setup = Setup(target, draft, self.ctx, n_ctx, n_batch, n_threads, TREE_SEQUENCES, personal_history)
         self._grammars: dict[str, Grammar] = {}  # compiled grammars by their text (Engine.shaper)
         self._spelled: dict[str, bool] = {}  # message contents -> whether they spell a control token (chat_tokens)
-        self._piecewise: PiecewiseTokenizer | None = None  # chat_tokens' for long chats, once the vocabulary is read
+        # chat_tokens' pieces (a message, the template's text between contents) by text; and how it cuts
+        # a long chat into them, once the vocabulary is read
+        self._pieces = TokenMemo(lambda text, add_special, parse_special: self.target.tokenize(
+            text, add_special=add_special, parse_special=parse_special))
+        self._piecewise: PiecewiseTokenizer | None = None
         self._piecewise_read = False
         # Each kind's context is built right after the target's, before it decodes (the assistant's must be).
         self._wired: list[Wired] = []
@@ -341,29 +345,26 @@ class Engine:
                            model_name=self.target.name, tools=tools)
         # The template may already begin with BOS; never add a second one.
         add_bos = not (bos and text.startswith(bos))
-        tokenize = self.target.tokenize
         # Only the template's own markers are control tokens: content that spells one (`<|im_end|>`
         # typed in a message) stays text. Content without any is tokenized with the template as before.
         contents = [m.content if isinstance(m, Message) else str(m.get("content", "")) for m in messages]
         if any(self._spells_control(c) for c in contents):
             pieces = content_spans(self.target.chat_template(), messages, text, bos_token=bos, eos_token=eos,
                                    model_name=self.target.name, tools=tools)
-            if pieces is not None:
+            if pieces is not None:  # (each piece's ids remembered: a long chat's turn tokenizes what is new)
                 return [t for i, (piece, content) in enumerate(pieces)
-                        for t in tokenize(piece, add_special=add_bos and i == 0, parse_special=not content)]
+                        for t in self._pieces(piece, add_bos and i == 0, not content)]
         piecewise = self._piecewise_tokenizer() if len(text) >= PIECEWISE_FROM else None
         if piecewise is not None:  # the same ids, tokenizing only the messages not seen before
             return piecewise.tokenize(text, add_bos)
-        return tokenize(text, add_special=add_bos, parse_special=True)
+        return self.target.tokenize(text, add_special=add_bos, parse_special=True)
 
     def _piecewise_tokenizer(self) -> PiecewiseTokenizer | None:
         """The target's chat tokenizer that remembers messages (None where cutting is not known exact)."""
         if not self._piecewise_read:
             self._piecewise_read = True
             texts = self.target.partition_texts()
-            self._piecewise = None if texts is None else PiecewiseTokenizer(
-                lambda text, add_special: self.target.tokenize(text, add_special=add_special, parse_special=True),
-                SpecialTexts(*texts))
+            self._piecewise = None if texts is None else PiecewiseTokenizer(self._pieces, SpecialTexts(*texts))
         return self._piecewise
 
     def _spells_control(self, content: str) -> bool:

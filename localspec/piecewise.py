@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 PIECES_HELD = 1_000_000
-"""The most token ids remembered across pieces (~40 MB; a long chat is tens of thousands)."""
+"""The most token ids remembered across pieces (~40 MB; a long chat holds tens of thousands)."""
 
 WINDOWS_HELD = 8192
 """The most marker neighbourhoods whose answer (a cut or not) is remembered."""
@@ -61,20 +61,36 @@ class SpecialTexts:
         return True
 
 
-class PiecewiseTokenizer:
-    """Tokenizes a text as the pieces between its safe cuts, remembering each piece's ids by its text.
+class TokenMemo:
+    """Token ids remembered by what was tokenized: (text, add_special, parse_special) -> ids, the most
+    recently used kept up to ``held`` ids in all. ``tokenize`` is the backend's tokenizer, called on a miss."""
 
-    ``tokenize(text, add_special)``: the backend's tokenizer with special tokens parsed; ``add_special``
-    is asked for the first piece only, so the vocabulary must add nothing at the end (no EOS).
-    """
-
-    def __init__(self, tokenize: Callable[[str, bool], list[int]], specials: SpecialTexts, *,
-                 held: int = PIECES_HELD) -> None:
-        self._tokenize = tokenize
-        self._specials = specials
+    def __init__(self, tokenize: Callable[[str, bool, bool], list[int]], *, held: int = PIECES_HELD) -> None:
+        self.tokenize = tokenize
         self._held_limit = held
-        self._pieces: dict[tuple[str, bool], list[int]] = {}
+        self._ids: dict[tuple[str, bool, bool], list[int]] = {}
         self._held = 0
+
+    def __call__(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        key = (text, add_special, parse_special)
+        ids = self._ids.pop(key, None)
+        if ids is None:
+            ids = self.tokenize(*key)
+            self._held += len(ids)
+        self._ids[key] = ids  # (re)inserted: the dict's order is the order of use
+        while self._held > self._held_limit and len(self._ids) > 1:
+            self._held -= len(self._ids.pop(next(iter(self._ids))))
+        return ids
+
+
+class PiecewiseTokenizer:
+    """Tokenizes a text (special tokens parsed) as the pieces between its safe cuts, each piece's ids
+    remembered by ``memo``. ``add_special`` is asked for the first piece only, so the vocabulary must
+    add nothing at the end (no EOS)."""
+
+    def __init__(self, memo: TokenMemo, specials: SpecialTexts) -> None:
+        self._memo = memo
+        self._specials = specials
         self._windows: dict[tuple[str, int, int], bool] = {}
 
     def cuts(self, text: str) -> list[int]:
@@ -101,21 +117,13 @@ class PiecewiseTokenizer:
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         """The ids of ``text`` as the backend gives them for the whole text."""
         ends = self.cuts(text)
-        if not ends:
-            return self._tokenize(text, add_special)
+        if not ends:  # one piece, unlike any other turn's: not worth remembering
+            return self._memo.tokenize(text, add_special, True)
         if ends[-1] != len(text):
             ends.append(len(text))
         out: list[int] = []
         start = 0
         for end in ends:
-            key = (text[start:end], add_special and start == 0)
-            ids = self._pieces.pop(key, None)
-            if ids is None:
-                ids = self._tokenize(*key)
-                self._held += len(ids)
-            self._pieces[key] = ids  # (re)inserted: the dict's order is the order of use
-            out += ids
+            out += self._memo(text[start:end], add_special and start == 0, True)
             start = end
-        while self._held > self._held_limit and len(self._pieces) > 1:
-            self._held -= len(self._pieces.pop(next(iter(self._pieces))))
         return out

@@ -15,14 +15,7 @@ def write_vocab_gguf(path: Path, tokens: list[str] = VOCAB, *, model: str = "gpt
                      bos: int | None = 1, eos: int | None = 2, add_bos: bool | None = None,
                      add_eos: bool | None = None) -> Path:
     """A vocabulary-only GGUF: tokenizer metadata, a few hyperparameters and one tiny tensor."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(path.stem)
-    w.add_block_count(1)
-    w.add_context_length(256)
-    w.add_embedding_length(8)
-    w.add_feed_forward_length(16)
-    w.add_head_count(2)
-    w.add_head_count_kv(1)
+    w = _vocab_writer(path, path.stem)
     w.add_tokenizer_model(model)
     if pre is not None:
         w.add_tokenizer_pre(pre)
@@ -36,6 +29,24 @@ def write_vocab_gguf(path: Path, tokens: list[str] = VOCAB, *, model: str = "gpt
         w.add_add_bos_token(add_bos)
     if add_eos is not None:
         w.add_add_eos_token(add_eos)
+    return _finish(w, path)
+
+
+def _vocab_writer(path: Path, name: str) -> gguf.GGUFWriter:
+    """A GGUF writer with the few hyperparameters llama.cpp reads before the vocabulary."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    return w
+
+
+def _finish(w: gguf.GGUFWriter, path: Path) -> Path:
+    """One tiny tensor, and the file written."""
     w.add_tensor("blk.0.attn_norm.weight", np.ones(8, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -54,14 +65,7 @@ def copy_vocab_gguf(source: Path, path: Path, *, added: dict[str, int] | None = 
     for text, kind in (added or {}).items():
         tokens.append(text)
         types.append(kind)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(name or path.stem)
-    w.add_block_count(1)
-    w.add_context_length(256)
-    w.add_embedding_length(8)
-    w.add_feed_forward_length(16)
-    w.add_head_count(2)
-    w.add_head_count_kv(1)
+    w = _vocab_writer(path, name or path.stem)
     w.add_tokenizer_model(fields["tokenizer.ggml.model"].contents())
     if "tokenizer.ggml.pre" in fields:
         w.add_tokenizer_pre(fields["tokenizer.ggml.pre"].contents())
@@ -79,9 +83,4 @@ def copy_vocab_gguf(source: Path, path: Path, *, added: dict[str, int] | None = 
             add(fields[f"tokenizer.ggml.{key}"].contents())
     if "tokenizer.chat_template" in fields:
         w.add_chat_template(fields["tokenizer.chat_template"].contents())
-    w.add_tensor("blk.0.attn_norm.weight", np.ones(8, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _finish(w, path)

@@ -4,7 +4,7 @@ tests/engine/test_piecewise.py."""
 
 from __future__ import annotations
 
-from localspec.piecewise import PiecewiseTokenizer, SpecialTexts
+from localspec.piecewise import PiecewiseTokenizer, SpecialTexts, TokenMemo
 
 END, START = "<|im_end|>", "<|im_start|>"
 
@@ -42,7 +42,8 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, bool]] = []
 
-    def __call__(self, text: str, add_special: bool) -> list[int]:
+    def __call__(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        assert parse_special
         self.calls.append((text, add_special))
         ids = [-1] if add_special else []
         i = 0
@@ -65,7 +66,7 @@ def chat(*contents: str, prompt: bool = True) -> str:
 
 def test_a_turn_tokenizes_only_the_pieces_it_has_not_seen() -> None:
     tok = Recorder()
-    pieces = PiecewiseTokenizer(tok, specials())
+    pieces = PiecewiseTokenizer(TokenMemo(tok), specials())
     first = chat("one", "two")
     assert pieces.tokenize(first, True) == tok(first, True)
     tok.calls.clear()
@@ -82,7 +83,7 @@ def test_a_turn_tokenizes_only_the_pieces_it_has_not_seen() -> None:
 
 def test_a_text_without_a_cut_is_tokenized_whole_and_a_marker_at_its_end_ends_the_last_piece() -> None:
     tok = Recorder()
-    pieces = PiecewiseTokenizer(tok, specials())
+    pieces = PiecewiseTokenizer(TokenMemo(tok), specials())
     assert pieces.tokenize("no markers here", True) == tok("no markers here", True)
     tok.calls.clear()
     ended = chat("a", "b", prompt=False).rstrip("\n")
@@ -90,10 +91,11 @@ def test_a_text_without_a_cut_is_tokenized_whole_and_a_marker_at_its_end_ends_th
     assert [call for call, _ in tok.calls[:-1]] == [f"{START}user\na{END}", f"\n{START}assistant\nb{END}"]
 
 
-def test_what_is_remembered_is_bounded_by_tokens_oldest_first() -> None:
+def test_what_is_remembered_is_bounded_by_tokens_the_least_recently_used_first() -> None:
     tok = Recorder()
-    pieces = PiecewiseTokenizer(tok, specials(), held=40)
-    pieces.tokenize(chat("x" * 30), False)  # pieces of 37 and 12 ids: over the bound, the oldest goes
+    pieces = PiecewiseTokenizer(TokenMemo(tok, held=50), specials())
+    pieces.tokenize(chat("x" * 30), False)  # pieces of 37 and 12 ids
+    pieces.tokenize(chat("y" * 30), False)  # 37 more: over the bound, the x piece goes (the opening was used)
     tok.calls.clear()
     pieces.tokenize(chat("x" * 30), False)
     assert [text for text, _ in tok.calls] == [f"{START}user\n{'x' * 30}{END}"]
