@@ -116,7 +116,7 @@ class PiecewiseTokenizer:
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         """The ids of ``text`` as the backend gives them for the whole text."""
-        ends = self.cuts(text)
+        ends = self.cuts(text) if _utf8(text) else []  # (the backend pairs or replaces lone surrogates)
         if not ends:  # one piece, unlike any other turn's: not worth remembering
             return self._memo.tokenize(text, add_special, True)
         if ends[-1] != len(text):
@@ -127,3 +127,14 @@ class PiecewiseTokenizer:
             out += self._memo(text[start:end], add_special and start == 0, True)
             start = end
         return out
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8 as it is, so the special texts found in it are those the backend finds."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -91,6 +91,14 @@ def test_a_text_without_a_cut_is_tokenized_whole_and_a_marker_at_its_end_ends_th
     assert [call for call, _ in tok.calls[:-1]] == [f"{START}user\na{END}", f"\n{START}assistant\nb{END}"]
 
 
+def test_a_text_with_a_lone_surrogate_is_tokenized_whole() -> None:
+    """The backend pairs or replaces lone surrogates before it looks for special texts: not cut here."""
+    tok = Recorder()
+    text = chat("\ud83d", "b")
+    assert PiecewiseTokenizer(TokenMemo(tok), specials()).tokenize(text, False) == tok(text, False)
+    assert tok.calls == [(text, False)] * 2
+
+
 def test_what_is_remembered_is_bounded_by_tokens_the_least_recently_used_first() -> None:
     tok = Recorder()
     pieces = PiecewiseTokenizer(TokenMemo(tok, held=50), specials())
