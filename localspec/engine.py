@@ -151,6 +151,7 @@ class Engine:
             text, add_special=add_special, parse_special=parse_special))
         self._piecewise: PiecewiseTokenizer | None = None
         self._piecewise_read = False
+        self._chat_lock = threading.Lock()  # chat_tokens from several threads take turns with what it remembers
         # Each kind's context is built right after the target's, before it decodes (the assistant's must be).
         self._wired: list[Wired] = []
         for kind, spec in zip(kinds, entries):
@@ -348,16 +349,17 @@ class Engine:
         # Only the template's own markers are control tokens: content that spells one (`<|im_end|>`
         # typed in a message) stays text. Content without any is tokenized with the template as before.
         contents = [m.content if isinstance(m, Message) else str(m.get("content", "")) for m in messages]
-        if any(self._spells_control(c) for c in contents):
-            pieces = content_spans(self.target.chat_template(), messages, text, bos_token=bos, eos_token=eos,
-                                   model_name=self.target.name, tools=tools)
-            if pieces is not None:  # (each piece's ids remembered: a long chat's turn tokenizes what is new)
-                return [t for i, (piece, content) in enumerate(pieces)
-                        for t in self._pieces(piece, add_bos and i == 0, not content)]
-        piecewise = self._piecewise_tokenizer() if len(text) >= PIECEWISE_FROM else None
-        if piecewise is not None:  # the same ids, tokenizing only the messages not seen before
-            return piecewise.tokenize(text, add_bos)
-        return self.target.tokenize(text, add_special=add_bos, parse_special=True)
+        with self._chat_lock:  # what is remembered (the pieces, the spelled contents) is kept by one thread at a time
+            if any(self._spells_control(c) for c in contents):
+                pieces = content_spans(self.target.chat_template(), messages, text, bos_token=bos, eos_token=eos,
+                                       model_name=self.target.name, tools=tools)
+                if pieces is not None:  # (each piece's ids remembered: a long chat's turn tokenizes what is new)
+                    return [t for i, (piece, content) in enumerate(pieces)
+                            for t in self._pieces(piece, add_bos and i == 0, not content)]
+            piecewise = self._piecewise_tokenizer() if len(text) >= PIECEWISE_FROM else None
+            if piecewise is not None:  # the same ids, tokenizing only the messages not seen before
+                return piecewise.tokenize(text, add_bos)
+            return self.target.tokenize(text, add_special=add_bos, parse_special=True)
 
     def _piecewise_tokenizer(self) -> PiecewiseTokenizer | None:
         """The target's chat tokenizer that remembers messages (None where cutting is not known exact)."""

@@ -6,6 +6,8 @@ and Phi-3's rule that special tokens strip the whitespace after them)."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -186,3 +188,42 @@ def test_a_chat_with_a_forged_marker_also_tokenizes_only_what_is_new(engine: Eng
     assert pieces is not None
     assert tokens == [t for piece, content in pieces
                       for t in engine.target.tokenize(piece, add_special=False, parse_special=not content)]
+
+
+def test_chat_tokens_from_several_threads_take_turns(engine: Engine, monkeypatch) -> None:
+    """What chat_tokens remembers (the pieces, which contents spell a marker) is kept by one thread at a
+    time: the tokenizer is never entered by two at once, and each thread gets its chat's own ids."""
+    inside = most = 0
+    guard = threading.Lock()
+    tokenize = engine.target.tokenize
+
+    def slow(text: str, **kw) -> list[int]:
+        nonlocal inside, most
+        with guard:
+            inside += 1
+            most = max(most, inside)
+        time.sleep(0.002)  # (a thread without the lock would enter meanwhile)
+        try:
+            return tokenize(text, **kw)
+        finally:
+            with guard:
+                inside -= 1
+
+    chats = [[{"role": "user" if j % 2 == 0 else "assistant", "content": f"thread {i}, message {j}: " + "word " * 300}
+              for j in range(4)] for i in range(4)]
+    monkeypatch.setattr(engine.target, "tokenize", slow)
+    start = threading.Barrier(len(chats))
+    results: dict[int, list[int]] = {}
+
+    def run(i: int) -> None:
+        start.wait()
+        results[i] = engine.chat_tokens(chats[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(chats))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    monkeypatch.undo()
+    assert most == 1
+    assert all(results[i] == whole(engine, chat, monkeypatch) for i, chat in enumerate(chats))
