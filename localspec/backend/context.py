@@ -218,6 +218,8 @@ class Context(_OwnedContext):
         _set_threads(params, n_threads)
         self.n_threads = n_threads
         """The thread count asked for (None: the backend default)."""
+        self.cpu_threads: int = params.n_threads
+        """The threads llama.cpp decodes with on the CPU (``n_threads``, or the default it stands for)."""
         # Only the rows a caller asks for are ever computed (see decode).
         params.embeddings = False
         ctx = llama_cpp.llama_init_from_model(model._model, params)
@@ -237,6 +239,8 @@ class Context(_OwnedContext):
         the rows from which batch-invariant CPU flash attention takes its tiles, where it is on; on a GPU
         under our CUDA batch-invariant switch, the rows its kernels cover (``cuda_batch_invariant``)."""
         on_gpu = gpu_offload_supported()
+        self.offloaded: bool = model.split is not None or (on_gpu and model.n_gpu_layers != 0)
+        """Whether decodes run (in part) on a device other than this CPU: a GPU, or RPC servers."""
         self.cuda_batch_invariant = on_gpu and bool(cuda_batch_invariant())
         """Whether this context decodes under our CUDA batch-invariant switch (verification rows: at most 8)."""
         if self.cuda_batch_invariant:

@@ -81,6 +81,8 @@ class Model:
         params, keep = model_params(n_gpu_layers=n_gpu_layers, vocab_only=vocab_only, use_mmap=use_mmap,
                                     load_mtp=load_mtp, repack=repack, split=split)
         self.load_mtp = load_mtp
+        self.n_gpu_layers = n_gpu_layers
+        """The layers asked to be offloaded (-1: all, 0: none)."""
         self.repack: bool = repack
         """Whether ggml-cpu may repack the weights (see ``__init__``)."""
         self.split = split

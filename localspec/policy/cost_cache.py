@@ -48,7 +48,8 @@ class Measurement(dict[int, float]):
     (empty when not measured).
 
     An incomplete measurement (the machine was so loaded that the rounds overran
-    the time limit) is still the best guess for now, but it is not cached.
+    the time limit) is still the best guess for now, but it is not cached. One cut short on a CPU
+    that kept its threads busy is complete (``measure.kept_its_cpus``): the model is slow there.
     """
 
     def __init__(self, costs: Mapping[int, float], rounds: int, complete: bool, *, depth: int = 0,

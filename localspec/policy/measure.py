@@ -59,6 +59,15 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     minimum is a best case the generation loop will rarely see; the median is
     the typical cost of a step, which is what the controller plans with.
 
+    On a device (``ctx.offloaded``) each sample is the second of two decodes of its size back to back
+    (``_timer``); on this CPU it is one decode, as the generation loop runs them.
+
+    A measurement cut short is cached only where it says something about this machine rather than its
+    load (``Measurement.complete``): after ``min_reps`` rounds, or, on this CPU, when its decodes had the
+    CPUs they asked for (``kept_its_cpus``): the model is then slow here, not the machine busy, and
+    waiting for more rounds would only make every run measure again, the ~10 s each of a 135M-270M
+    model on one core (a cached cost that turns out wrong is dropped by ``CachedCostModel``).
+
     Then, where this context has room for ``depth_cells`` more cells and the
     largest of ``DEPTH_KS``, a small second context over the same weights
     (``ctx.scratch``) is filled that much deeper (untimed; over a sliding-window
@@ -91,11 +100,14 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
         raise ValueError(f"no batch of {sorted(ks)} tokens fits after {n0} tokens in a context of {ctx.n_ctx}")
     token = ctx.tokens[-1] if ctx.tokens else max(ctx.model.bos, 0)
     rng = random.Random(seed)
+    on_device = getattr(ctx, "offloaded", True)
+    threads = 0 if on_device else int(getattr(ctx, "cpu_threads", 0))
 
     try:
         turns = _Turns(turn)
-        shallow = _timed_rounds(fits, turns(_timer(ctx, token, n0)), rng, budget_s=budget_s,
+        shallow = _timed_rounds(fits, turns(_timer(ctx, token, n0, warm=on_device)), rng, budget_s=budget_s,
                                 min_reps=min_reps, max_reps=max_reps, clock=turns.clock)
+        shallow.complete = shallow.complete or turns.kept_its_cpus(threads)
         shallow.depth = n0
         deep_ks = [k for k in DEPTH_KS if k in shallow]
         # A sliding-window model's growth with depth is the window's (see CostModel.window): timed over it.
@@ -104,7 +116,8 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
         # Only where this context can grow that deep: a short one never pays much for its depth.
         if cells > 0 and ctx.max_rollback is None and deep_ks and n0 + cells + max(deep_ks) <= ctx.n_ctx:
             measured = _per_cell_side_by_side(ctx, token, deep_ks, cells, rng, budget_s=budget_s / 2,
-                                              min_reps=min_reps, max_reps=max_reps, turn=turn)
+                                              min_reps=min_reps, max_reps=max_reps, turn=turn,
+                                              warm=on_device, threads=threads)
             if measured is not None:
                 shallow.per_cell = fit_per_cell({k: v / cells for k, v in measured.items()})
                 shallow.window = window
@@ -143,39 +156,59 @@ def fit_per_cell(points: Mapping[int, float]) -> dict[int, float]:
     return {k: a + b * k for k in ks}
 
 
+# A measurement cut short on this CPU is kept when its process had at least this share of the CPU time its
+# threads ask for (``kept_its_cpus``). ggml's threads stay busy through a decode (they spin at its barriers),
+# so a process on a quiet machine has ~1.0 of it; two processes sharing its cores, ~0.5 each.
+KEPT_CPU_SHARE = 0.7
+
+
+def kept_its_cpus(cpu_s: float, wall_s: float, threads: int) -> bool:
+    """Whether ``wall_s`` seconds of decoding with ``threads`` threads got the CPU time they ask for
+    (``cpu_s``, the process's): then a measurement that overran its budget did so because the model is
+    slow on this CPU, not because other work took the CPUs. False for no threads (a device decodes)."""
+    return threads > 0 and wall_s > 0 and cpu_s >= KEPT_CPU_SHARE * threads * wall_s
+
+
 class _Turns:
     """Samples taken in turns (``turn()`` held around each), and a clock of the time spent in them: the
     budget counts the measurement's own time, not the generation steps it waited for (with the wall
-    clock, a measurement taking turns with a reply overran its budget and was never complete)."""
+    clock, a measurement taking turns with a reply overran its budget and was never complete). It also
+    counts the process's CPU time in them (``kept_its_cpus``)."""
 
     def __init__(self, turn: Callable[[], ContextManager[object]]) -> None:
         self.turn = turn
         self.spent = 0.0
+        self.cpu_spent = 0.0
         self.waits = turn is not contextlib.nullcontext
 
     def clock(self) -> float:
         return self.spent if self.waits else time.perf_counter()
 
+    def kept_its_cpus(self, threads: int) -> bool:
+        return kept_its_cpus(self.cpu_spent, self.spent, threads)
+
     def __call__(self, timed: Callable[[int], float]) -> Callable[[int], float]:
         def in_turn(k: int) -> float:
             with self.turn():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 try:
                     return timed(k)
                 finally:
                     self.spent += time.perf_counter() - t0
+                    self.cpu_spent += time.process_time() - c0
         return in_turn
 
 
-def _timer(ctx: "Context", token: int, n: int) -> Callable[[int], float]:
+def _timer(ctx: "Context", token: int, n: int, *, warm: bool = True) -> Callable[[int], float]:
     """Times one decode of k copies of ``token`` after the ``n`` tokens ``ctx`` holds, then rolls it back.
 
     What a decode costs in the generation loop: ``Context.decode`` returns when the device has finished
-    (on a GPU, not when the work is queued), and the decode timed is the second of two of the same
+    (on a GPU, not when the work is queued). ``warm``: the decode timed is the second of two of the same
     shape, back to back. A device that keeps state per batch shape (a CUDA graph is captured anew when
     the shape changes) is then timed as a loop of such decodes runs, not as the first one after
     another shape; the rounds shuffle the sizes, and a lone decode after each change of shape was
-    ~1.5x a plain step's own on an H200.
+    ~1.5x a plain step's own on an H200. On the CPU a decode keeps no such state (a step's decode follows
+    one of another shape there too): one decode, half the measurement's time.
     """
     def decode(k: int) -> float:
         t0 = time.perf_counter()
@@ -187,17 +220,19 @@ def _timer(ctx: "Context", token: int, n: int) -> Callable[[int], float]:
         return ms
 
     def timed(k: int) -> float:
-        decode(k)  # the shape's first decode, untimed
+        if warm:
+            decode(k)  # the shape's first decode, untimed
         return decode(k)
     return timed
 
 
 def _per_cell_side_by_side(ctx: "Context", token: int, ks: Sequence[int], cells: int, rng: random.Random, *,
                            budget_s: float, min_reps: int, max_reps: int,
-                           turn: Callable[[], ContextManager[object]] = contextlib.nullcontext) -> Measurement | None:
+                           turn: Callable[[], ContextManager[object]] = contextlib.nullcontext,
+                           warm: bool = True, threads: int = 0) -> Measurement | None:
     """Median ms that ``cells`` more cached cells add to a decode of k tokens, for each k in ``ks``:
-    timed here and in a scratch context ``cells`` deeper, back to back (see ``measure_verify_costs``).
-    None when the scratch context cannot be made."""
+    timed here and in a scratch context ``cells`` deeper, back to back (see ``measure_verify_costs``;
+    ``warm`` and ``threads`` as there). None when the scratch context cannot be made."""
     n0 = len(ctx.tokens)
     depth = n0 + cells
     try:
@@ -210,7 +245,7 @@ def _per_cell_side_by_side(ctx: "Context", token: int, ks: Sequence[int], cells:
             with turn():
                 deep_ctx.decode([token] * n, range(start, start + n), None, [False] * (n - 1) + [True])
         deep_ctx.tokens.extend([token] * depth)
-        here, there = _timer(ctx, token, n0), _timer(deep_ctx, token, depth)
+        here, there = _timer(ctx, token, n0, warm=warm), _timer(deep_ctx, token, depth, warm=warm)
 
         def difference(k: int) -> float:
             if rng.random() < 0.5:  # neither side always runs right after the other
@@ -219,8 +254,10 @@ def _per_cell_side_by_side(ctx: "Context", token: int, ks: Sequence[int], cells:
             shallow_ms = here(k)
             return there(k) - shallow_ms
         turns = _Turns(turn)
-        return _timed_rounds(ks, turns(difference), rng, budget_s=budget_s, min_reps=min_reps,
-                             max_reps=max_reps, clock=turns.clock)
+        measured = _timed_rounds(ks, turns(difference), rng, budget_s=budget_s, min_reps=min_reps,
+                                 max_reps=max_reps, clock=turns.clock)
+        measured.complete = measured.complete or turns.kept_its_cpus(threads)
+        return measured
     finally:
         deep_ctx.close()
 
@@ -257,7 +294,7 @@ def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layer
     (and within ``max_age_s``), else measured now (~``budget_s``) and cached.
 
     The measurement leaves ``ctx`` untouched. It is not cached when it was cut
-    short (see ``Measurement``) or the cache cannot be written; the costs are
+    short by a busy machine (see ``Measurement`` and ``measure_verify_costs``) or the cache cannot be written; the costs are
     returned all the same and the next run measures again. ``measure_on``: a
     context over the same weights to time instead of ``ctx`` (a scratch one, while
     ``ctx`` generates), cached under ``ctx``'s key; ``turn``: see ``measure_verify_costs``.
@@ -269,7 +306,7 @@ def load_or_measure(ctx: "Context", *, n_threads: int | None = None, n_gpu_layer
     key = cost_key(ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
     path = cost_path(key)
     verify = measure_verify_costs(measure_on or ctx, budget_s=budget_s, turn=turn)
-    # A measurement cut short by an overloaded machine is used now but not kept:
+    # A measurement cut short by a busy machine is used now but not kept:
     # cached, it would mislead every later run on a quiet machine.
     if not isinstance(verify, Measurement) or verify.complete:
         try:

@@ -368,6 +368,59 @@ def test_a_measurement_cut_short_is_marked_incomplete() -> None:
     assert result.rounds == 1 and not result.complete  # one round, however loaded the machine
 
 
+def test_a_process_kept_its_cpus_when_it_got_the_cpu_time_its_threads_ask_for() -> None:
+    kept = measure_costs.kept_its_cpus
+    assert kept(0.95, 1.0, 1) and kept(1.9, 1.0, 2) and kept(0.7, 1.0, 1)
+    assert not kept(0.5, 1.0, 1)  # another process had half the core
+    assert not kept(1.0, 1.0, 2)  # two threads on what amounts to one core
+    assert not kept(5.0, 1.0, 0) and not kept(0.0, 0.0, 1)  # a device decoded; nothing was timed
+
+
+class CpuContext(FakeContext):
+    """A context on this CPU whose decodes take ``ms`` on a fake wall clock and ``share`` of that times
+    ``cpu_threads`` on a fake CPU clock (the process's CPU time)."""
+
+    offloaded = False
+    cpu_threads = 2
+    share = 1.0
+    clocks = [0.0, 0.0]
+
+    def scratch(self, n_ctx: int, n_batch: int = 64) -> "CpuContext":
+        other = super().scratch(n_ctx, n_batch)
+        other.clocks, other.share = self.clocks, self.share
+        return other
+
+    def decode(self, tokens, positions, seq_ids=None, outputs=None) -> None:
+        super().decode(tokens, positions, seq_ids, outputs)
+        wall = (5 + len(tokens)) / 1e3
+        self.clocks[0] += wall
+        self.clocks[1] += wall * self.cpu_threads * self.share
+
+
+@pytest.mark.parametrize("share, kept", [(0.95, True), (0.5, False)])
+def test_a_measurement_cut_short_on_a_cpu_is_kept_when_the_cpus_were_its_own(
+        monkeypatch: pytest.MonkeyPatch, share: float, kept: bool) -> None:
+    """On the CPU each size is decoded once a sample (no untimed decode before it), and a measurement
+    that overran its budget (budget 0: one round) is complete, and cached, when its threads had the CPUs
+    (a model slow on this machine); not when something else took half of them (a busy machine)."""
+    clocks = [0.0, 0.0]
+    monkeypatch.setattr(measure_costs.time, "perf_counter", lambda: clocks[0])
+    monkeypatch.setattr(measure_costs.time, "process_time", lambda: clocks[1])
+    ctx = CpuContext(n_ctx=1024, depths=True)
+    ctx.clocks, ctx.share = clocks, share
+    result = measure_verify_costs(ctx, budget_s=0.0, min_reps=3, depth_cells=256)
+    assert result.rounds == 1 and result.complete is kept
+    assert sorted(result.per_cell) == list(measure_costs.DEPTH_KS)
+    shallow = [k for _, k in ctx.batches]
+    fits = sorted(result)
+    assert shallow[:2 * len(fits)][:len(fits)] == fits  # the warm-up: each size once, in order
+    assert sorted(shallow[len(fits):2 * len(fits)]) == fits  # one round: each size once more, and only once
+    [deep] = ctx.scratches
+    assert sorted(k for _, k in deep.batches) == sorted(list(measure_costs.DEPTH_KS) * 2)  # warm-up + a round
+    # on a device (the fake's default) the same overrun is never complete
+    assert not measure_verify_costs(FakeContext(), budget_s=0.0, min_reps=3).complete
+
+
 def test_measure_restores_the_context_when_a_decode_fails() -> None:
     ctx = FakeContext(fail_at=5)
     before = list(ctx.tokens)
@@ -487,6 +540,26 @@ def test_an_incomplete_measurement_is_not_cached(tmp_path: Path, monkeypatch: py
 
 
 # --- a real model ------------------------------------------------------------------
+def test_a_cpu_context_says_it_decodes_here_with_its_threads(smollm2_path: Path) -> None:
+    """What the measurement asks of a real context on this CPU build: not offloaded, the threads it
+    decodes with; and it times each size with one decode (``decode_calls``: a warm-up and one round)."""
+    from localspec.backend import Context, Model, gpu_offload_supported
+
+    if gpu_offload_supported():
+        pytest.skip("a GPU build: contexts offload")
+    model = Model(smollm2_path)
+    ctx = Context(model, n_ctx=256, n_threads=1)
+    try:
+        assert ctx.offloaded is False and ctx.cpu_threads == 1
+        ctx.append(model.tokenize("Hello"))
+        calls = ctx.decode_calls
+        result = measure_verify_costs(ctx, ks=(1, 2, 4), budget_s=0.0, min_reps=1, max_reps=1, depth_cells=0)
+        assert result.rounds == 1 and ctx.decode_calls - calls == 2 * 3
+    finally:
+        ctx.close()
+        model.close()
+
+
 def test_real_measurement_leaves_the_context_untouched(smollm2_path: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from localspec.backend import Context, Model
