@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -434,3 +435,27 @@ def test_the_pair_kind_names_drafting_by_text_or_refuses_in_one_line(tmp_path, g
     with pytest.raises(IncompatibleDraftError, match="the target none: its GGUF carries no tokenizer, so its "
                                                       "tokenizer cannot be loaded"):
         pair_kind(no_tokenizer, smollm2)
+
+
+def test_a_files_vocabulary_is_read_once_per_version_of_the_file(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch with a draft of another tokenizer asks for both vocabularies twice (pairing, then the
+    drafter): each file's is parsed once, and again once the file changes."""
+    from localspec.models import gguf_info
+
+    reads: list[str] = []
+    real = gguf_info.read_header
+    monkeypatch.setattr(gguf_info, "read_header", lambda source, keep=frozenset(): reads.append(str(source))
+                        or real(source, keep))
+    path = write_vocab_gguf(tmp_path / "v.gguf")
+    first = tokenizer_fingerprint(path)
+    assert tokenizer_fingerprint(str(path)) == first and read_tokens(path) == VOCAB
+    assert len(reads) == 1
+    write_vocab_gguf(path, VOCAB[:100] + ["changed"] + VOCAB[101:])  # rewritten in place
+    os.utime(path, ns=(1, 1))  # a different version even where the clock is coarse
+    assert tokenizer_fingerprint(path) != first and len(reads) == 2
+    # a file object is read every time (nothing says which version of what it is)
+    with path.open("rb") as fh:
+        tokenizer_fingerprint(fh)
+        tokenizer_fingerprint(fh)
+    assert len(reads) == 4
