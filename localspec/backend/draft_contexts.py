@@ -228,6 +228,9 @@ class MtpContext(_RowDraftContext):
         params = _beside(target, n_batch=n_batch, n_threads=n_threads, n_seq=n_seq)
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         self.n_seq = n_seq
+        self.offloaded: bool = target.offloaded
+        """As ``Context.offloaded``: the head runs where the target's layers do."""
+        self.cpu_threads: int = params.n_threads
         ctx = llama_cpp.llama_init_from_model(model._model, params)
         if not ctx:
             reason = last_error_line() or "llama.cpp refused the MTP context"

@@ -345,7 +345,8 @@ def measure_mtp_costs(head: "MtpContext", ks: Sequence[int] = MTP_KS, *, budget_
     A row is a token and a hidden row (zeros: any value costs the same); only
     the last row asks for logits, as a catch-up does (k = 1: a draft step).
     Rounds as in ``measure_verify_costs``: one untimed warm-up, then shuffled
-    rounds until ``budget_s``; the per-k median. Postcondition: the head's cache
+    rounds until ``budget_s``; the per-k median; cut short, complete where the head
+    decodes on this CPU and kept its CPUs. Postcondition: the head's cache
     holds what it held before, and head 0 is selected.
     """
     import numpy as np
@@ -366,7 +367,11 @@ def measure_mtp_costs(head: "MtpContext", ks: Sequence[int] = MTP_KS, *, budget_
         return ms
 
     try:
-        return _timed_rounds(fits, timed, rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
+        turns = _Turns(contextlib.nullcontext)
+        measured = _timed_rounds(fits, turns(timed), rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
+        on_device = getattr(head, "offloaded", True)
+        measured.complete = measured.complete or turns.kept_its_cpus(0 if on_device else int(head.cpu_threads))
+        return measured
     finally:
         head.rollback_to(n0)
 

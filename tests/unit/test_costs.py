@@ -421,6 +421,37 @@ def test_a_measurement_cut_short_on_a_cpu_is_kept_when_the_cpus_were_its_own(
     assert not measure_verify_costs(FakeContext(), budget_s=0.0, min_reps=3).complete
 
 
+@pytest.mark.parametrize("share, offloaded, kept", [(0.95, False, True), (0.5, False, False), (0.95, True, False)])
+def test_an_mtp_heads_measurement_cut_short_is_kept_as_the_targets_is(
+        monkeypatch: pytest.MonkeyPatch, share: float, offloaded: bool, kept: bool) -> None:
+    clocks = [0.0, 0.0]
+    monkeypatch.setattr(measure_costs.time, "perf_counter", lambda: clocks[0])
+    monkeypatch.setattr(measure_costs.time, "process_time", lambda: clocks[1])
+
+    class Head:
+        n_past, n_ctx, n_batch, n_embd, cpu_threads = 4, 256, 128, 8, 1
+
+        def __init__(self) -> None:
+            self.offloaded = offloaded
+            self.rows: list[int] = []
+
+        def set_head(self, i: int) -> None:
+            assert i == 0
+
+        def decode(self, tokens, positions, rows, outputs) -> None:
+            self.rows.append(len(tokens))
+            clocks[0] += 0.01 * len(tokens)
+            clocks[1] += 0.01 * len(tokens) * share
+
+        def rollback_to(self, n: int) -> None:
+            assert n == 4
+
+    head = Head()
+    result = measure_costs.measure_mtp_costs(head, budget_s=0.0, min_reps=3)
+    assert result.rounds == 1 and result.complete is kept
+    assert sorted(head.rows) == sorted(list(measure_costs.MTP_KS) * 2)  # the warm-up and one round
+
+
 def test_measure_restores_the_context_when_a_decode_fails() -> None:
     ctx = FakeContext(fail_at=5)
     before = list(ctx.tokens)
