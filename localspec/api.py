@@ -27,7 +27,7 @@ def load(target: str | Path, draft: str | Path | None = None, *, n_ctx: int | No
     ``offline``). ``draft`` takes what ``--draft`` takes: a draft model sharing the target's vocabulary
     (a path, name or alias), the model-free ``ngram``, ``lookahead``, ``rest:STORE``, the target's own
     ``mtp`` layers, or several of them comma-separated ("ngram,qwen3-0.6b"); a ``Path`` is always a
-    model file. ``n_ctx``: tokens (at least 16); ``n_threads``: at least 1 (None: every CPU);
+    model file. ``n_ctx``: tokens (at least 16); ``n_threads``: at least 1 (None: one per physical core);
     ``n_gpu_layers``: -1 offloads every layer, 0 none. None is the default for each. Wrong types and values raise
     ``InvalidOptionError`` naming the parameter, as the command line refuses them.
     """

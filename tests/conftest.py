@@ -39,8 +39,8 @@ def _pin_worker() -> None:
     """Under pytest-xdist (scripts/test.sh runs a worker per CPU), keep each worker and what it starts
     (llama.cpp's threads, a CLI's or a server's process) on CPUs of its own.
 
-    Why: llama.cpp takes as many threads as the process may use (``default_threads``, from its CPU
-    affinity), and ggml's threads spin while they wait for each other; two workers each running two
+    Why: llama.cpp takes a thread per physical core among the CPUs the process may use (``default_threads``,
+    from its CPU affinity), and ggml's threads spin while they wait for each other; two workers each running two
     threads on two CPUs would spend their decodes waiting for a thread the other worker has preempted.
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")

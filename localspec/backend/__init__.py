@@ -48,6 +48,7 @@ from localspec.backend.build import (
                                      repack_inexact_types,
                                      repack_is_exact,
                                      system_info,
+                                     usable_cpus,
 )
 from localspec.backend.context import Context, DecodeListener
 from localspec.backend.draft_contexts import (
@@ -66,7 +67,7 @@ from localspec.backend.nextn import mtp_unavailable_reason
 __all__ = [
     "ASSISTANT_TARGETS", "AssistantContext", "Context", "DFlashContext", "DecodeListener",
     "Eagle3Context", "Grammar", "GrammarState", "Model", "MtpContext", "batch_invariant", "cpu_switches", "cuda_batch_invariant",
-    "cpu_flash_attention", "local_gpus", "model_params", "on_fatal", "parse_endpoints", "probe", "rpc_devices", "default_threads", "gpu_devices", "gpu_offload_supported", "library_version",
+    "cpu_flash_attention", "local_gpus", "model_params", "on_fatal", "parse_endpoints", "probe", "rpc_devices", "default_threads", "usable_cpus", "gpu_devices", "gpu_offload_supported", "library_version",
     "eagle3_unavailable_reason", "mtp_unavailable_reason", "patched", "quantize", "recent_log", "repack_inexact_types",
     "repack_is_exact", "system_info",
 ]

@@ -14,7 +14,7 @@ import os
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import llama_cpp
 
@@ -275,9 +275,36 @@ def repack_is_exact(path: str | os.PathLike[str]) -> bool:
     return not any(t.ggml_type in inexact for t in tensors if t.name != "token_embd.weight")
 
 
-def default_threads() -> int:
-    """Threads for decoding: every core this process may use."""
+def usable_cpus() -> int:
+    """The CPUs (hardware threads) this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> int:
+    """Threads for decoding: one per physical core among the CPUs this process may use.
+
+    A core's second hardware thread (SMT, Hyper-Threading) shares its vector units and caches, and
+    ggml's threads meet at a barrier after every operation, so the pair waits for the slower of the
+    two: llama.cpp's own tools (``common_cpu_get_num_physical_cores``) and llama-cpp-python default to
+    the physical cores too. Where the topology cannot be read (not Linux, no sysfs), every usable CPU."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # not on Linux
+        return usable_cpus()
+    return physical_cores(cpus, _thread_siblings)
+
+
+def physical_cores(cpus: "set[int] | frozenset[int]", siblings: "Callable[[int], str | None]") -> int:
+    """How many physical cores ``cpus`` cover: ``siblings(cpu)`` names the hardware threads sharing ``cpu``'s
+    core (sysfs ``thread_siblings_list``, e.g. ``"0,8"``), None when unknown (then the CPU counts alone)."""
+    return max(1, len({siblings(cpu) or f"cpu {cpu}" for cpu in cpus}))
+
+
+def _thread_siblings(cpu: int) -> str | None:
+    try:
+        return Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip() or None
+    except OSError:
+        return None

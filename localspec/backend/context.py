@@ -33,7 +33,7 @@ from localspec.token_ids import common_prefix
 
 
 def _set_threads(params: Any, n_threads: int | None) -> None:
-    """Context params: ``n_threads`` (default: every CPU we may use) for single tokens and batches alike."""
+    """Context params: ``n_threads`` (default: ``default_threads()``, a thread per physical core) for single tokens and batches alike."""
     threads = n_threads or default_threads()
     params.n_threads = threads
     params.n_threads_batch = threads

@@ -168,13 +168,13 @@ def check_engine_options(args: argparse.Namespace) -> None:
     if not 0.0 <= p_min < 1.0:  # NaN fails too
         raise InvalidOptionError(f"--draft-p-min {p_min} is out of range: it must be in [0, 1)")
     if args.threads is not None:
-        from localspec.backend import default_threads
+        from localspec.backend import default_threads, usable_cpus
 
-        cpus = default_threads()
+        cpus = usable_cpus()
         if args.threads > cpus:
             print(f"localspec: warning: --threads {args.threads} is more than the {cpus} CPUs this process may "
-                  f"use; the extra threads only wait for each other (leave --threads out to use {cpus})",
-                  file=sys.stderr)
+                  f"use; the extra threads only wait for each other (leave --threads out to use "
+                  f"{default_threads()}, one per physical core)", file=sys.stderr)
     for name in ("temp", "top_p", "min_p"):
         value = getattr(args, name, 0.0)
         if isinstance(value, float) and math.isnan(value):

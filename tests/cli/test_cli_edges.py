@@ -247,14 +247,16 @@ def test_system_implies_chat(smollm2_path: Path) -> None:
 
 
 def test_threads_beyond_the_cpus_warns(smollm2_path: Path) -> None:
-    from localspec.backend import default_threads
+    from localspec.backend import default_threads, usable_cpus
 
-    many = default_threads() + 1
+    many = usable_cpus() + 1
     proc = localspec("generate", str(smollm2_path), "--threads", str(many), "-p", "Hi", "--max-tokens", "2")
     assert proc.returncode == 0, proc.stderr
     warnings = [ln for ln in stderr_lines(proc) if ln.startswith("localspec: warning: --threads")]
-    assert len(warnings) == 1 and f"{default_threads()} CPUs" in warnings[0], proc.stderr
-    fits = localspec("generate", str(smollm2_path), "--threads", str(default_threads()), "-p", "Hi",
+    assert len(warnings) == 1 and f"{usable_cpus()} CPUs" in warnings[0], proc.stderr
+    assert f"leave --threads out to use {default_threads()}, one per physical core" in warnings[0]
+    # As many threads as CPUs (a core's second hardware thread included) is the user's to choose: no warning.
+    fits = localspec("generate", str(smollm2_path), "--threads", str(usable_cpus()), "-p", "Hi",
                      "--max-tokens", "2")
     assert fits.returncode == 0 and "--threads" not in fits.stderr, fits.stderr
     assert_one_error_line(localspec("generate", str(smollm2_path), "--threads", "0", "-p", "Hi"), 2, "--threads 0")
