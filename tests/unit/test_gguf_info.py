@@ -459,3 +459,28 @@ def test_a_files_vocabulary_is_read_once_per_version_of_the_file(tmp_path: Path,
         tokenizer_fingerprint(fh)
         tokenizer_fingerprint(fh)
     assert len(reads) == 4
+
+
+def test_a_files_header_is_read_once_per_version_of_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_info`` is asked three to five times a launch: each file's header is parsed once, again once
+    the file changes; a name of the same file elsewhere keeps its own ``path``."""
+    from localspec.models import gguf_info
+
+    reads: list[str] = []
+    real = gguf_info.read_header
+    monkeypatch.setattr(gguf_info, "read_header", lambda source, keep=frozenset(): reads.append(str(source))
+                        or real(source, keep))
+    path = write_vocab_gguf(tmp_path / "v.gguf")
+    first = read_info(path)
+    assert read_info(str(path)) == first and len(reads) == 1
+    link = tmp_path / "link.gguf"
+    link.symlink_to(path)
+    assert read_info(link).path == link and len(reads) == 2
+    write_vocab_gguf(path, VOCAB + ["one more"])
+    os.utime(path, ns=(1, 1))
+    assert read_info(path).n_vocab == first.n_vocab + 1 and len(reads) == 3
+    with path.open("rb") as fh:
+        read_info(fh)
+    assert len(reads) == 4
+    with pytest.raises(ModelFileError):
+        read_info(tmp_path / "missing.gguf")
