@@ -284,17 +284,27 @@ def usable_cpus() -> int:
 
 
 def default_threads() -> int:
-    """Threads for decoding: one per physical core among the CPUs this process may use.
+    """Threads for decoding: one per physical core among the CPUs this process may use, performance
+    cores only on a hybrid CPU (Intel's P- and E-cores).
 
     A core's second hardware thread (SMT, Hyper-Threading) shares its vector units and caches, and
     ggml's threads meet at a barrier after every operation, so the pair waits for the slower of the
-    two: llama.cpp's own tools (``common_cpu_get_num_physical_cores``) and llama-cpp-python default to
-    the physical cores too. Where the topology cannot be read (not Linux, no sysfs), every usable CPU."""
+    two, as every thread waits for one on a slower efficiency core: llama.cpp's own tools
+    (``common_cpu_get_num_math``) count the performance cores' physical cores, and llama-cpp-python
+    defaults to half the CPUs. Where the topology cannot be read (not Linux, no sysfs), every usable CPU."""
     try:
         cpus = os.sched_getaffinity(0)
     except AttributeError:  # not on Linux
         return usable_cpus()
-    return physical_cores(cpus, _thread_siblings)
+    return physical_cores(math_cpus(cpus, _performance_cpus()), _thread_siblings)
+
+
+def math_cpus(cpus: "set[int] | frozenset[int]", performance: "set[int] | None") -> "set[int] | frozenset[int]":
+    """Of ``cpus``, those on performance cores (``performance``: a hybrid CPU's, None where all cores are
+    alike); all of them when none is (a process pinned to efficiency cores still decodes)."""
+    if not performance:
+        return cpus
+    return (set(cpus) & performance) or cpus
 
 
 def physical_cores(cpus: "set[int] | frozenset[int]", siblings: "Callable[[int], str | None]") -> int:
@@ -303,8 +313,30 @@ def physical_cores(cpus: "set[int] | frozenset[int]", siblings: "Callable[[int],
     return max(1, len({siblings(cpu) or f"cpu {cpu}" for cpu in cpus}))
 
 
+def cpu_list(text: str) -> set[int]:
+    """A sysfs CPU list (``"0-7,16,18-19"``) as a set; ValueError when it is not one."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
 def _thread_siblings(cpu: int) -> str | None:
     try:
         return Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip() or None
     except OSError:
         return None
+
+
+def _performance_cpus(root: Path = Path("/sys/devices")) -> set[int] | None:
+    """A hybrid CPU's performance-core CPUs, from the kernel's two PMUs (``cpu_core`` and ``cpu_atom``
+    exist only on hybrid Intel CPUs); None elsewhere or when unreadable."""
+    try:
+        performance = cpu_list((root / "cpu_core" / "cpus").read_text())
+        efficiency = cpu_list((root / "cpu_atom" / "cpus").read_text())
+    except (OSError, ValueError):
+        return None
+    return performance if performance and efficiency else None
