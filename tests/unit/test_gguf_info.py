@@ -437,16 +437,22 @@ def test_the_pair_kind_names_drafting_by_text_or_refuses_in_one_line(tmp_path, g
         pair_kind(no_tokenizer, smollm2)
 
 
-def test_a_files_vocabulary_is_read_once_per_version_of_the_file(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A launch with a draft of another tokenizer asks for both vocabularies twice (pairing, then the
-    drafter): each file's is parsed once, and again once the file changes."""
+@pytest.fixture
+def header_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every header gguf_info parses from here on, by source."""
     from localspec.models import gguf_info
 
     reads: list[str] = []
     real = gguf_info.read_header
     monkeypatch.setattr(gguf_info, "read_header", lambda source, keep=frozenset(): reads.append(str(source))
                         or real(source, keep))
+    return reads
+
+
+def test_a_files_vocabulary_is_read_once_per_version_of_the_file(tmp_path: Path, header_reads: list[str]) -> None:
+    """A launch with a draft of another tokenizer asks for both vocabularies twice (pairing, then the
+    drafter): each file's is parsed once, and again once the file changes."""
+    reads = header_reads
     path = write_vocab_gguf(tmp_path / "v.gguf")
     first = tokenizer_fingerprint(path)
     assert tokenizer_fingerprint(str(path)) == first and read_tokens(path) == VOCAB
@@ -461,15 +467,10 @@ def test_a_files_vocabulary_is_read_once_per_version_of_the_file(tmp_path: Path,
     assert len(reads) == 4
 
 
-def test_a_files_header_is_read_once_per_version_of_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_files_header_is_read_once_per_version_of_the_file(tmp_path: Path, header_reads: list[str]) -> None:
     """``read_info`` is asked three to five times a launch: each file's header is parsed once, again once
     the file changes; a name of the same file elsewhere keeps its own ``path``."""
-    from localspec.models import gguf_info
-
-    reads: list[str] = []
-    real = gguf_info.read_header
-    monkeypatch.setattr(gguf_info, "read_header", lambda source, keep=frozenset(): reads.append(str(source))
-                        or real(source, keep))
+    reads = header_reads
     path = write_vocab_gguf(tmp_path / "v.gguf")
     first = read_info(path)
     assert read_info(str(path)) == first and len(reads) == 1
