@@ -263,11 +263,11 @@ def _read_vocab(source: HeaderSource) -> _Vocab:
     time): a launch with a draft of another tokenizer asks for both vocabularies twice, 350 ms each
     for Gemma 3's 262k tokens."""
     version = _file_version(source)
-    return _parse_vocab(source) if version is None else _file_vocab(*version)
+    return _parse_vocab(source) if version is None else _file_vocab(*version[1:])  # by the file, not its name
 
 
 @functools.lru_cache(maxsize=4)
-def _file_vocab(path: str, real: str, size: int, mtime_ns: int) -> _Vocab:
+def _file_vocab(real: str, size: int, mtime_ns: int) -> _Vocab:
     return _parse_vocab(real)
 
 

@@ -101,7 +101,7 @@ def measure_verify_costs(ctx: "Context", ks: Sequence[int] = DEFAULT_KS, *, budg
     token = ctx.tokens[-1] if ctx.tokens else max(ctx.model.bos, 0)
     rng = random.Random(seed)
     on_device = getattr(ctx, "offloaded", True)
-    threads = 0 if on_device else int(getattr(ctx, "cpu_threads", 0))
+    threads = _cpu_threads(ctx)
 
     try:
         turns = _Turns(turn)
@@ -167,6 +167,11 @@ def kept_its_cpus(cpu_s: float, wall_s: float, threads: int) -> bool:
     (``cpu_s``, the process's): then a measurement that overran its budget did so because the model is
     slow on this CPU, not because other work took the CPUs. False for no threads (a device decodes)."""
     return threads > 0 and wall_s > 0 and cpu_s >= KEPT_CPU_SHARE * threads * wall_s
+
+
+def _cpu_threads(ctx: object) -> int:
+    """The threads a context decodes with on this CPU; 0 where a device decodes (or it does not say)."""
+    return 0 if getattr(ctx, "offloaded", True) else int(getattr(ctx, "cpu_threads", 0))
 
 
 class _Turns:
@@ -369,8 +374,7 @@ def measure_mtp_costs(head: "MtpContext", ks: Sequence[int] = MTP_KS, *, budget_
     try:
         turns = _Turns(contextlib.nullcontext)
         measured = _timed_rounds(fits, turns(timed), rng, budget_s=budget_s, min_reps=min_reps, max_reps=max_reps)
-        on_device = getattr(head, "offloaded", True)
-        measured.complete = measured.complete or turns.kept_its_cpus(0 if on_device else int(head.cpu_threads))
+        measured.complete = measured.complete or turns.kept_its_cpus(_cpu_threads(head))
         return measured
     finally:
         head.rollback_to(n0)
